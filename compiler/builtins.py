@@ -1,0 +1,454 @@
+"""The builtin op table: each op's typing rule, C++ name and adjoint rule, side by side.
+
+An adjoint rule receives a builder `b`, the adjoint `g` of the op's result, the result `out` and the
+op's arguments, and adds to the arguments' adjoints with `b.accum(arg, value)`, building values from
+other builtins with `b.op(name, ...)`. Rules are written once for both targets; the reverse sweep is
+plain IR like the forward.
+
+The Python-facing objects (`sin`, `dot`, `atomic_add`, ...) are `Builtin` markers: the frontend sees
+them in a kernel's namespace and emits the op; calling them from plain Python is an error.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import partial
+from typing import Callable
+
+from . import typing_rules as tr
+from .types import MatrixType, ScalarType, VectorType, bool_, float32
+
+
+@dataclass(frozen=True)
+class OpDef:
+    name: str
+    typing: Callable
+    c_name: str
+    adjoint: Callable | None = None
+
+
+OPS: dict[str, OpDef] = {}
+
+
+def defop(name, typing, c_name=None):
+    OPS[name] = OpDef(name, partial(typing, name), c_name or name)
+
+
+def adjoint(*names):
+    def register(rule):
+        for n in names:
+            OPS[n] = OpDef(OPS[n].name, OPS[n].typing, OPS[n].c_name, rule)
+        return rule
+    return register
+
+
+# ---- arithmetic -------------------------------------------------------------------------------
+for _n in ("add", "sub"):
+    defop(_n, tr.same_shape_elementwise)
+defop("mul", tr.mul)
+defop("div", tr.mul)
+defop("matmul", tr.matmul, "mul")
+defop("floordiv", lambda n, t, w: tr.same_shape_elementwise(n, t, w))
+defop("mod", lambda n, t, w: tr.same_shape_elementwise(n, t, w))
+defop("neg", tr.numeric_unary)
+defop("pow", tr.float_scalars)
+
+
+@adjoint("add")
+def _(b, g, out, x, y):
+    b.accum(x, g)
+    b.accum(y, g)
+
+
+@adjoint("sub")
+def _(b, g, out, x, y):
+    b.accum(x, g)
+    b.accum(y, b.op("neg", g))
+
+
+@adjoint("neg")
+def _(b, g, out, x):
+    b.accum(x, b.op("neg", g))
+
+
+@adjoint("mul", "matmul")
+def _(b, g, out, x, y):
+    tx, ty = x.type, y.type
+    if isinstance(tx, ScalarType) and isinstance(ty, ScalarType):
+        b.accum(x, b.op("mul", g, y))
+        b.accum(y, b.op("mul", g, x))
+    elif isinstance(tx, ScalarType):                       # s * V
+        b.accum(x, b.op("inner", g, y))
+        b.accum(y, b.op("mul", g, x))
+    elif isinstance(ty, ScalarType):                       # V * s
+        b.accum(x, b.op("mul", g, y))
+        b.accum(y, b.op("inner", g, x))
+    elif isinstance(tx, MatrixType) and isinstance(ty, VectorType):
+        b.accum(x, b.op("outer", g, y))
+        b.accum(y, b.op("matmul", b.op("transpose", x), g))
+    elif isinstance(tx, VectorType):                       # v @ M
+        b.accum(x, b.op("matmul", y, g))
+        b.accum(y, b.op("outer", x, g))
+    else:                                                  # M @ M
+        b.accum(x, b.op("matmul", g, b.op("transpose", y)))
+        b.accum(y, b.op("matmul", b.op("transpose", x), g))
+
+
+@adjoint("div")
+def _(b, g, out, x, y):
+    b.accum(x, b.op("div", g, y))
+    if isinstance(x.type, ScalarType):
+        b.accum(y, b.op("neg", b.op("div", b.op("mul", g, out), y)))
+    else:
+        b.accum(y, b.op("neg", b.op("div", b.op("inner", g, out), y)))
+
+
+@adjoint("mod")
+def _(b, g, out, x, y):
+    if scalar_is_float(x):
+        b.accum(x, g)
+        b.accum(y, b.op("neg", b.op("mul", g, b.op("floor", b.op("div", x, y)))))
+
+
+@adjoint("pow")
+def _(b, g, out, x, y):
+    one = b.const(1, y.type)
+    b.accum(x, b.op("mul", g, b.op("mul", y, b.op("pow", x, b.op("sub", y, one)))))
+    # d/dy x^y = x^y log x, defined for x > 0 only; elsewhere no gradient flows to the exponent.
+    positive = b.op("gt", x, b.const(0, x.type))
+    safe_x = b.op("where", positive, x, b.const(1, x.type))
+    b.accum(y, b.op("where", positive, b.op("mul", g, b.op("mul", out, b.op("log", safe_x))),
+                    b.const(0, y.type)))
+
+
+def scalar_is_float(x) -> bool:
+    return tr.scalar_of(x.type).is_float
+
+
+# ---- comparisons and logic (no adjoints) -------------------------------------------------------
+for _n in ("eq", "ne", "lt", "le", "gt", "ge"):
+    defop(_n, tr.compare)
+defop("and", tr.logical, "logical_and")
+defop("or", tr.logical, "logical_or")
+defop("not", tr.logical, "logical_not")
+
+# ---- elementwise math ---------------------------------------------------------------------------
+for _n in ("sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "exp", "log", "log2",
+           "log10", "sqrt", "floor", "ceil", "round"):
+    defop(_n, tr.float_unary)
+defop("atan2", tr.float_scalars)
+defop("abs", tr.numeric_unary)
+defop("sign", tr.numeric_unary)
+defop("min", tr.same_shape_elementwise)
+defop("max", tr.same_shape_elementwise)
+defop("clamp", tr.same_shape_elementwise)
+
+
+def _unary(name, derivative):
+    @adjoint(name)
+    def _(b, g, out, x):
+        b.accum(x, b.op("mul", g, derivative(b, out, x)))
+
+
+_unary("sin", lambda b, out, x: b.op("cos", x))
+_unary("cos", lambda b, out, x: b.op("neg", b.op("sin", x)))
+_unary("tan", lambda b, out, x: b.op("add", b.const(1, x.type), b.op("mul", out, out)))
+_unary("sinh", lambda b, out, x: b.op("cosh", x))
+_unary("cosh", lambda b, out, x: b.op("sinh", x))
+_unary("tanh", lambda b, out, x: b.op("sub", b.const(1, x.type), b.op("mul", out, out)))
+_unary("exp", lambda b, out, x: out)
+_unary("log", lambda b, out, x: b.op("div", b.const(1, x.type), x))
+_unary("log2", lambda b, out, x: b.op("div", b.const(1 / math.log(2), x.type), x))
+_unary("log10", lambda b, out, x: b.op("div", b.const(1 / math.log(10), x.type), x))
+_unary("sqrt", lambda b, out, x: b.op("div", b.const(0.5, x.type), out))
+_unary("asin", lambda b, out, x: b.op("div", b.const(1, x.type), b.op("sqrt", b.op("sub", b.const(1, x.type), b.op("mul", x, x)))))
+_unary("acos", lambda b, out, x: b.op("div", b.const(-1, x.type), b.op("sqrt", b.op("sub", b.const(1, x.type), b.op("mul", x, x)))))
+_unary("atan", lambda b, out, x: b.op("div", b.const(1, x.type), b.op("add", b.const(1, x.type), b.op("mul", x, x))))
+
+
+@adjoint("abs")
+def _(b, g, out, x):
+    if scalar_is_float(x):
+        b.accum(x, b.op("mul", g, b.op("sign", x)))
+
+
+@adjoint("atan2")
+def _(b, g, out, y, x):
+    r2 = b.op("add", b.op("mul", x, x), b.op("mul", y, y))
+    b.accum(y, b.op("div", b.op("mul", g, x), r2))
+    b.accum(x, b.op("neg", b.op("div", b.op("mul", g, y), r2)))
+
+
+def _pick(b, cond, g):
+    return b.op("where", cond, g, b.const(0, g.type))
+
+
+def _min_max(name, first_wins):
+    @adjoint(name)
+    def _(b, g, out, x, y):
+        if not isinstance(x.type, ScalarType):
+            b.unsupported(f"{name}() of vectors")
+        # Ties send the gradient to the first argument, as NumPy's and Warp's rules do.
+        first = b.op(first_wins, x, y)
+        b.accum(x, _pick(b, first, g))
+        b.accum(y, _pick(b, b.op("not", first), g))
+
+
+_min_max("min", "le")
+_min_max("max", "ge")
+
+
+@adjoint("clamp")
+def _(b, g, out, x, lo, hi):
+    inside = b.op("and", b.op("ge", x, lo), b.op("le", x, hi))
+    below = b.op("lt", x, lo)
+    b.accum(x, _pick(b, inside, g))
+    b.accum(lo, _pick(b, below, g))
+    b.accum(hi, _pick(b, b.op("gt", x, hi), g))
+
+
+def _where_typing(name, types, weaks):
+    c, x, y = types
+    if c != bool_ and not (isinstance(c, ScalarType) and c.is_int):
+        raise tr.TypeRuleError(f"{name}() condition must be a bool, got {c}")
+    (tx, ty), t = tr.same_shape_elementwise(name, [x, y], weaks[1:])
+    return [bool_, tx, ty], t
+
+
+defop("where", _where_typing)
+
+
+@adjoint("where")
+def _(b, g, out, c, x, y):
+    zero = b.const(0, g.type)
+    b.accum(x, b.op("where", c, g, zero))
+    b.accum(y, b.op("where", c, zero, g))
+
+
+# ---- casts and constructors ---------------------------------------------------------------------
+def _cast_typing(target, name, types, weaks):
+    return list(types), target
+
+
+def cast_op(target) -> str:
+    """The op name that casts to `target` (a scalar type)."""
+    name = f"cast_{target.name}"
+    if name not in OPS:
+        OPS[name] = OpDef(name, partial(_cast_typing, target, name), f"cast<{target.ctype}>", _cast_adjoint)
+    return name
+
+
+def _cast_adjoint(b, g, out, x):
+    if scalar_is_float(x) and tr.scalar_of(out.type).is_float:
+        b.accum(x, b.op(cast_op(x.type), g))
+
+
+def _construct_typing(target, name, types, weaks):
+    n = target.length if isinstance(target, VectorType) else target.rows * target.cols
+    s = target.scalar
+    if len(types) == 1 and isinstance(types[0], ScalarType):
+        return [s], target
+    if isinstance(target, MatrixType) and len(types) == target.rows and all(
+            isinstance(t, VectorType) for t in types):
+        row = VectorType(target.cols, s)
+        if any(t != row for t in types):
+            raise tr.TypeRuleError(f"{target}() from rows: each row must be a {row}")
+        return [row] * len(types), target
+    if len(types) != n or not all(isinstance(t, ScalarType) for t in types):
+        raise tr.TypeRuleError(f"{target}() takes no argument, one scalar, or {n} scalars"
+                               + (f" or {target.rows} row vectors" if isinstance(target, MatrixType) else ""),
+                               f"got {len(types)} argument(s)")
+    for t, w in zip(types, weaks):
+        if t.is_float and not w and t != s:
+            raise tr.TypeRuleError(f"{target}() of a {t}", f"cast with {s.name}(x) first")
+    return [s] * n, target
+
+
+def construct_op(target) -> str:
+    name = f"make_{target.name}"
+    if name not in OPS:
+        OPS[name] = OpDef(name, partial(_construct_typing, target, name), target.ctype, _construct_adjoint)
+    return name
+
+
+def _construct_adjoint(b, g, out, *args):
+    if len(args) == 1 and isinstance(args[0].type, ScalarType):
+        b.accum(args[0], b.op("sum", g))
+        return
+    t = out.type
+    for k, a in enumerate(args):
+        if isinstance(a.type, VectorType):
+            b.accum(a, b.op("extract", g, b.const(k, tr.int32)))
+        elif isinstance(t, VectorType):
+            b.accum(a, b.op("extract", g, b.const(k, tr.int32)))
+        else:
+            b.accum(a, b.op("extract", g, b.const(k // t.cols, tr.int32), b.const(k % t.cols, tr.int32)))
+
+
+# ---- vectors and matrices ----------------------------------------------------------------------
+def _scalar_result(t):
+    return t.scalar
+
+
+defop("dot", partial(tr.vector_args, result=_scalar_result))
+defop("cross", partial(tr.vector_args, result=lambda a, b: a, lengths=(3,)))
+defop("length", partial(tr.vector_args, result=_scalar_result))
+defop("length_sq", partial(tr.vector_args, result=_scalar_result))
+defop("normalize", partial(tr.vector_args, result=lambda a: a))
+defop("outer", partial(tr.vector_args, same=False, result=lambda a, b: MatrixType(a.length, b.length, a.scalar)))
+defop("cw_mul", tr.same_shape_elementwise)
+defop("cw_div", tr.same_shape_elementwise)
+defop("inner", lambda n, t, w: (list(t), t[0].scalar))          # sum of element products, any shape
+defop("sum", lambda n, t, w: (list(t), tr.scalar_of(t[0])))       # sum of elements
+defop("transpose", lambda n, t, w: ([t[0]], MatrixType(t[0].cols, t[0].rows, t[0].scalar))
+      if isinstance(t[0], MatrixType) else (_ for _ in ()).throw(tr.TypeRuleError(f"transpose() of {t[0]}")))
+defop("determinant", partial(tr.square_matrix, result=_scalar_result))
+defop("inverse", partial(tr.square_matrix, result=lambda m: m, sizes=(2, 3)))
+defop("cofactor", partial(tr.square_matrix, result=lambda m: m, sizes=(2, 3, 4)))
+
+
+@adjoint("dot", "inner")
+def _(b, g, out, x, y):
+    b.accum(x, b.op("mul", y, g))
+    b.accum(y, b.op("mul", x, g))
+
+
+@adjoint("cross")
+def _(b, g, out, x, y):
+    b.accum(x, b.op("cross", y, g))
+    b.accum(y, b.op("cross", g, x))
+
+
+@adjoint("length")
+def _(b, g, out, x):
+    # At zero length the direction is undefined; the subgradient 0 is used, as Warp does.
+    nonzero = b.op("gt", out, b.const(0, out.type))
+    scale = b.op("where", nonzero, b.op("div", g, out), b.const(0, out.type))
+    b.accum(x, b.op("mul", x, scale))
+
+
+@adjoint("length_sq")
+def _(b, g, out, x):
+    b.accum(x, b.op("mul", x, b.op("mul", b.const(2, g.type), g)))
+
+
+@adjoint("normalize")
+def _(b, g, out, x):
+    length = b.op("length", x)
+    nonzero = b.op("gt", length, b.const(0, length.type))
+    inv = b.op("where", nonzero, b.op("div", b.const(1, length.type), length), b.const(0, length.type))
+    tangential = b.op("sub", g, b.op("mul", out, b.op("dot", out, g)))
+    b.accum(x, b.op("mul", tangential, inv))
+
+
+@adjoint("outer")
+def _(b, g, out, x, y):
+    b.accum(x, b.op("matmul", g, y))
+    b.accum(y, b.op("matmul", b.op("transpose", g), x))
+
+
+@adjoint("cw_mul")
+def _(b, g, out, x, y):
+    b.accum(x, b.op("cw_mul", g, y))
+    b.accum(y, b.op("cw_mul", g, x))
+
+
+@adjoint("cw_div")
+def _(b, g, out, x, y):
+    b.accum(x, b.op("cw_div", g, y))
+    b.accum(y, b.op("neg", b.op("cw_div", b.op("cw_mul", g, out), y)))
+
+
+@adjoint("sum")
+def _(b, g, out, x):
+    b.accum(x, b.op(construct_op(x.type), g) if not isinstance(x.type, ScalarType) else g)
+
+
+@adjoint("transpose")
+def _(b, g, out, x):
+    b.accum(x, b.op("transpose", g))
+
+
+@adjoint("determinant")
+def _(b, g, out, x):
+    b.accum(x, b.op("mul", b.op("cofactor", x), g))
+
+
+@adjoint("inverse")
+def _(b, g, out, x):
+    inv_t = b.op("transpose", out)
+    b.accum(x, b.op("neg", b.op("matmul", inv_t, b.op("matmul", g, inv_t))))
+
+
+# ---- element access (local vectors and matrices are values; `v[i] = x` is an insert) ------------
+def _extract_typing(name, types, weaks):
+    t, *idx = types
+    if not all(isinstance(i, ScalarType) and i.is_int for i in idx):
+        raise tr.TypeRuleError("vector and matrix indices must be integers")
+    if isinstance(t, VectorType) and len(idx) == 1:
+        return list(types), t.scalar
+    if isinstance(t, MatrixType) and len(idx) == 1:
+        return list(types), VectorType(t.cols, t.scalar)
+    if isinstance(t, MatrixType) and len(idx) == 2:
+        return list(types), t.scalar
+    raise tr.TypeRuleError(f"cannot index a {t} with {len(idx)} indices")
+
+
+def _insert_typing(name, types, weaks):
+    t, *idx, v = types
+    _, elem = _extract_typing(name, [t, *idx], weaks)
+    if isinstance(v, ScalarType) and isinstance(elem, ScalarType):
+        if v.is_float and not weaks[-1] and v != elem:
+            raise tr.TypeRuleError(f"storing a {v} into a {t}", f"cast with {elem.name}(x)")
+        return [t, *idx, elem], t
+    if v != elem:
+        raise tr.TypeRuleError(f"storing a {v} into a row of {t}", f"the row is a {elem}")
+    return [t, *idx, elem], t
+
+
+defop("extract", _extract_typing)
+defop("insert", _insert_typing)
+
+
+@adjoint("extract")
+def _(b, g, out, x, *idx):
+    b.accum(x, b.op("insert", b.const(0, x.type), *idx, g))
+
+
+@adjoint("insert")
+def _(b, g, out, x, *rest):
+    *idx, v = rest
+    b.accum(x, b.op("insert", g, *idx, b.const(0, v.type)))
+    b.accum(v, b.op("extract", g, *idx))
+
+
+# ---- the names users write ---------------------------------------------------------------------
+class Builtin:
+    """A kernel-language builtin as seen from Python (`stepper.sin`, `stepper.atomic_add`, ...)."""
+
+    def __init__(self, name: str, op: str | None = None):
+        self.name = name
+        self.op = op or name
+
+    def __call__(self, *args, **kwargs):
+        raise RuntimeError(f"{self.name}() can only be called inside a @kernel or @func")
+
+    def __repr__(self) -> str:
+        return f"<builtin {self.name}>"
+
+
+MATH_NAMES = ["sin", "cos", "tan", "asin", "acos", "atan", "atan2", "sinh", "cosh", "tanh", "exp", "log",
+              "log2", "log10", "sqrt", "pow", "abs", "sign", "min", "max", "clamp", "floor", "ceil", "round",
+              "where", "dot", "cross", "length", "length_sq", "normalize", "outer", "transpose",
+              "determinant", "inverse", "cw_mul", "cw_div"]
+BUILTINS = {n: Builtin(n) for n in MATH_NAMES}
+# Warp's select(cond, value_if_false, value_if_true): the frontend swaps the arguments.
+BUILTINS["select"] = Builtin("select", "where")
+for _n in ("tid", "atomic_add", "atomic_sub", "atomic_min", "atomic_max"):
+    BUILTINS[_n] = Builtin(_n)
+
+# Python's own builtins that mean the same inside kernels.
+PYTHON_BUILTINS = {abs: "abs", min: "min", max: "max", round: "round", pow: "pow"}
+CONSTANTS = {math.pi, math.e, math.inf, math.tau}
+
+__all__ = ["OPS", "OpDef", "Builtin", "BUILTINS", "cast_op", "construct_op", "float32"]

@@ -1,0 +1,283 @@
+"""The typed IR between Python's AST and C++.
+
+Two kinds of values: `Temp`s are assigned exactly once per execution of their block (SSA within
+straight-line code) and `Var`s are mutable locals that carry values across control flow (user
+variables, loop-carried state, flags). Adjoint rules read Temps only; that is what makes the reverse
+sweep correct when Vars are overwritten later. Control flow is structured (If, Loop); `break`,
+`continue` and `return` are lowered to flags by the frontend, so every started iteration runs to
+its end and the reverse sweep can mirror it exactly.
+
+Every statement carries the user's source location so codegen can emit `#line` directives and
+errors can point at the user's code.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Union
+
+from .types import ArrayType, ValueType
+
+
+@dataclass(frozen=True)
+class Loc:
+    filename: str
+    lineno: int
+    col: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.filename}:{self.lineno}"
+
+
+_ids = itertools.count()
+
+
+@dataclass(frozen=True, eq=False)
+class Temp:
+    type: ValueType
+    id: int = field(default_factory=lambda: next(_ids))
+
+    @property
+    def name(self) -> str:
+        return f"t{self.id}"
+
+
+@dataclass(frozen=True, eq=False)
+class Var:
+    hint: str
+    type: ValueType
+    id: int = field(default_factory=lambda: next(_ids))
+
+    @property
+    def name(self) -> str:
+        return f"v{self.id}_{self.hint}"
+
+
+@dataclass(frozen=True)
+class Const:
+    value: object          # a Python number or bool; 0 for the zero vector/matrix
+    type: ValueType
+    weak: bool = False     # an untyped Python literal, which adopts its partner's type
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    type: ValueType | ArrayType
+    index: int
+
+
+@dataclass(frozen=True)
+class ArrayRef:
+    """An array argument, or its adjoint array (in adjoint functions)."""
+    param: Param
+    adjoint: bool = False
+
+    @property
+    def type(self) -> ArrayType:
+        return self.param.type
+
+
+Operand = Union[Temp, Const]
+
+
+# ---- statements -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Op:
+    """`out = op(args)`: a pure builtin (arithmetic, math, casts, constructors, extract/insert)."""
+    out: Temp
+    op: str
+    args: tuple[Operand, ...]
+    loc: Loc
+
+
+@dataclass(frozen=True)
+class ReadVar:
+    out: Temp
+    var: Var
+    loc: Loc
+
+
+@dataclass(frozen=True)
+class Assign:
+    var: Var
+    value: Operand
+    loc: Loc
+
+
+@dataclass(frozen=True)
+class ReadParam:
+    """`out = <scalar kernel argument>`."""
+    out: Temp
+    param: Param
+    loc: Loc
+
+
+@dataclass(frozen=True)
+class ThreadIndex:
+    out: Temp
+    axis: int
+    loc: Loc
+
+
+@dataclass(frozen=True)
+class Load:
+    out: Temp
+    array: ArrayRef
+    indices: tuple[Operand, ...]
+    loc: Loc
+
+
+@dataclass(frozen=True)
+class Store:
+    array: ArrayRef
+    indices: tuple[Operand, ...]
+    value: Operand
+    loc: Loc
+
+
+@dataclass(frozen=True)
+class Atomic:
+    """`out = atomic_<kind>(array[indices], value)`; out is the old value (None if unused)."""
+    kind: str                 # "add", "sub", "min", "max"
+    out: Temp | None
+    array: ArrayRef
+    indices: tuple[Operand, ...]
+    value: Operand
+    loc: Loc
+
+
+@dataclass(frozen=True)
+class Print:
+    fmt: str
+    args: tuple[Operand, ...]
+    loc: Loc
+
+
+@dataclass(frozen=True)
+class If:
+    cond: Operand
+    then: tuple
+    orelse: tuple
+    loc: Loc
+
+
+@dataclass(frozen=True)
+class Loop:
+    """A structured loop. Range form when `counter` is set: counter = start, start+step, ...
+    while counter is before stop. Every form stops before an iteration when any `exit_flags` is
+    set (lowered `break`/`return`). Bodies always run to their end (jumps are lowered to guards)."""
+    body: tuple
+    loc: Loc
+    counter: Var | None = None
+    start: Operand | None = None
+    stop: Operand | None = None
+    step: Operand | None = None
+    exit_flags: tuple[Var, ...] = ()
+
+
+@dataclass(frozen=True)
+class ReverseLoop:
+    """Adjoint functions only: runs `body` with `index` = count-1 down to 0."""
+    index: Var
+    count: Operand
+    body: tuple
+    loc: Loc
+
+
+@dataclass(frozen=True)
+class Push:
+    """Adjoint functions only: push values onto this thread's tape (or count words, in count mode)."""
+    values: tuple[Operand, ...]
+    loc: Loc
+
+
+@dataclass(frozen=True)
+class Pop:
+    """Adjoint functions only: pop values into vars, in the reverse order of the matching Push."""
+    vars: tuple[Var, ...]
+    loc: Loc
+
+
+@dataclass(frozen=True)
+class AccumGrad:
+    """Adjoint functions only: `adj_array[indices] += value` (atomically; no-op without a grad)."""
+    array: ArrayRef
+    indices: tuple[Operand, ...]
+    value: Operand
+    loc: Loc
+
+
+@dataclass(frozen=True)
+class ReadGrad:
+    """Adjoint functions only: `out = adj_array[indices]` (zero without a grad)."""
+    out: Temp
+    array: ArrayRef
+    indices: tuple[Operand, ...]
+    loc: Loc
+
+
+Stmt = Union[Op, ReadVar, Assign, ReadParam, ThreadIndex, Load, Store, Atomic, Print, If, Loop,
+             ReverseLoop, Push, Pop, AccumGrad, ReadGrad]
+
+
+@dataclass(frozen=True)
+class Function:
+    name: str
+    params: tuple[Param, ...]
+    body: tuple
+    loc: Loc
+    tid_ndim: int = 1
+
+
+def walk(body):
+    """Every statement in `body`, nested ones included, in program order."""
+    for s in body:
+        yield s
+        if isinstance(s, If):
+            yield from walk(s.then)
+            yield from walk(s.orelse)
+        elif isinstance(s, (Loop, ReverseLoop)):
+            yield from walk(s.body)
+
+
+def defined_temps(s) -> tuple[Temp, ...]:
+    out = getattr(s, "out", None)
+    return (out,) if isinstance(out, Temp) else ()
+
+
+def used_operands(s) -> tuple:
+    if isinstance(s, Op):
+        return s.args
+    if isinstance(s, (Load, ReadGrad)):
+        return s.indices
+    if isinstance(s, (Store, Atomic, AccumGrad)):
+        return (*s.indices, s.value)
+    if isinstance(s, Assign):
+        return (s.value,)
+    if isinstance(s, (Print, Push)):
+        return s.args if isinstance(s, Print) else s.values
+    if isinstance(s, If):
+        return (s.cond,)
+    if isinstance(s, Loop):
+        return tuple(x for x in (s.start, s.stop, s.step) if x is not None)
+    if isinstance(s, ReverseLoop):
+        return (s.count,)
+    return ()
+
+
+def assigned_vars(body) -> list[Var]:
+    """Vars assigned anywhere in `body` (loop counters included), first assignment first."""
+    seen: dict[int, Var] = {}
+    for s in walk(body):
+        if isinstance(s, Assign):
+            seen.setdefault(s.var.id, s.var)
+        elif isinstance(s, Loop) and s.counter is not None:
+            seen.setdefault(s.counter.id, s.counter)
+        elif isinstance(s, Pop):
+            for v in s.vars:
+                seen.setdefault(v.id, v)
+        elif isinstance(s, ReverseLoop):
+            seen.setdefault(s.index.id, s.index)
+    return list(seen.values())
