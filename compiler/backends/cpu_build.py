@@ -1,0 +1,257 @@
+"""Compile step of the CPU backend: C++ source text -> cached shared library -> ctypes handle.
+
+    lib_path = build_cpu_library(source, "my_kernel", include_dirs=[prelude_dir])
+    lib = load_cpu_library(lib_path)          # ctypes.CDLL; a second call is a dict lookup
+
+The compiler is ``$CXX`` if set (it may carry arguments, e.g. ``CXX="ccache g++"``), else the first
+of ``c++``, ``g++``, ``clang++`` on ``PATH``. Flags are ``-O3 -shared -fPIC -std=c++17
+-ffp-contract=off`` plus ``-fopenmp`` when the compiler supports it (Apple clang does not: the
+library is then built single-threaded and a debug log says so). There is deliberately no
+``-march=native`` and no fast-math: those change float results between machines, and the project
+promises reproducible CPU numbers. ``-ffp-contract=off`` stops the compiler from fusing ``a*b+c``
+into an FMA on some machines and not others.
+
+Cache: the library is ``<cache_dir>/<name>-<source key>-<compiler key><ext>``. The source key
+hashes the source text, every header under ``include_dirs``, the extra flags and our version; the
+compiler key hashes the compiler's path, file stamp and ``--version`` output, and the full flag list.
+A cache hit runs no compiler (its ``--version`` is asked once per process). The generated source is
+kept next to the library as ``<name>-<source key>.cpp`` for inspection. Without any C++ compiler a
+library built earlier from the same source key, by whichever compiler, is reused.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from .common import (BuildError, Hasher, atomic_write, get_cache_dir, package_version, safe_name,
+                     temp_path_for, unlink_quietly)
+
+__all__ = ["CompilerNotFoundError", "Compiler", "find_cxx", "find_compiler", "build_cpu_library",
+           "load_cpu_library", "BASE_FLAGS"]
+
+log = logging.getLogger(__name__)
+
+BASE_FLAGS = ("-O3", "-shared", "-fPIC", "-std=c++17", "-ffp-contract=off")
+OPENMP_FLAG = "-fopenmp"
+CANDIDATES = ("c++", "g++", "clang++")
+LIB_SUFFIX = ".dylib" if sys.platform == "darwin" else ".so"
+# Bump when the way we build changes in a way that the hashed inputs do not show.
+_RECIPE = "cpu-build-1"
+
+_INSTALL_HINT = (
+    "Install a C++17 compiler with OpenMP:\n"
+    "  Debian/Ubuntu:  sudo apt-get install g++\n"
+    "  Fedora/RHEL:    sudo dnf install gcc-c++\n"
+    "  macOS:          xcode-select --install\n"
+    "  conda:          conda install -c conda-forge cxx-compiler\n"
+    "or point $CXX at one (e.g. export CXX=/usr/bin/g++-12)."
+)
+
+
+class CompilerNotFoundError(RuntimeError):
+    """No usable C++ compiler: the message lists what was tried and how to install one."""
+
+
+@dataclass(frozen=True)
+class Compiler:
+    """A C++ compiler as the cache sees it."""
+    command: tuple[str, ...]   # argv prefix, e.g. ("/usr/bin/g++",) or ("/usr/bin/ccache", "g++")
+    identity: str              # resolved path, file stamp and `--version` output
+    openmp: bool               # whether -fopenmp works
+
+    def flags(self, extra: Sequence[str] = ()) -> tuple[str, ...]:
+        return BASE_FLAGS + ((OPENMP_FLAG,) if self.openmp else ()) + tuple(extra)
+
+
+def find_cxx() -> tuple[str, ...]:
+    """The C++ compiler command: ``$CXX`` if set, else ``c++``, ``g++`` or ``clang++`` from ``PATH``.
+
+    A ``$CXX`` that names nothing executable is an error rather than a silent fallback to another
+    compiler. Raises :class:`CompilerNotFoundError` naming everything tried.
+    """
+    cxx = os.environ.get("CXX", "").strip()
+    if cxx:
+        argv = shlex.split(cxx)
+        exe = shutil.which(argv[0])
+        if exe is None:
+            raise CompilerNotFoundError(
+                f"No C++ compiler: $CXX is set to {cxx!r}, but {argv[0]!r} is not an executable "
+                f"file or a command on PATH.\nFix $CXX, or unset it to search PATH for "
+                f"{', '.join(CANDIDATES)}.\n{_INSTALL_HINT}")
+        return (exe, *argv[1:])
+    for candidate in CANDIDATES:
+        exe = shutil.which(candidate)
+        if exe is not None:
+            return (exe,)
+    raise CompilerNotFoundError(
+        f"No C++ compiler: $CXX is not set and none of {', '.join(CANDIDATES)} is on PATH "
+        f"(PATH={os.environ.get('PATH', '')!r}).\n{_INSTALL_HINT}")
+
+
+_identities: dict[tuple, str] = {}
+_openmp_support: dict[str, bool] = {}
+_lock = threading.Lock()
+
+
+def find_compiler(cache_dir: str | os.PathLike | None = None) -> Compiler:
+    """The compiler :func:`find_cxx` picks, with its identity and OpenMP support.
+
+    ``--version`` runs once per process and compiler; the OpenMP probe (a tiny build) runs once per
+    compiler identity and is remembered in ``<cache_dir>/compilers/``.
+    """
+    command = find_cxx()
+    exe = os.path.realpath(command[0])
+    st = os.stat(exe)
+    stamp = (command, exe, st.st_size, st.st_mtime_ns)
+    with _lock:
+        identity = _identities.get(stamp)
+    if identity is None:
+        version = _run_quietly([*command, "--version"])
+        identity = f"{' '.join(command)}\n{exe} {st.st_size} {st.st_mtime_ns}\n{version}"
+        with _lock:
+            _identities[stamp] = identity
+    return Compiler(command, identity, _openmp_supported(command, identity, get_cache_dir(cache_dir)))
+
+
+def build_cpu_library(source: str, name: str, include_dirs: Iterable[str | os.PathLike] = (),
+                      cache_dir: str | os.PathLike | None = None,
+                      flags: Sequence[str] | None = None) -> Path:
+    """Build ``source`` (C++17) into a shared library and return its path in the cache.
+
+    ``include_dirs`` are passed as ``-I`` and every header in them is part of the cache key;
+    ``flags`` are extra compiler flags, appended after the defaults. If the library is already in
+    the cache, no compiler runs. Raises :class:`BuildError` with the compiler's diagnostics (pointing
+    at the user's Python lines through ``#line`` directives) and :class:`CompilerNotFoundError`.
+    """
+    cache = get_cache_dir(cache_dir)
+    include_dirs = [Path(d).resolve() for d in include_dirs]
+    extra = tuple(flags or ())
+    source_key = (Hasher().add("recipe", _RECIPE).add("version", package_version())
+                  .add("source", source).add_include_dirs(include_dirs)
+                  .add("flags", "\0".join(extra)).hexdigest(20))
+    stem = f"{safe_name(name)}-{source_key}"
+    try:
+        compiler = find_compiler(cache)
+    except CompilerNotFoundError:
+        prebuilt = _prebuilt(cache, stem)
+        if prebuilt is None:
+            raise
+        log.debug("no C++ compiler; reusing %s, built earlier from the same source", prebuilt)
+        return prebuilt
+    all_flags = compiler.flags(extra)
+    compiler_key = Hasher().add("identity", compiler.identity).add("flags", "\0".join(all_flags)).hexdigest(8)
+    lib = cache / f"{stem}-{compiler_key}{LIB_SUFFIX}"
+    if lib.exists():
+        return lib
+    return _compile(compiler, all_flags, include_dirs, source, name, cache / f"{stem}.cpp", lib)
+
+
+_loaded: dict[str, ctypes.CDLL] = {}
+
+
+def load_cpu_library(path: str | os.PathLike) -> ctypes.CDLL:
+    """Load a library from :func:`build_cpu_library` with ctypes; loading a path twice is free."""
+    key = os.path.abspath(path)
+    lib = _loaded.get(key)
+    if lib is None:
+        with _lock:
+            lib = _loaded.get(key)
+            if lib is None:
+                lib = _loaded[key] = ctypes.CDLL(key)
+    return lib
+
+
+def _compile(compiler: Compiler, flags: Sequence[str], include_dirs: Sequence[Path], source: str,
+             name: str, src_path: Path, lib: Path) -> Path:
+    # The source file's name is a pure function of its text, so concurrent writers agree.
+    atomic_write(src_path, source.encode("utf-8"))
+    tmp_lib = temp_path_for(lib)
+    cmd = [*compiler.command, *flags, *(f"-I{d}" for d in include_dirs), str(src_path), "-o", str(tmp_lib)]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
+    if proc.returncode != 0:
+        unlink_quietly(tmp_lib)
+        failed = src_path.parent / f"{safe_name(name)}.failed.cpp"
+        atomic_write(failed, source.encode("utf-8"))
+        command = shlex.join(cmd)
+        raise BuildError(
+            f"C++ compilation of {name!r} failed (exit code {proc.returncode}).\n"
+            f"{(proc.stderr or proc.stdout).rstrip()}\n"
+            f"command: {command}\n"
+            f"the failing source is saved as {failed}",
+            log=proc.stderr, command=command, source_path=failed)
+    os.replace(tmp_lib, lib)
+    log.debug("built %s in %.2f s: %s", lib.name, time.perf_counter() - t0, shlex.join(cmd))
+    return lib
+
+
+def _prebuilt(cache: Path, stem: str) -> Path | None:
+    found = [p for p in cache.glob(f"{stem}-*{LIB_SUFFIX}") if not p.name.startswith(".")]
+    return max(found, key=lambda p: p.stat().st_mtime_ns) if found else None
+
+
+_OPENMP_PROBE = """\
+#include <omp.h>
+extern "C" int stepper_openmp_probe(void) {
+    int n = 0;
+    #pragma omp parallel reduction(+ : n)
+    n += 1;
+    return n + omp_get_max_threads();
+}
+"""
+
+
+def _openmp_supported(command: tuple[str, ...], identity: str, cache: Path) -> bool:
+    key = Hasher().add("identity", identity).add("probe", _OPENMP_PROBE).hexdigest(16)
+    with _lock:
+        known = _openmp_support.get(key)
+    if known is not None:
+        return known
+    record = cache / "compilers" / f"{key}.json"
+    try:
+        supported = bool(json.loads(record.read_text())["openmp"])
+    except (OSError, ValueError, KeyError, TypeError):
+        supported = _probe_openmp(command)
+        record.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(record, json.dumps({"compiler": identity, "openmp": supported}).encode())
+    if not supported:
+        log.debug("%s does not support %s: CPU kernels will run on one thread", command[0], OPENMP_FLAG)
+    with _lock:
+        _openmp_support[key] = supported
+    return supported
+
+
+def _probe_openmp(command: tuple[str, ...]) -> bool:
+    with tempfile.TemporaryDirectory(prefix="stepper-omp-") as tmp:
+        src = Path(tmp) / "probe.cpp"
+        src.write_text(_OPENMP_PROBE)
+        cmd = [*command, *BASE_FLAGS, OPENMP_FLAG, str(src), "-o", str(Path(tmp) / f"probe{LIB_SUFFIX}")]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=120)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            log.debug("OpenMP probe could not run (%s)", e)
+            return False
+    if proc.returncode != 0:
+        log.debug("OpenMP probe failed: %s\n%s", shlex.join(cmd), proc.stderr)
+    return proc.returncode == 0
+
+
+def _run_quietly(cmd: list[str]) -> str:
+    """``cmd``'s output, or the reason it failed (an identity string needs no more than that)."""
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=60)
+        return (proc.stdout + proc.stderr).strip()
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"<{type(e).__name__}: {e}>"
