@@ -1,0 +1,488 @@
+"""Arrays: typed n-dimensional buffers (1 to 4 dimensions) of scalars, vectors or matrices.
+
+On the CPU an `array` owns a C-contiguous NumPy ndarray whose shape is the logical shape followed by
+the element's inner shape: ``zeros(n, dtype=vec3)`` is backed by a float32 ``(n, 3)`` ndarray, which
+``numpy()`` returns without copying. Every host-side mutation (``assign``, ``fill_``, ``zero_``,
+``copy`` into it) and every kernel launch that writes it bumps ``version``; the `Tape` uses this to
+refuse gradients computed from overwritten data. Writes through ``numpy()`` views are not seen.
+
+``copy``, ``clone`` and ``assign`` from an array are differentiable: on a recording `Tape` the
+gradient flows from the destination's ``.grad`` back into the source's ``.grad``.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..types import ValueType, as_dtype, float32, int32, matrix, vector
+from .device import get_device, require_cuda
+from .tape import RecordedOp, active_tape, caller_location
+
+__all__ = ["array", "zeros", "ones", "full", "empty", "zeros_like", "ones_like", "full_like",
+           "empty_like", "clone", "copy"]
+
+MAX_DIMS = 4
+
+
+class _Storage:
+    """The buffer identity that views share: one version counter per piece of memory."""
+    __slots__ = ("version",)
+
+    def __init__(self):
+        self.version = 0
+
+
+def _noop() -> None:
+    pass
+
+
+# -- argument checking -----------------------------------------------------------------------------
+def _check_device(device, fn: str) -> str:
+    dev = get_device(device)
+    if dev.is_cuda:
+        require_cuda(dev)
+        raise NotImplementedError(f"{fn}(device='{dev}'): CUDA arrays are not implemented yet (the CUDA "
+                                  "backend comes later); use device='cpu'")
+    return str(dev)
+
+
+def _dtype_arg(dtype, fn: str) -> ValueType:
+    try:
+        return as_dtype(dtype)
+    except TypeError as exc:
+        raise TypeError(f"{fn}(dtype={dtype!r}): {exc}") from None
+
+
+def _shape_arg(shape, fn: str) -> tuple[int, ...]:
+    dims = (shape,) if isinstance(shape, (int, np.integer)) else shape
+    try:
+        dims = tuple(dims)
+    except TypeError:
+        raise TypeError(f"{fn}(shape={shape!r}): shape must be an int or a tuple of ints") from None
+    if not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 0 for d in dims):
+        raise ValueError(f"{fn}(shape={shape!r}): shape must be non-negative ints")
+    if not 1 <= len(dims) <= MAX_DIMS:
+        raise ValueError(f"{fn}(shape={shape!r}): arrays have 1 to {MAX_DIMS} dimensions, got {len(dims)}")
+    return tuple(int(d) for d in dims)
+
+
+def _check_grad_dtype(dtype: ValueType, fn: str) -> None:
+    if not dtype.is_float:
+        raise TypeError(f"{fn}: requires_grad=True needs a floating-point dtype, got {dtype}")
+
+
+def _infer_dtype(values: np.ndarray, from_python: bool, fn: str, inner_ndim: int = 0) -> ValueType:
+    """Our type for `values`: NumPy's dtype is kept; Python numbers are float32/int32 (or bool).
+    With `inner_ndim` 1 or 2 the trailing dimensions make a vector or matrix type."""
+    kind = values.dtype.kind
+    if kind not in "biuf":
+        raise TypeError(f"{fn}: data must be numbers, got {values.dtype} values")
+    if from_python and kind == "f":
+        scalar = float32
+    elif from_python and kind in "iu":
+        info = np.iinfo(np.int32)
+        if values.size and (values.min() < info.min or values.max() > info.max):
+            raise ValueError(f"{fn}: integer data does not fit in int32; pass dtype=int64")
+        scalar = int32
+    else:
+        try:
+            scalar = as_dtype(values.dtype)
+        except TypeError as exc:
+            raise TypeError(f"{fn}: {exc}; pass dtype= to convert") from None
+    if inner_ndim == 1:
+        return vector(values.shape[-1], scalar)
+    if inner_ndim == 2:
+        return matrix(values.shape[-2:], scalar)
+    return scalar
+
+
+def _from_data(data, dtype, shape, copy: bool):
+    """(ndarray, dtype, shared storage or None) for ``array(data, ...)``."""
+    fn = "array(data=...)"
+    dt = None if dtype is None else _dtype_arg(dtype, "array")
+    storage = None
+    if isinstance(data, array):
+        src, dt, storage = data._data, dt or data.dtype, data._storage
+    elif isinstance(data, np.ndarray) or hasattr(data, "__array_interface__") or hasattr(data, "__dlpack__"):
+        src = data if isinstance(data, np.ndarray) else (
+            np.asarray(data) if hasattr(data, "__array_interface__") else np.from_dlpack(data))
+        dt = dt or _infer_dtype(src, False, fn)
+    else:
+        if not copy:
+            raise ValueError(f"{fn}: copy=False adopts an existing NumPy array; got {type(data).__name__}")
+        try:
+            src = np.asarray(data) if dt is None else np.asarray(data, dtype=dt.np_dtype)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"{fn}: data cannot be converted to {dt or 'a numeric array'}: {exc}") from None
+        dt = dt or _infer_dtype(src, True, fn)
+    inner = dt.inner_shape
+    if shape is not None:
+        want = _shape_arg(shape, "array") + inner
+        if src.size != math.prod(want):
+            raise ValueError(f"array(data, shape={shape!r}, dtype={dt}): data has {src.size} values, "
+                             f"but shape {want[:len(want) - len(inner)]} of {dt} needs {math.prod(want)}")
+        src = src.reshape(want)
+    elif inner:
+        if src.shape == inner:   # a single vector/matrix
+            src = src.reshape((1,) + inner)
+        elif src.ndim <= len(inner) or src.shape[src.ndim - len(inner):] != inner:
+            expected = "(..., " + ", ".join(map(str, inner)) + ")"
+            raise ValueError(f"array(data, dtype={dt}): expected data of shape {expected} for {dt} "
+                             f"elements, got shape {src.shape}")
+    if copy:
+        return np.array(src, dtype=dt.np_dtype, order="C", copy=True), dt, None
+    if src.dtype != np.dtype(dt.np_dtype) or not src.flags.c_contiguous or not src.flags.writeable:
+        raise ValueError(f"array(data, copy=False): data must be a writeable C-contiguous "
+                         f"{dt.np_dtype} array to be adopted without copying (got {src.dtype}, "
+                         f"contiguous={src.flags.c_contiguous}, writeable={src.flags.writeable}); "
+                         "use copy=True")
+    return src, dt, storage
+
+
+def _values_for(dt: ValueType, value, fn: str) -> np.ndarray:
+    """`value` as NumPy values of `dt`'s scalar type, broadcastable to one element of `dt`."""
+    values = value.numpy() if isinstance(value, array) else value
+    try:
+        values = np.asarray(values, dtype=dt.np_dtype)
+        np.broadcast_to(values, dt.inner_shape)
+    except (ValueError, TypeError):
+        raise ValueError(f"{fn}: value {value!r} does not fit an element of type {dt} "
+                         f"(shape {dt.inner_shape})") from None
+    return values
+
+
+# -- the array ---------------------------------------------------------------------------------------
+class array:
+    """A typed CPU array; `data` may be a list, a NumPy array, another array or any DLPack object.
+
+    - dtype: inferred when omitted. NumPy data keeps its dtype; Python floats become float32 and
+      ints int32 (as literals in kernels do). ``dtype=vec3`` with ``(n, 3)`` data gives n vectors.
+      ``float``/``int`` mean float32/int32.
+    - copy: by default the data are copied. ``copy=False`` adopts a writeable C-contiguous NumPy
+      array of the right dtype without copying (or views another array), else raises ValueError.
+    - shape: without data, a zero-filled array of that shape; with data, the data reshaped to it.
+
+    >>> x = array([[0.0, 1.0, 2.0]], dtype=vec3, requires_grad=True)
+    >>> x.shape, x.numpy().shape, x.grad.numpy()
+    ((1,), (1, 3), array([[0., 0., 0.]], dtype=float32))
+    """
+
+    def __init__(self, data=None, dtype=None, shape=None, device="cpu", requires_grad: bool = False,
+                 copy: bool = True):
+        device = _check_device(device, "array")
+        if data is None:
+            if shape is None:
+                raise ValueError("array(): give data or shape")
+            dt = _dtype_arg(float32 if dtype is None else dtype, "array")
+            values, storage = np.zeros(_shape_arg(shape, "array") + dt.inner_shape, dt.np_dtype), None
+        else:
+            values, dt, storage = _from_data(data, dtype, shape, copy)
+        self._setup(values, dt, storage, device, requires_grad, "array(data=...)")
+
+    def _setup(self, values: np.ndarray, dtype: ValueType, storage, device: str, requires_grad: bool,
+               fn: str) -> None:
+        ndim = values.ndim - len(dtype.inner_shape)
+        if not 1 <= ndim <= MAX_DIMS:
+            raise ValueError(f"{fn}: arrays have 1 to {MAX_DIMS} dimensions, got {ndim} "
+                             f"(data of shape {values.shape} with {dtype} elements)")
+        self._data = values
+        self._dtype = dtype
+        self._ndim = ndim
+        self._storage = storage or _Storage()
+        self._device = device
+        self._grad = None
+        if requires_grad:
+            self.requires_grad = True
+
+    @classmethod
+    def _wrap(cls, values: np.ndarray, dtype: ValueType, requires_grad: bool = False, storage=None,
+              fn: str = "array") -> "array":
+        obj = cls.__new__(cls)
+        obj._setup(values, dtype, storage, "cpu", requires_grad, fn)
+        return obj
+
+    # -- properties --------------------------------------------------------------------------------
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._data.shape[:self._ndim]
+
+    @property
+    def ndim(self) -> int:
+        return self._ndim
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def dtype(self) -> ValueType:
+        return self._dtype
+
+    @property
+    def device(self) -> str:
+        return self._device
+
+    @property
+    def strides(self) -> tuple[int, ...]:
+        """Bytes between consecutive elements along each logical dimension."""
+        return self._data.strides[:self._ndim]
+
+    @property
+    def ptr(self) -> int:
+        """Address of the first element."""
+        return self._data.ctypes.data
+
+    @property
+    def version(self) -> int:
+        """Bumped by every write the runtime sees: assign, fill_, zero_, copy and kernel launches."""
+        return self._storage.version
+
+    @property
+    def requires_grad(self) -> bool:
+        return self._grad is not None
+
+    @requires_grad.setter
+    def requires_grad(self, value: bool) -> None:
+        if value and self._grad is None:
+            _check_grad_dtype(self._dtype, "array")
+            self._grad = array._wrap(np.zeros_like(self._data), self._dtype)
+        elif not value:
+            self._grad = None
+
+    @property
+    def grad(self) -> "array | None":
+        """The gradient: an array of the same shape and dtype, or None without requires_grad."""
+        return self._grad
+
+    @grad.setter
+    def grad(self, value: "array | None") -> None:
+        if value is not None:
+            if not isinstance(value, array):
+                raise TypeError(f"array.grad must be an array or None, got {type(value).__name__}")
+            if value.shape != self.shape or value.dtype != self.dtype:
+                raise ValueError(f"array.grad must have shape {self.shape} and dtype {self.dtype}, got "
+                                 f"shape {value.shape} and dtype {value.dtype}")
+            _check_grad_dtype(self._dtype, "array.grad")
+        self._grad = value
+
+    # -- interop -----------------------------------------------------------------------------------
+    def numpy(self) -> np.ndarray:
+        """A NumPy view of the data (no copy): shape ``self.shape + dtype.inner_shape``."""
+        return self._data.view()
+
+    @property
+    def __array_interface__(self) -> dict:
+        return self._data.__array_interface__
+
+    def __dlpack__(self, *args, **kwargs):
+        return self._data.__dlpack__(*args, **kwargs)
+
+    def __dlpack_device__(self):
+        return self._data.__dlpack_device__()
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __repr__(self) -> str:
+        body = np.array2string(self._data, separator=", ", prefix="array(")
+        grad = ", requires_grad=True" if self.requires_grad else ""
+        return f"array({body}, dtype={self._dtype}, device='{self._device}'{grad})"
+
+    def __str__(self) -> str:
+        return str(self._data)
+
+    def to(self, device) -> "array":
+        """This array on `device` (itself on the CPU)."""
+        _check_device(device, "array.to")
+        return self
+
+    def reshape(self, shape) -> "array":
+        """A view with another logical shape and the same elements (shares memory, version and grad)."""
+        dims = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+        try:
+            values = self._data.reshape(dims + self._dtype.inner_shape)
+        except ValueError:
+            raise ValueError(f"array.reshape({shape!r}): cannot view {self.size} elements as {dims}") from None
+        view = array._wrap(values, self._dtype, storage=self._storage, fn=f"array.reshape({shape!r})")
+        view._device = self._device
+        if self._grad is not None:
+            view._grad = self._grad.reshape(dims)
+        return view
+
+    def flatten(self) -> "array":
+        """A 1-d view of all elements (shares memory, version and grad)."""
+        return self.reshape(-1)
+
+    # -- writes ------------------------------------------------------------------------------------
+    def _mark_written(self) -> None:
+        """Record that the data changed: bumps the version (kernel launches call this)."""
+        self._storage.version += 1
+        tape = active_tape()
+        if tape is not None:
+            tape._note_write(self)
+
+    def _host_write(self, name: str) -> None:
+        tape = active_tape()
+        if tape is not None:
+            tape.check_writes(RecordedOp(name, {}, {"array": self}, {}, _noop, caller_location()))
+
+    def assign(self, src) -> "array":
+        """Overwrite all elements with `src` (an array of the same shape and dtype, or array-like).
+        Differentiable when `src` is an array: on a tape, gradients flow back into ``src.grad``."""
+        if isinstance(src, array):
+            if src.shape != self.shape or src.dtype != self.dtype:
+                raise ValueError(f"array.assign(src): src has shape {src.shape} and dtype {src.dtype}, "
+                                 f"expected shape {self.shape} and dtype {self.dtype}")
+            _copy_elements("array.assign(src)", self, src, 0, 0, self.size)
+            return self
+        try:
+            values = np.asarray(src, dtype=self._dtype.np_dtype)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"array.assign(src): src cannot be converted to {self._dtype}: {exc}") from None
+        if values.shape != self._data.shape:
+            raise ValueError(f"array.assign(src): src has shape {values.shape}, expected "
+                             f"{self._data.shape} ({self.shape} of {self._dtype})")
+        self._host_write("array.assign(src)")
+        self._data[...] = values
+        self._mark_written()
+        return self
+
+    def fill_(self, value) -> "array":
+        """Set every element to `value` (a number, or one vector/matrix for such dtypes)."""
+        values = _values_for(self._dtype, value, "array.fill_(value)")
+        self._host_write("array.fill_(value)")
+        self._data[...] = values
+        self._mark_written()
+        return self
+
+    def zero_(self) -> "array":
+        """Set every element to zero."""
+        self._host_write("array.zero_()")
+        self._data[...] = 0
+        self._mark_written()
+        return self
+
+
+# -- copies ------------------------------------------------------------------------------------------
+def _flat(a: array) -> np.ndarray:
+    return a._data.reshape((-1,) + a._dtype.inner_shape)
+
+
+def _copy_elements(name: str, dest: array, src: array, dest_offset: int, src_offset: int, count: int):
+    tape = active_tape()
+    if tape is not None:
+        def backward():
+            if dest.grad is not None and src.grad is not None:
+                _flat(src.grad)[src_offset:src_offset + count] += \
+                    _flat(dest.grad)[dest_offset:dest_offset + count]
+        op = RecordedOp(name, {"src": src}, {"dest": dest}, {}, backward, caller_location())
+        if dest.requires_grad and src.requires_grad:
+            tape.record(op)
+        else:
+            tape.check_writes(op)
+    _flat(dest)[dest_offset:dest_offset + count] = _flat(src)[src_offset:src_offset + count]
+    dest._mark_written()
+
+
+def copy(dest: array, src: array, dest_offset: int = 0, src_offset: int = 0, count: int | None = None):
+    """Copy `count` elements (default: all of `src` from `src_offset`) from `src` into `dest`, both
+    indexed as flat element sequences. Differentiable: on a tape, ``src.grad += dest.grad`` there."""
+    for arg, a in (("dest", dest), ("src", src)):
+        if not isinstance(a, array):
+            raise TypeError(f"copy({arg}=...): expected an array, got {type(a).__name__}")
+    if dest.dtype != src.dtype:
+        raise TypeError(f"copy(dest, src): dtypes differ (dest {dest.dtype}, src {src.dtype})")
+    for arg, v in (("dest_offset", dest_offset), ("src_offset", src_offset), ("count", count or 0)):
+        if not isinstance(v, (int, np.integer)) or v < 0:
+            raise ValueError(f"copy({arg}={v!r}): expected a non-negative int")
+    count = src.size - src_offset if not count else count
+    if src_offset + count > src.size:
+        raise ValueError(f"copy(dest, src, src_offset={src_offset}, count={count}): src has only "
+                         f"{src.size} elements")
+    if dest_offset + count > dest.size:
+        raise ValueError(f"copy(dest, src, dest_offset={dest_offset}, count={count}): dest has only "
+                         f"{dest.size} elements")
+    _copy_elements("copy(dest, src)", dest, src, int(dest_offset), int(src_offset), int(count))
+
+
+def clone(src: array, device=None, requires_grad: bool | None = None) -> array:
+    """A new array with a copy of `src`'s data. `requires_grad` defaults to `src`'s; on a tape the
+    clone is differentiable (``clone(x, requires_grad=False)`` detaches, like ``x.clone().detach()``)."""
+    if not isinstance(src, array):
+        raise TypeError(f"clone(src=...): expected an array, got {type(src).__name__}")
+    _check_device(device, "clone")
+    grad = src.requires_grad if requires_grad is None else requires_grad
+    out = array._wrap(src._data.copy(), src.dtype, requires_grad=grad)
+    tape = active_tape()
+    if tape is not None and grad and src.requires_grad:
+        def backward():
+            if out.grad is not None and src.grad is not None:
+                src.grad._data += out.grad._data
+        tape.record(RecordedOp("clone(src)", {"src": src}, {"clone": out}, {}, backward, caller_location()))
+    return out
+
+
+# -- creation ----------------------------------------------------------------------------------------
+def _new(fn: str, shape, dtype, device, requires_grad: bool, init) -> array:
+    _check_device(device, fn)
+    dt = _dtype_arg(dtype, fn)
+    values = init(_shape_arg(shape, fn) + dt.inner_shape, dt.np_dtype)
+    return array._wrap(values, dt, requires_grad=requires_grad, fn=fn)
+
+
+def zeros(shape, dtype=float, device="cpu", requires_grad: bool = False) -> array:
+    """An array of zeros, e.g. ``zeros(n, dtype=vec3, requires_grad=True)``."""
+    return _new("zeros", shape, dtype, device, requires_grad, np.zeros)
+
+
+def ones(shape, dtype=float, device="cpu", requires_grad: bool = False) -> array:
+    """An array of ones (every component of vectors and matrices)."""
+    return _new("ones", shape, dtype, device, requires_grad, np.ones)
+
+
+def empty(shape, dtype=float, device="cpu", requires_grad: bool = False) -> array:
+    """An array whose contents are undefined until written (its grad, if any, is zero)."""
+    return _new("empty", shape, dtype, device, requires_grad, np.empty)
+
+
+def full(shape, value=0, dtype=None, device="cpu", requires_grad: bool = False) -> array:
+    """An array with every element `value`. Without `dtype` it follows `value`: a float gives float32,
+    an int int32, a 3-sequence a vec3, a 3x3 nested sequence a mat33, a NumPy value its own dtype."""
+    if dtype is None:
+        raw = np.asarray(value)
+        if raw.ndim > 2:
+            raise ValueError(f"full(value={value!r}): value must be a number, vector or matrix")
+        dtype = _infer_dtype(raw, not isinstance(value, (np.ndarray, np.generic)), "full(value=...)",
+                             raw.ndim)
+    out = _new("full", shape, dtype, device, requires_grad, np.empty)
+    out._data[...] = _values_for(out.dtype, value, "full(value=...)")
+    return out
+
+
+def _like(fn: str, src: array, device, requires_grad) -> tuple:
+    if not isinstance(src, array):
+        raise TypeError(f"{fn}(src=...): expected an array, got {type(src).__name__}")
+    grad = src.requires_grad if requires_grad is None else requires_grad
+    return src.shape, src.dtype, device or src.device, grad
+
+
+def zeros_like(src: array, device=None, requires_grad: bool | None = None) -> array:
+    """Zeros with `src`'s shape and dtype (and its requires_grad unless given)."""
+    return zeros(*_like("zeros_like", src, device, requires_grad))
+
+
+def ones_like(src: array, device=None, requires_grad: bool | None = None) -> array:
+    """Ones with `src`'s shape and dtype (and its requires_grad unless given)."""
+    return ones(*_like("ones_like", src, device, requires_grad))
+
+
+def empty_like(src: array, device=None, requires_grad: bool | None = None) -> array:
+    """An uninitialised array with `src`'s shape and dtype (and its requires_grad unless given)."""
+    return empty(*_like("empty_like", src, device, requires_grad))
+
+
+def full_like(src: array, value, device=None, requires_grad: bool | None = None) -> array:
+    """`value` everywhere, with `src`'s shape and dtype (and its requires_grad unless given)."""
+    shape, dtype, device, grad = _like("full_like", src, device, requires_grad)
+    return full(shape, value, dtype, device, grad)

@@ -1,0 +1,301 @@
+"""The Tape: records differentiable operations and runs their adjoints in reverse.
+
+    tape = Tape()
+    with tape:
+        launch(forces, n, inputs=[x], outputs=[f])
+        launch(loss_kernel, n, inputs=[f], outputs=[loss])
+    tape.backward(loss)          # or tape.backward(grads={f: seed})
+    x.grad                       # d loss / d x
+    tape.zero()                  # before the next backward on the same buffers
+
+What we keep from Warp and what we do not:
+- Seeds are copied into ``array.grad`` (added), never adopted: the seed array stays untouched and
+  repeated ``backward``/``zero`` cycles give identical results.
+- Overwrites are refused, not warned about. While a tape records, an operation that overwrites an
+  array an earlier recorded operation read raises `OverwriteError` before anything is written;
+  accumulation (``+=``, atomics) is not an overwrite. Every array carries a version counter, and
+  ``backward`` refuses to run if an array a recorded operation read was modified since.
+- Outside a ``with tape:`` block nothing is checked or recorded.
+
+Contract for whoever records operations (the kernel launcher, copies): while a tape records, every
+operation that writes or accumulates into arrays is passed to `Tape.record` (or, when it needs no
+adjoint, to `Tape.check_writes`), and marks what it wrote with ``array._mark_written()``. The order
+of the two does not matter; recording first means a refused overwrite leaves the data untouched.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+import numpy as np
+
+from ..errors import OverwriteError
+
+if TYPE_CHECKING:
+    from .array import array
+
+__all__ = ["RecordedOp", "Tape", "active_tape", "caller_location"]
+
+
+@dataclass(eq=False)
+class RecordedOp:
+    name: str                               # e.g. "launch of kernel 'integrate'" or "copy(dest, src)"
+    reads: dict[str, "array"]               # argument name -> array the op reads
+    writes: dict[str, "array"]              # argument name -> array the op overwrites (plain stores)
+    accumulates: dict[str, "array"]         # argument name -> array the op only accumulates into
+    backward: Callable[[], None]            # runs the adjoint; accumulates into .grad of the arrays
+    where: str = ""                         # "file.py:42" of the user's call, for messages
+
+
+_local = threading.local()   # per thread: the stack of tapes in `with` blocks, innermost last
+
+
+def _stack() -> list["Tape"]:
+    stack = getattr(_local, "stack", None)
+    if stack is None:
+        stack = _local.stack = []
+    return stack
+
+
+def active_tape() -> "Tape | None":
+    """The innermost tape whose ``with`` block this thread is in, or None (then nothing records)."""
+    stack = getattr(_local, "stack", None)
+    return stack[-1] if stack else None
+
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_OUR_DIRS = tuple(os.path.join(_ROOT, pkg) + os.sep for pkg in ("compiler", "checkpoint", "stepper"))
+
+
+def caller_location() -> str:
+    """``"file.py:42"`` of the innermost caller outside this project's packages, for messages."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        filename = os.path.abspath(frame.f_code.co_filename)
+        if not filename.startswith(_OUR_DIRS):
+            return f"{os.path.basename(filename)}:{frame.f_lineno}"
+        frame = frame.f_back
+    return ""
+
+
+def _describe(op: RecordedOp) -> str:
+    return f"{op.name} ({op.where})" if op.where else op.name
+
+
+def _describe_array(arr: "array") -> str:
+    return f"array of {arr.dtype}, shape {arr.shape}"
+
+
+@dataclass(eq=False)
+class _ReadRecord:
+    """An array some recorded op read: the version the tape expects it to have, and who read it."""
+    array: "array"
+    version: int
+    readers: list[tuple[RecordedOp, str]]
+
+
+_FIX_OVERWRITE = ("Fix: write the result into a new array instead (use a fresh buffer per step, e.g. "
+                  "force0 and force1), or clone() the array before overwriting it.")
+
+
+class Tape:
+    """Records launches and differentiable copies while in ``with tape:``; `backward` differentiates.
+
+    Reentrant (enter it again to record more) and repeatable (``backward`` again after `zero`).
+    Nested tapes: only the innermost records.
+    """
+
+    def __init__(self):
+        self._ops: list[RecordedOp] = []
+        self._reads: dict[int, _ReadRecord] = {}     # id of the array's storage -> record
+        self._touched: dict[int, "array"] = {}       # id(array) -> array, for zero() and gradients
+        self._depth = 0
+
+    # -- recording -----------------------------------------------------------------------------
+    def __enter__(self) -> "Tape":
+        _stack().append(self)
+        self._depth += 1
+        return self
+
+    def __exit__(self, *exc_info) -> bool:
+        stack = _stack()
+        for i in range(len(stack) - 1, -1, -1):
+            if stack[i] is self:
+                del stack[i]
+                break
+        self._depth -= 1
+        return False
+
+    @property
+    def recording(self) -> bool:
+        """Whether this tape is inside a ``with`` block (it records only if it is the innermost)."""
+        return self._depth > 0
+
+    @property
+    def ops(self) -> tuple[RecordedOp, ...]:
+        """The recorded operations, in the order they ran."""
+        return tuple(self._ops)
+
+    def check_writes(self, op: RecordedOp) -> None:
+        """Raise `OverwriteError` if `op` overwrites an array that an earlier recorded op read, or
+        one it reads itself. This is what `record` checks; host writes that have no adjoint
+        (``fill_``, ``zero_``, a non-differentiable copy) call it without recording."""
+        for arg, arr in op.writes.items():
+            for read_arg, read_arr in op.reads.items():
+                if read_arr._storage is arr._storage:
+                    raise OverwriteError(
+                        f"{_describe(op)} reads argument '{read_arg}' and overwrites it as argument "
+                        f"'{arg}' ({_describe_array(arr)}) in the same operation; its backward pass "
+                        f"would replay with the overwritten values and give a wrong gradient.\n"
+                        + _FIX_OVERWRITE)
+            record = self._reads.get(id(arr._storage))
+            if record is not None:
+                reader, read_arg = record.readers[0]
+                raise OverwriteError(
+                    f"{_describe(op)} overwrites argument '{arg}' ({_describe_array(arr)}), which the "
+                    f"earlier recorded {_describe(reader)} read as argument '{read_arg}'. Its backward "
+                    f"pass needs the values it read, so overwriting them would give a wrong gradient.\n"
+                    + _FIX_OVERWRITE)
+
+    def record(self, op: RecordedOp) -> None:
+        """Append `op` to the tape after `check_writes`; remembers the version of every array it reads."""
+        self.check_writes(op)
+        self._ops.append(op)
+        for arg, arr in op.reads.items():
+            record = self._reads.get(id(arr._storage))
+            if record is None:
+                self._reads[id(arr._storage)] = _ReadRecord(arr, arr.version, [(op, arg)])
+            else:   # an older expected version stays: a change since is still caught at backward
+                record.readers.append((op, arg))
+        for arr in (*op.reads.values(), *op.writes.values(), *op.accumulates.values()):
+            self._touched.setdefault(id(arr), arr)
+
+    def record_func(self, backward: Callable[[], None], arrays, *, name: str | None = None) -> None:
+        """Record a custom Python adjoint `backward` of an operation that reads `arrays` (Warp's
+        semantics: their gradients are zeroed by `zero`). Works inside or outside ``with tape:``."""
+        label = name or f"record_func({getattr(backward, '__name__', 'backward')})"
+        self.record(RecordedOp(label, {f"arrays[{i}]": a for i, a in enumerate(arrays)}, {}, {},
+                               backward, caller_location()))
+
+    def _note_write(self, arr: "array") -> None:
+        # Called by array._mark_written() while this tape records: a write the tape has seen (and
+        # checked, if it was an overwrite) is expected. A change the tape missed before it stays a miss.
+        record = self._reads.get(id(arr._storage))
+        if record is not None and arr.version == record.version + 1:
+            record.version = arr.version
+
+    # -- differentiating ---------------------------------------------------------------------------
+    def backward(self, loss: "array | None" = None, grads: dict | None = None) -> None:
+        """Run the recorded adjoints in reverse order, accumulating into ``.grad`` of the arrays.
+
+        `loss`: a one-element float array with ``requires_grad=True``; 1.0 is added to its grad.
+        `grads`: ``{array: seed}``; each seed (an array or array-like of the same shape) is added to
+        ``array.grad``, copied, never adopted. Gradients accumulate: call `zero` between passes.
+        """
+        if self._depth > 0:
+            raise RuntimeError("Tape.backward() was called while the tape is still recording (inside "
+                               "'with tape:'); call it after the with-block has ended")
+        self._check_versions()
+        seeds = []
+        if loss is not None:
+            if loss.size != 1 or loss.dtype.inner_shape:
+                raise ValueError(f"backward(loss): loss must be a one-element scalar array, got "
+                                 f"{_describe_array(loss)}; to seed several outputs use grads={{...}}")
+            seeds.append(self._seed_values(loss, 1.0, "backward(loss)"))
+        for arr, seed in (grads or {}).items():
+            seeds.append(self._seed_values(arr, seed, "backward(grads={array: seed})"))
+        for arr, values in seeds:
+            arr.grad._data += values
+            self._touched.setdefault(id(arr), arr)
+        for op in reversed(self._ops):
+            op.backward()
+
+    def _seed_values(self, arr, seed, where: str):
+        from .array import array
+        if not isinstance(arr, array):
+            raise TypeError(f"{where}: expected an array to seed, got {type(arr).__name__}")
+        if arr.grad is None:
+            raise ValueError(f"{where}: the {_describe_array(arr)} has no gradient; create it with "
+                             "requires_grad=True before recording")
+        target = arr.grad._data
+        values = seed.numpy() if isinstance(seed, array) else seed
+        try:
+            values = np.array(np.broadcast_to(np.asarray(values, target.dtype), target.shape))
+        except ValueError:
+            raise ValueError(f"{where}: seed of shape {np.shape(values)} does not match the "
+                             f"{_describe_array(arr)} (expected {target.shape})") from None
+        return arr, values
+
+    def _check_versions(self) -> None:
+        for record in self._reads.values():
+            arr = record.array
+            if arr.version != record.version:
+                reader, arg = record.readers[0]
+                raise OverwriteError(
+                    f"{_describe(reader)} read argument '{arg}' ({_describe_array(arr)}), but that "
+                    f"array was modified after it was recorded (version {record.version} then, "
+                    f"{arr.version} now: by assign, fill_, zero_, copy or a launch outside the tape). "
+                    f"backward() would use the new values and give a wrong gradient.\nFix: leave arrays "
+                    f"the tape still needs alone until backward() has run (modify a clone() or a new "
+                    f"array instead), or tape.reset() and record again.")
+
+    @property
+    def gradients(self) -> dict:
+        """``{array: array.grad}`` for every array with a gradient that this tape touched."""
+        return {arr: arr.grad for arr in self._touched.values() if arr.grad is not None}
+
+    def zero(self) -> None:
+        """Zero every gradient this tape touched, seeded ones included; the recording stays."""
+        for arr in self._touched.values():
+            if arr.grad is not None:
+                arr.grad._data[...] = 0
+                arr.grad._storage.version += 1
+
+    def reset(self) -> None:
+        """Zero the gradients, then forget the recorded operations."""
+        self.zero()
+        self._ops.clear()
+        self._reads.clear()
+        self._touched.clear()
+
+    # -- looking at it -----------------------------------------------------------------------------
+    def visualize(self, filename: str | None = None, array_labels: dict | None = None) -> str:
+        """The recorded graph in GraphViz dot: boxes for operations, ellipses for arrays (green if they
+        have gradients), edges labelled with argument names (dashed: accumulation). Written to
+        `filename` if given; render with ``dot -Tsvg tape.dot -o tape.svg``."""
+        labels = array_labels or {}
+        lines = ["digraph Tape {", "  rankdir=TB;", '  node [fontname="Helvetica"];']
+        names: dict[int, str] = {}
+
+        def node(arr) -> str:
+            if id(arr) not in names:
+                names[id(arr)] = f"a{len(names)}"
+                text = labels.get(arr) or f"{arr.dtype} {arr.shape}"
+                color = "palegreen" if arr.requires_grad else "lightgray"
+                lines.append(f'  {names[id(arr)]} [label="{_dot(text)}", shape=ellipse, style=filled, '
+                             f"fillcolor={color}];")
+            return names[id(arr)]
+
+        for i, op in enumerate(self._ops):
+            text = op.name + (f"\n{op.where}" if op.where else "")
+            lines.append(f'  op{i} [label="{_dot(text)}", shape=box, style=filled, fillcolor=gray90];')
+            lines += [f'  {node(a)} -> op{i} [label="{_dot(arg)}"];' for arg, a in op.reads.items()]
+            lines += [f'  op{i} -> {node(a)} [label="{_dot(arg)}"];' for arg, a in op.writes.items()]
+            lines += [f'  op{i} -> {node(a)} [label="{_dot(arg)} (+=)", style=dashed];'
+                      for arg, a in op.accumulates.items()]
+        lines.append("}")
+        text = "\n".join(lines) + "\n"
+        if filename is not None:
+            with open(filename, "w", encoding="utf-8") as f:
+                f.write(text)
+        return text
+
+    def __repr__(self) -> str:
+        return f"<Tape: {len(self._ops)} recorded op(s){', recording' if self._depth else ''}>"
+
+
+def _dot(text: str) -> str:
+    return str(text).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
