@@ -1,0 +1,309 @@
+"""Snapshots in one HDF5 file, written behind and prefetched on a background thread.
+
+The file layout is documented in ``layout.py``. This module adds what the
+stepper needs around it: an index of the steps, write-behind with a bounded
+queue, prefetch, error hand-off from the I/O thread, and the path checks that
+make a bad path fail at construction rather than an hour into a run.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import threading
+import time
+import warnings
+import weakref
+from concurrent.futures import Future
+from typing import Mapping
+
+import h5py
+import numpy as np
+
+from . import layout
+from .background import BackgroundWorker, InlineWorker
+from .base import Storage
+from .errors import (SnapshotIncompleteError, SnapshotMissingError, StorageClosedError, StorageError,
+                     describe_steps)
+from .snapshot import Snapshot, check_step, copy_arrays, freeze, make_metadata
+
+__all__ = ["HDF5Storage"]
+
+_COMPRESSIONS = (None, "gzip", "lzf")
+_MODES = ("w", "a", "r")
+
+
+class HDF5Storage(Storage):
+    """Snapshots in one HDF5 file, with checksums and crash-safe completion markers.
+
+    ``path``: the file. ``mode``: ``"w"`` creates or truncates it, ``"a"``
+    opens an existing file (or creates one) and keeps its complete snapshots,
+    ``"r"`` opens one read-only. ``compression``: None, ``"gzip"`` (level in
+    ``compression_opts``, 0-9) or ``"lzf"``. ``chunk_bytes``: target size of
+    the HDF5 chunks that carry the fletcher32 checksums.
+
+    With ``background=True`` (the default), ``write`` copies the arrays and
+    returns; a background thread writes them while the caller computes, with at
+    most ``max_pending`` snapshots queued (``write`` waits when the disk falls
+    behind). A snapshot can be read back as soon as ``write`` returns. An I/O
+    error on that thread is raised by the next call on the storage, and by
+    ``close()``. ``read`` returns arrays that the caller owns.
+
+    A process killed mid-write leaves the file readable: snapshots completed
+    before are intact and the interrupted one is listed by ``incomplete_steps()``.
+    """
+
+    def __init__(self, path: str | os.PathLike, compression: str | None = None, mode: str = "w", *,
+                 compression_opts: int | None = None, chunk_bytes: int = 2 << 20,
+                 background: bool = True, max_pending: int = 2) -> None:
+        super().__init__()
+        self.path = os.path.abspath(os.fspath(path))
+        _check_options(compression, compression_opts, mode, chunk_bytes, max_pending)
+        self.compression, self.compression_opts = compression, compression_opts
+        self.mode, self.chunk_bytes, self.max_pending = mode, int(chunk_bytes), max_pending
+        self._file = _open(self.path, mode)
+        try:
+            if mode == "r":
+                _check_format_readonly(self._file)
+            else:
+                layout.init_file(self._file)
+            complete, incomplete = layout.scan(self._file)
+        except BaseException:
+            self._file.close()
+            raise
+        # Caller-visible state, shared with the I/O thread under _lock:
+        # _index holds every readable step (on disk or pending) -> bytes;
+        # _pending holds copies not yet committed, so reads never wait on them.
+        self._lock = threading.Lock()
+        self._index: dict[int, int] = complete
+        self._incomplete: set[int] = set(incomplete)
+        self._pending: dict[int, tuple[dict, dict]] = {}
+        self._prefetched: dict[int, Future] = {}
+        self._closed = False
+        self._worker = BackgroundWorker(f"HDF5Storage({os.path.basename(self.path)})", max_pending) \
+            if background else InlineWorker()
+        # Finish queued writes even if the user forgets close(); holds no reference to self.
+        self._finalizer = weakref.finalize(self, _shutdown, self._worker, self._file, self.path)
+
+    def __repr__(self) -> str:
+        return (f"HDF5Storage({self.path!r}, compression={self.compression!r}, mode={self.mode!r}, "
+                f"steps={len(self._index)})")
+
+    # -- Storage interface --------------------------------------------------
+    def write(self, step: int, arrays: Mapping[str, np.ndarray], metadata: dict | None = None) -> None:
+        self._check_usable(writing=True)
+        step = check_step(step)
+        start = time.perf_counter()
+        copies = copy_arrays(arrays)
+        entry = (copies, make_metadata(step, copies, metadata))
+        nbytes = sum(a.nbytes for a in copies.values())
+        with self._lock:
+            self._pending[step] = entry
+            self._index[step] = nbytes
+            self._incomplete.discard(step)
+            self._prefetched.pop(step, None)
+        self._worker.submit(self._write_task, step, entry)
+        waited = time.perf_counter() - start
+        self._counters.add(snapshots_written=1, bytes_written=nbytes, io_seconds=waited, blocked_seconds=waited)
+        self._raise_background_error()
+
+    def read(self, step: int) -> Snapshot:
+        self._check_usable()
+        step = check_step(step)
+        start = time.perf_counter()
+        with self._lock:
+            entry = self._pending.get(step)
+            future = self._prefetched.pop(step, None)
+            known = step in self._index
+        if entry is not None:
+            arrays, metadata = {k: a.copy() for k, a in entry[0].items()}, copy.deepcopy(entry[1])
+        elif not known:
+            raise self._missing(step)
+        else:
+            if future is None:
+                future = self._worker.submit(self._read_task, step, report=False)
+            arrays, metadata = future.result()
+        waited = time.perf_counter() - start
+        nbytes = sum(a.nbytes for a in arrays.values())
+        self._counters.add(snapshots_read=1, bytes_read=nbytes, blocked_seconds=waited,
+                           io_seconds=waited if entry is not None else 0.0)
+        return freeze(step, arrays, metadata)
+
+    def prefetch(self, step: int) -> None:
+        """Start reading ``step`` in the background; the next ``read(step)`` returns it.
+
+        A hint: ignored when the step is still in the write-behind buffer or
+        ``max_pending`` prefetches are already waiting to be read.
+        """
+        self._check_usable()
+        step = check_step(step)
+        with self._lock:
+            if step not in self._index:
+                raise self._missing(step)
+            if step in self._pending or step in self._prefetched or len(self._prefetched) >= self.max_pending:
+                return
+        future = self._worker.submit(self._read_task, step, report=False)
+        with self._lock:
+            self._prefetched[step] = future
+
+    def delete(self, step: int) -> None:
+        self._check_usable(writing=True)
+        step = check_step(step)
+        with self._lock:
+            if step not in self._index and step not in self._incomplete:
+                raise self._missing(step)
+            self._index.pop(step, None)
+            self._pending.pop(step, None)
+            self._prefetched.pop(step, None)
+            self._incomplete.discard(step)
+        self._worker.submit(self._delete_task, step)
+        self._raise_background_error()
+
+    def steps(self) -> list[int]:
+        with self._lock:
+            return sorted(self._index)
+
+    def __contains__(self, step: object) -> bool:
+        with self._lock:
+            return step in self._index
+
+    def incomplete_steps(self) -> list[int]:
+        """Steps whose snapshot was interrupted (found on opening, or whose write failed).
+
+        They are not readable; writing the step again replaces them, ``delete``
+        removes them.
+        """
+        with self._lock:
+            return sorted(self._incomplete)
+
+    @property
+    def nbytes(self) -> int:
+        with self._lock:
+            return sum(self._index.values())
+
+    def flush(self) -> None:
+        """Wait until every snapshot written so far is complete on disk."""
+        self._check_usable()
+        start = time.perf_counter()
+        self._worker.drain()
+        self._counters.add(blocked_seconds=time.perf_counter() - start)
+        self._raise_background_error()
+
+    def close(self) -> None:
+        """Write everything still queued, close the file, then raise any I/O error left."""
+        if self._closed:
+            return
+        self._closed = True
+        self._finalizer.detach()
+        try:
+            self._worker.stop()
+        finally:
+            self._file.close()
+        self._raise_background_error()
+
+    # -- work done on the I/O thread -----------------------------------------
+    def _write_task(self, step: int, entry: tuple[dict, dict]) -> None:
+        start = time.perf_counter()
+        try:
+            layout.write_snapshot(self._file, step, entry[0], entry[1], self.compression,
+                                  self.compression_opts, self.chunk_bytes)
+            layout.commit(self._file, step)
+        except Exception as exc:
+            with self._lock:
+                if self._pending.get(step) is entry:
+                    del self._pending[step]
+                    self._index.pop(step, None)
+                    self._incomplete.add(step)
+            raise StorageError(
+                f"writing the snapshot of step {step} to {self.path} failed in the background: {exc}. "
+                "Free disk space or fix the file's permissions, then write that step again"
+            ) from exc
+        finally:
+            self._counters.add(io_seconds=time.perf_counter() - start)
+        with self._lock:
+            if self._pending.get(step) is entry:
+                del self._pending[step]
+
+    def _read_task(self, step: int) -> tuple[dict, dict]:
+        start = time.perf_counter()
+        try:
+            return layout.read_snapshot(self._file, step)
+        finally:
+            self._counters.add(io_seconds=time.perf_counter() - start)
+
+    def _delete_task(self, step: int) -> None:
+        try:
+            layout.delete_snapshot(self._file, step)
+        except Exception as exc:
+            raise StorageError(f"deleting the snapshot of step {step} from {self.path} failed: {exc}") from exc
+
+    # -- helpers ---------------------------------------------------------------
+    def _missing(self, step: int) -> StorageError:
+        if step in self._incomplete:
+            return SnapshotIncompleteError(
+                f"the snapshot of step {step} in {self.path} is incomplete: its writer stopped before "
+                "the completion marker was set; write that step again")
+        return SnapshotMissingError(
+            f"{self.path} has no snapshot of step {step}; stored steps: {describe_steps(sorted(self._index))}")
+
+    def _check_usable(self, writing: bool = False) -> None:
+        if self._closed:
+            raise StorageClosedError(f"HDF5Storage({self.path!r}) was closed; open it again with mode='a'")
+        self._raise_background_error()
+        if writing and self.mode == "r":
+            raise StorageError(f"{self.path} was opened read-only (mode='r'); open it with mode='a' to change it")
+
+    def _raise_background_error(self) -> None:
+        error = self._worker.take_error()
+        if error is not None:
+            raise error
+
+
+def _check_options(compression, compression_opts, mode, chunk_bytes, max_pending) -> None:
+    if compression not in _COMPRESSIONS:
+        raise ValueError(f"compression={compression!r} is not supported; use one of {_COMPRESSIONS}")
+    if compression_opts is not None and compression != "gzip":
+        raise ValueError("compression_opts (the gzip level, 0-9) needs compression='gzip'")
+    if compression == "gzip" and compression_opts is not None and compression_opts not in range(10):
+        raise ValueError(f"gzip level must be 0-9, got compression_opts={compression_opts!r}")
+    if mode not in _MODES:
+        raise ValueError(f"mode={mode!r} is not supported; use 'w' (new file), 'a' (append) or 'r' (read)")
+    if int(chunk_bytes) < 1:
+        raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
+    if max_pending < 1:
+        raise ValueError(f"max_pending must be >= 1, got {max_pending}")
+
+
+def _open(path: str, mode: str) -> h5py.File:
+    """Open the file now, so a bad path fails here, with a message naming it."""
+    directory = os.path.dirname(path)
+    if mode == "r" and not os.path.isfile(path):
+        raise StorageError(f"cannot read snapshots from {path}: no such file")
+    if mode != "r":
+        if not os.path.isdir(directory):
+            raise StorageError(f"cannot create snapshot file {path}: directory {directory} does not "
+                               "exist; create it first or choose another path")
+        target = path if os.path.exists(path) else directory
+        if not os.access(target, os.W_OK):
+            raise StorageError(f"cannot write snapshot file {path}: no write permission on {target}")
+    try:
+        return h5py.File(path, mode)
+    except (OSError, ValueError) as exc:
+        raise StorageError(f"cannot open snapshot file {path} with mode={mode!r}: {exc}") from exc
+
+
+def _check_format_readonly(f: h5py.File) -> None:
+    if layout.SNAPSHOTS not in f:
+        raise StorageError(f"{f.filename} is not a snapshot file: it has no '/{layout.SNAPSHOTS}' group")
+
+
+def _shutdown(worker, file, path) -> None:
+    """Finalizer for an HDF5Storage that was never closed: keep its data, warn about errors."""
+    try:
+        worker.stop()
+        error = worker.take_error()
+        if error is not None:
+            warnings.warn(f"HDF5Storage({path!r}) was not closed and a background write failed: {error}",
+                          RuntimeWarning, stacklevel=1)
+    finally:
+        file.close()
