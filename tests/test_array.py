@@ -1,0 +1,324 @@
+"""Arrays on the CPU: creation, dtype inference, NumPy/DLPack interop, versions and gradients."""
+import numpy as np
+import pytest
+
+from compiler.errors import CompileError
+from compiler.runtime import device as device_mod
+from compiler.runtime.array import (array, clone, copy, empty, empty_like, full, full_like, ones,
+                                    ones_like, zeros, zeros_like)
+from compiler.runtime.device import Device, get_device
+from compiler.types import float32, float64, int32, int64, mat33, vec2, vec3, vector
+
+
+# -- creation and dtype inference -----------------------------------------------------------------
+def test_python_floats_are_float32_and_ints_int32():
+    assert array([1.0, 2.0, 3.0]).dtype == float32
+    assert array([1, 2, 3]).dtype == int32
+    assert array([[1, 2], [3, 4]]).shape == (2, 2)
+
+
+def test_numpy_data_keeps_its_dtype():
+    assert array(np.arange(3, dtype=np.float64)).dtype == float64
+    assert array(np.arange(3, dtype=np.int64)).dtype == int64
+    assert array(np.zeros(2, np.float32)).dtype == float32
+
+
+def test_explicit_dtype_converts_and_python_types_are_accepted():
+    a = array([1, 2, 3], dtype=float)
+    assert a.dtype == float32
+    np.testing.assert_array_equal(a.numpy(), [1.0, 2.0, 3.0])
+    assert array([1.5], dtype=float64).numpy().dtype == np.float64
+    assert zeros(2, dtype=int).dtype == int32
+
+
+def test_vec3_from_n_by_3_numpy():
+    data = np.arange(12, dtype=np.float32).reshape(4, 3)
+    a = array(data, dtype=vec3)
+    assert a.shape == (4,)
+    assert a.ndim == 1 and a.size == 4 and len(a) == 4
+    assert a.dtype == vec3
+    assert a.numpy().shape == (4, 3)
+    np.testing.assert_array_equal(a.numpy(), data)
+
+
+def test_single_vector_becomes_one_element():
+    assert array([1.0, 2.0, 3.0], dtype=vec3).shape == (1,)
+
+
+def test_mat33_from_n_by_3_by_3():
+    assert array(np.zeros((5, 3, 3)), dtype=mat33).shape == (5,)
+
+
+def test_mismatched_trailing_shape_names_what_was_expected():
+    with pytest.raises(ValueError, match=r"dtype=vec3.*expected data of shape \(\.\.\., 3\).*\(4, 2\)"):
+        array(np.zeros((4, 2)), dtype=vec3)
+
+
+def test_bad_dtype_names_the_argument():
+    with pytest.raises(TypeError, match=r"array\(dtype='complex64'\)"):
+        array([1.0], dtype="complex64")
+    with pytest.raises(TypeError, match=r"zeros\(dtype=.*str"):
+        zeros(3, dtype=str)
+
+
+def test_unsupported_numpy_dtype_names_data():
+    with pytest.raises(TypeError, match=r"array\(data=\.\.\.\).*float16.*dtype="):
+        array(np.zeros(3, np.float16))
+
+
+def test_bad_shapes_name_the_argument():
+    with pytest.raises(ValueError, match=r"zeros\(shape=\(1, 1, 1, 1, 1\)\).*1 to 4 dimensions"):
+        zeros((1, 1, 1, 1, 1))
+    with pytest.raises(ValueError, match=r"zeros\(shape=-1\)"):
+        zeros(-1)
+    with pytest.raises(ValueError, match=r"array\(data=\.\.\.\).*1 to 4 dimensions"):
+        array(np.zeros((1, 1, 1, 1, 1)))
+    with pytest.raises(ValueError, match=r"1 to 4 dimensions"):
+        array(np.float32(1.0))
+
+
+def test_shape_with_data_reshapes_and_checks_size():
+    assert array(np.arange(6), shape=(2, 3)).shape == (2, 3)
+    with pytest.raises(ValueError, match=r"data has 5 values"):
+        array(np.arange(5), shape=(2, 3))
+
+
+def test_ragged_data_is_a_clear_error():
+    with pytest.raises(ValueError, match=r"array\(data=\.\.\.\)"):
+        array([[1.0, 2.0], [3.0]])
+
+
+def test_creation_functions():
+    np.testing.assert_array_equal(zeros(3).numpy(), [0, 0, 0])
+    np.testing.assert_array_equal(ones((2, 2), dtype=vec2).numpy(), np.ones((2, 2, 2)))
+    assert empty(4, dtype=float64).numpy().shape == (4,)
+    np.testing.assert_array_equal(full(2, 7.5).numpy(), [7.5, 7.5])
+    assert full(2, 7.5).dtype == float32
+    assert full(2, 7).dtype == int32
+    v = full(3, [1.0, 2.0, 3.0])
+    assert v.dtype == vec3
+    np.testing.assert_array_equal(v.numpy(), [[1, 2, 3]] * 3)
+    assert full(2, np.float64(1.0)).dtype == float64
+    np.testing.assert_array_equal(full(2, 0.5, dtype=vec3).numpy(), np.full((2, 3), 0.5))
+
+
+def test_like_functions_copy_shape_dtype_and_requires_grad():
+    x = array(np.zeros((2, 3)), dtype=vec3, requires_grad=True)
+    for like in (zeros_like(x), ones_like(x), empty_like(x), full_like(x, 2.0)):
+        assert like.shape == (2,) and like.dtype == vec3 and like.requires_grad
+    assert not zeros_like(x, requires_grad=False).requires_grad
+    np.testing.assert_array_equal(full_like(x, 2.0).numpy(), np.full((2, 3), 2.0))
+
+
+def test_data_is_copied_by_default_and_adopted_with_copy_false():
+    data = np.zeros(3, np.float32)
+    copied = array(data)
+    data[0] = 1.0
+    assert copied.numpy()[0] == 0.0
+    adopted = array(data, copy=False)
+    data[1] = 2.0
+    assert adopted.numpy()[1] == 2.0
+    assert adopted.ptr == data.ctypes.data
+
+
+def test_copy_false_refuses_what_it_cannot_adopt():
+    with pytest.raises(ValueError, match="copy=False"):
+        array(np.zeros(3, np.float64), dtype=float32, copy=False)
+    with pytest.raises(ValueError, match="copy=False"):
+        array(np.zeros((3, 2), np.float32)[:, 0], copy=False)
+    with pytest.raises(ValueError, match="copy=False"):
+        array([1.0, 2.0], copy=False)
+
+
+def test_array_from_array_copies():
+    a = array([1.0, 2.0])
+    b = array(a)
+    b.fill_(5.0)
+    assert a.numpy().tolist() == [1.0, 2.0]
+    assert array(a, dtype=float64).dtype == float64
+
+
+# -- interop --------------------------------------------------------------------------------------
+def test_numpy_is_a_zero_copy_view():
+    a = zeros(3, dtype=vec3)
+    view = a.numpy()
+    view[1] = [1.0, 2.0, 3.0]
+    np.testing.assert_array_equal(a.numpy()[1], [1.0, 2.0, 3.0])
+    assert view.ctypes.data == a.ptr
+
+
+def test_strides_are_logical_and_in_bytes():
+    assert zeros((2, 5), dtype=vec3).strides == (5 * 12, 12)
+    assert zeros(4, dtype=float64).strides == (8,)
+
+
+def test_array_interface_is_zero_copy():
+    a = array([1.0, 2.0, 3.0])
+    iface = a.__array_interface__
+    assert iface["shape"] == (3,)
+    assert iface["typestr"] == "<f4"
+    assert iface["data"][0] == a.ptr
+    view = np.asarray(a)
+    view[0] = 9.0
+    assert a.numpy()[0] == 9.0
+
+
+def test_dlpack_round_trip():
+    a = array(np.arange(6, dtype=np.float32).reshape(2, 3), dtype=vec3)
+    assert a.__dlpack_device__() == (1, 0)
+    b = np.from_dlpack(a)
+    assert b.shape == (2, 3) and b.ctypes.data == a.ptr
+    c = array(np.arange(4.0))      # and back: DLPack-only objects are accepted as data
+    class OnlyDLPack:
+        def __dlpack__(self, *args, **kwargs):
+            return c.__dlpack__(*args, **kwargs)
+
+        def __dlpack_device__(self):
+            return c.__dlpack_device__()
+    np.testing.assert_array_equal(array(OnlyDLPack()).numpy(), [0.0, 1.0, 2.0, 3.0])
+
+
+def test_repr_shows_values_dtype_and_grad():
+    assert repr(array([1.0, 2.0], requires_grad=True)) == \
+        "array([1., 2.], dtype=float32, device='cpu', requires_grad=True)"
+
+
+def test_reshape_and_flatten_are_views():
+    a = zeros((2, 3))
+    flat = a.flatten()
+    assert flat.shape == (6,)
+    flat.fill_(1.0)
+    np.testing.assert_array_equal(a.numpy(), np.ones((2, 3)))
+    assert a.version == flat.version == 1
+
+
+# -- versions ---------------------------------------------------------------------------------------
+def test_every_host_mutation_bumps_the_version():
+    a = zeros(3)
+    assert a.version == 0
+    a.assign([1.0, 2.0, 3.0])
+    assert a.version == 1
+    a.fill_(2.0)
+    assert a.version == 2
+    a.zero_()
+    assert a.version == 3
+    copy(a, ones(3))
+    assert a.version == 4
+    a._mark_written()
+    assert a.version == 5
+    a.numpy()
+    assert a.version == 5
+
+
+def test_assign_and_fill_check_shapes():
+    a = zeros(2, dtype=vec3)
+    a.fill_([1.0, 2.0, 3.0])
+    np.testing.assert_array_equal(a.numpy(), [[1, 2, 3], [1, 2, 3]])
+    with pytest.raises(ValueError, match=r"fill_\(value\).*vec3"):
+        a.fill_([1.0, 2.0])
+    with pytest.raises(ValueError, match=r"assign\(src\).*\(2, 3\)"):
+        a.assign(np.zeros((3, 3)))
+    with pytest.raises(ValueError, match=r"assign\(src\)"):
+        a.assign(zeros(3, dtype=vec3))
+
+
+def test_copy_with_offsets_and_count():
+    dest = zeros(5)
+    copy(dest, array([1.0, 2.0, 3.0, 4.0]), dest_offset=1, src_offset=2, count=2)
+    np.testing.assert_array_equal(dest.numpy(), [0, 3, 4, 0, 0])
+    with pytest.raises(ValueError, match=r"dest has only 5 elements"):
+        copy(dest, zeros(6))
+    with pytest.raises(TypeError, match=r"dtypes differ"):
+        copy(dest, zeros(5, dtype=float64))
+    with pytest.raises(TypeError, match=r"copy\(src=\.\.\.\)"):
+        copy(dest, np.zeros(5))
+
+
+# -- gradients ----------------------------------------------------------------------------------------
+def test_requires_grad_allocates_a_zero_grad():
+    a = array(np.ones((3, 3)), dtype=vec3, requires_grad=True)
+    assert a.grad.shape == (3,) and a.grad.dtype == vec3
+    np.testing.assert_array_equal(a.grad.numpy(), np.zeros((3, 3)))
+    b = zeros(2)
+    assert b.grad is None and not b.requires_grad
+    b.requires_grad = True
+    np.testing.assert_array_equal(b.grad.numpy(), [0, 0])
+    b.requires_grad = False
+    assert b.grad is None
+
+
+def test_grad_is_assignable_and_checked():
+    a = zeros(3)
+    g = ones(3)
+    a.grad = g
+    assert a.grad is g and a.requires_grad
+    with pytest.raises(ValueError, match=r"shape \(3,\)"):
+        a.grad = ones(4)
+
+
+def test_integer_arrays_cannot_require_grad():
+    with pytest.raises(TypeError, match="floating-point"):
+        zeros(3, dtype=int32, requires_grad=True)
+
+
+def test_clone_copies_data_and_requires_grad():
+    x = array([1.0, 2.0], requires_grad=True)
+    y = clone(x)
+    assert y.requires_grad and y.ptr != x.ptr
+    np.testing.assert_array_equal(y.numpy(), x.numpy())
+    assert not clone(x, requires_grad=False).requires_grad
+
+
+# -- devices --------------------------------------------------------------------------------------------
+def test_device_strings():
+    assert get_device("cpu") == Device("cpu", 0)
+    assert get_device(None) == Device("cpu", 0)
+    assert get_device("cuda") == Device("cuda", 0)
+    assert get_device("cuda:2") == Device("cuda", 2)
+    assert str(get_device("cuda:1")) == "cuda:1"
+    with pytest.raises(ValueError, match=r"'cpu', 'cuda' or 'cuda:N'.*'gpu'"):
+        get_device("gpu")
+    assert zeros(1).device == "cpu"
+
+
+def test_cuda_without_a_driver_says_what_to_do(monkeypatch):
+    monkeypatch.setattr(device_mod, "_probe_driver", lambda: (0, "cuInit returned CUDA_ERROR_NO_DEVICE"))
+    device_mod._driver_state.cache_clear()
+    try:
+        with pytest.raises(RuntimeError, match=r"CUDA device 'cuda:0' requested but no NVIDIA driver/GPU "
+                                               r"was found \(cuInit returned CUDA_ERROR_NO_DEVICE\); "
+                                               r"use device='cpu'"):
+            zeros(3, device="cuda")
+    finally:
+        device_mod._driver_state.cache_clear()
+
+
+def test_cuda_arrays_are_not_implemented_yet(monkeypatch):
+    monkeypatch.setattr(device_mod, "_probe_driver", lambda: (1, ""))
+    device_mod._driver_state.cache_clear()
+    try:
+        with pytest.raises(NotImplementedError, match="CUDA arrays are not implemented yet"):
+            array([1.0], device="cuda:0")
+        with pytest.raises(RuntimeError, match="has 1 CUDA device"):
+            zeros(1, device="cuda:1")
+    finally:
+        device_mod._driver_state.cache_clear()
+
+
+def test_real_cuda_probe_gives_a_clear_answer():
+    # On a machine without a GPU this is the RuntimeError; with one, the not-yet-implemented error.
+    with pytest.raises((RuntimeError, NotImplementedError), match="cuda|CUDA"):
+        zeros(1, device="cuda")
+
+
+# -- CompileError formatting (lives in compiler/errors.py) ------------------------------------------------
+def test_compile_error_points_at_the_user_line():
+    err = CompileError("cannot assign float64 to 'x', which is float32", "model.py", 12, 8,
+                       "        x = y * 2.0\n", hint="write float32(...)")
+    assert str(err) == ("model.py:12:9: cannot assign float64 to 'x', which is float32\n"
+                        "    x = y * 2.0\n"
+                        "    ^\n"
+                        "hint: write float32(...)")
+    ranged = CompileError("bad", "m.py", 1, 4, "x = foo(1)", end_col=10)
+    assert str(ranged).splitlines()[2] == "        ^~~~~~"
+    assert str(CompileError("just a message")) == "just a message"

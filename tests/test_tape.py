@@ -1,0 +1,327 @@
+"""The Tape: differentiable copies, seeding, repeatability and overwrite safety.
+
+Kernels are stood in for by Python functions recorded with `record_func` or a hand-made
+`RecordedOp`, so these tests need no compiler.
+"""
+import numpy as np
+import pytest
+
+from compiler.errors import OverwriteError
+from compiler.runtime.array import array, clone, copy, ones, ones_like, zeros, zeros_like
+from compiler.runtime.tape import RecordedOp, Tape, active_tape
+
+
+def record_square_sum(tape, y, loss):
+    """A Python "kernel": loss = sum(y * y), with its adjoint y.grad += 2 y loss.grad."""
+    loss.assign([float(np.sum(y.numpy() ** 2))])
+
+    def backward():
+        y.grad.numpy()[...] += 2.0 * y.numpy() * loss.grad.numpy()[0]
+    tape.record_func(backward, [y, loss], name="square_sum")
+
+
+def launch(tape, name, fn, adjoint, reads=None, writes=None, accumulates=None):
+    """A Python stand-in for a kernel launch: run `fn`, record it the way the launcher does."""
+    op = RecordedOp(f"launch of kernel '{name}'", reads or {}, writes or {}, accumulates or {},
+                    adjoint, where=f"model.py:{len(tape.ops) + 10}")
+    if active_tape() is tape:
+        tape.record(op)
+    fn()
+    for arr in (*op.writes.values(), *op.accumulates.values()):
+        arr._mark_written()
+
+
+def double(tape, x, y):
+    """y = 2 x."""
+    def fn():
+        y.numpy()[...] = 2.0 * x.numpy()
+
+    def adjoint():
+        x.grad.numpy()[...] += 2.0 * y.grad.numpy()
+    launch(tape, "double", fn, adjoint, reads={"x": x}, writes={"y": y})
+
+
+# -- differentiable copies (Warp's seed examples) ------------------------------------------------------
+@pytest.mark.parametrize("how", ["clone", "copy", "assign"])
+def test_copies_are_differentiable(how):
+    x = array([1.0, 1.0, 1.0], requires_grad=True)
+    loss = zeros(1, requires_grad=True)
+    tape = Tape()
+    with tape:
+        if how == "clone":
+            y = clone(x)
+        else:
+            y = zeros_like(x)
+            copy(y, x) if how == "copy" else y.assign(x)
+        record_square_sum(tape, y, loss)
+    tape.backward(loss)
+    np.testing.assert_array_equal(x.grad.numpy(), [2.0, 2.0, 2.0])
+    np.testing.assert_array_equal(loss.numpy(), [3.0])
+
+
+def test_warp_copy_example_through_a_kernel():
+    x = array(np.arange(3), dtype=float, requires_grad=True)
+    y, z = zeros_like(x), zeros_like(x)
+    tape = Tape()
+    with tape:
+        double(tape, x, y)
+        copy(z, y)
+    tape.backward(grads={z: ones_like(x)})
+    np.testing.assert_array_equal(x.grad.numpy(), [2.0, 2.0, 2.0])
+
+
+def test_copy_with_offsets_routes_gradients_to_the_copied_range():
+    src = array([1.0, 2.0, 3.0, 4.0], requires_grad=True)
+    dest = zeros(3, requires_grad=True)
+    tape = Tape()
+    with tape:
+        copy(dest, src, dest_offset=1, src_offset=2, count=2)
+    tape.backward(grads={dest: [10.0, 20.0, 30.0]})
+    np.testing.assert_array_equal(src.grad.numpy(), [0.0, 0.0, 20.0, 30.0])
+
+
+def test_clone_without_grad_detaches():
+    x = array([1.0, 2.0], requires_grad=True)
+    tape = Tape()
+    with tape:
+        y = clone(x, requires_grad=False)
+    assert tape.ops == () and not y.requires_grad
+
+
+# -- seeding and repeatability ----------------------------------------------------------------------------
+def test_seeds_are_copied_not_adopted():
+    x = array([1.0, 2.0, 3.0], requires_grad=True)
+    y = zeros_like(x)
+    tape = Tape()
+    with tape:
+        double(tape, x, y)
+    seed = ones(3)
+    tape.backward(grads={y: seed})
+    assert y.grad is not seed
+    seed.fill_(100.0)
+    np.testing.assert_array_equal(y.grad.numpy(), [1.0, 1.0, 1.0])
+    np.testing.assert_array_equal(x.grad.numpy(), [2.0, 2.0, 2.0])
+    np.testing.assert_array_equal(seed.numpy(), [100.0, 100.0, 100.0])
+
+
+def test_repeated_backward_with_zero_is_identical():
+    x = array([1.0, 2.0, 3.0], requires_grad=True)
+    y = zeros_like(x)
+    tape = Tape()
+    with tape:
+        double(tape, x, y)
+    seed = array([1.0, 0.0, 0.5])
+    results = []
+    for _ in range(3):
+        tape.backward(grads={y: seed})
+        results.append(x.grad.numpy().copy())
+        tape.zero()
+    for r in results:
+        np.testing.assert_array_equal(r, [2.0, 0.0, 1.0])
+    np.testing.assert_array_equal(seed.numpy(), [1.0, 0.0, 0.5])
+
+
+def test_backward_without_zero_accumulates():
+    x = array([1.0], requires_grad=True)
+    loss = zeros(1, requires_grad=True)
+    tape = Tape()
+    with tape:
+        record_square_sum(tape, clone(x), loss)
+    tape.backward(loss)
+    tape.backward(loss)
+    assert loss.grad.numpy()[0] == 2.0
+
+
+def test_zero_clears_seeded_and_intermediate_grads():
+    x = array([1.0, 2.0], requires_grad=True)
+    y = zeros_like(x)
+    tape = Tape()
+    with tape:
+        double(tape, x, y)
+    tape.backward(grads={y: [1.0, 1.0]})
+    assert set(map(id, tape.gradients)) == {id(x), id(y)}
+    tape.zero()
+    np.testing.assert_array_equal(y.grad.numpy(), [0.0, 0.0])
+    np.testing.assert_array_equal(x.grad.numpy(), [0.0, 0.0])
+    assert len(tape.ops) == 1
+    tape.reset()
+    assert tape.ops == () and tape.gradients == {}
+
+
+def test_loss_must_be_a_one_element_array_with_grad():
+    x = array([1.0, 2.0], requires_grad=True)
+    tape = Tape()
+    with pytest.raises(ValueError, match="one-element"):
+        tape.backward(x)
+    with pytest.raises(ValueError, match="requires_grad=True"):
+        tape.backward(zeros(1))
+    with pytest.raises(ValueError, match=r"seed of shape \(3,\).*expected \(2,\)"):
+        tape.backward(grads={x: [1.0, 2.0, 3.0]})
+
+
+def test_backward_inside_the_with_block_is_an_error():
+    tape = Tape()
+    with tape:
+        with pytest.raises(RuntimeError, match="still recording"):
+            tape.backward(grads={})
+
+
+def test_tape_is_reentrant_and_nested_tapes_record_innermost():
+    x = array([1.0], requires_grad=True)
+    y, z = zeros_like(x), zeros_like(x)
+    outer, inner = Tape(), Tape()
+    with outer:
+        with inner:
+            assert active_tape() is inner
+            double(inner, x, y)
+        assert active_tape() is outer
+    with outer:
+        double(outer, y, z)
+    assert active_tape() is None
+    assert len(inner.ops) == 1 and len(outer.ops) == 1
+    outer.backward(grads={z: [1.0]})
+    np.testing.assert_array_equal(y.grad.numpy(), [2.0])
+    np.testing.assert_array_equal(x.grad.numpy(), [0.0])
+
+
+# -- overwrite safety at record time ----------------------------------------------------------------------
+def test_overwriting_an_array_an_earlier_launch_read_is_refused():
+    a = array([1.0, 2.0, 3.0], requires_grad=True)
+    b = zeros_like(a)
+    c = array([-1.0, -2.0, -3.0], requires_grad=True)
+    tape = Tape()
+    with tape:
+        double(tape, a, b)                     # reads a
+        with pytest.raises(OverwriteError) as info:
+            launch(tape, "overwrite_kernel", lambda: a.assign(c), lambda: None,
+                   reads={"z": c}, writes={"x": a})
+    message = str(info.value)
+    assert "launch of kernel 'overwrite_kernel' (model.py:11) overwrites argument 'x'" in message
+    assert "earlier recorded launch of kernel 'double' (model.py:10) read as argument 'x'" in message
+    assert "new array" in message and "clone()" in message
+    np.testing.assert_array_equal(a.numpy(), [1.0, 2.0, 3.0])   # refused before anything was written
+
+
+@pytest.mark.parametrize("mutate", [
+    lambda a: a.fill_(0.0),
+    lambda a: a.zero_(),
+    lambda a: a.assign([0.0, 0.0]),
+    lambda a: a.assign(zeros(2, requires_grad=True)),
+    lambda a: copy(a, zeros(2)),
+])
+def test_host_writes_while_recording_are_checked(mutate):
+    a = array([1.0, 2.0], requires_grad=True)
+    tape = Tape()
+    with tape:
+        double(tape, a, zeros_like(a))
+        with pytest.raises(OverwriteError, match=r"overwrites argument '(array|dest)'.*"
+                                                 r"launch of kernel 'double' \(model.py:10\).*'x'"):
+            mutate(a)
+    np.testing.assert_array_equal(a.numpy(), [1.0, 2.0])
+
+
+def test_reading_and_overwriting_in_one_launch_is_refused():
+    a = array([1.0, 2.0], requires_grad=True)
+    tape = Tape()
+    with tape:
+        with pytest.raises(OverwriteError, match=r"reads argument 'a' and overwrites it as argument 'out'"):
+            launch(tape, "inplace", lambda: None, lambda: None, reads={"a": a}, writes={"out": a})
+
+
+def test_accumulating_into_an_array_an_earlier_launch_read_is_allowed():
+    x = array([1.0, 2.0], requires_grad=True)
+    total = zeros(1, requires_grad=True)
+    tape = Tape()
+    with tape:
+        def add(): total.numpy()[0] += x.numpy().sum()
+        launch(tape, "sum", add, lambda: None, reads={"x": x}, accumulates={"total": total})
+        launch(tape, "sum_again", add, lambda: None, reads={"x": x, "t": total},
+               accumulates={"total": total})
+        launch(tape, "sum_once_more", add, lambda: None, reads={"x": x}, accumulates={"total": total})
+    tape.backward(grads={total: [1.0]})          # and no version complaint either
+
+
+def test_write_before_read_is_fine():
+    x = array([1.0, 2.0], requires_grad=True)
+    y = zeros_like(x)
+    z = zeros_like(x)
+    tape = Tape()
+    with tape:
+        y.zero_()                  # a write before anything read y
+        double(tape, x, y)         # writes y
+        double(tape, y, z)         # then reads it
+    tape.backward(grads={z: [1.0, 1.0]})
+    np.testing.assert_array_equal(x.grad.numpy(), [4.0, 4.0])
+
+
+def test_nothing_is_checked_outside_a_tape():
+    a = array([1.0, 2.0], requires_grad=True)
+    tape = Tape()
+    double(tape, a, zeros_like(a))
+    a.fill_(3.0)
+    assert tape.ops == ()
+
+
+# -- overwrite safety at backward (versions) ----------------------------------------------------------------
+@pytest.mark.parametrize("mutate", [
+    lambda a: a.fill_(0.0),
+    lambda a: a.assign([5.0, 6.0]),
+    lambda a: a.zero_(),
+    lambda a: copy(a, ones(2)),
+    lambda a: a._mark_written(),
+])
+def test_modifying_a_read_array_after_recording_fails_at_backward(mutate):
+    x = array([1.0, 2.0], requires_grad=True)
+    y = zeros_like(x)
+    tape = Tape()
+    with tape:
+        double(tape, x, y)
+    mutate(x)
+    with pytest.raises(OverwriteError) as info:
+        tape.backward(grads={y: [1.0, 1.0]})
+    message = str(info.value)
+    assert "launch of kernel 'double' (model.py:10) read argument 'x'" in message
+    assert "modified after it was recorded" in message
+    np.testing.assert_array_equal(x.grad.numpy(), [0.0, 0.0])   # nothing was accumulated
+
+
+def test_a_modification_between_recordings_is_not_forgotten():
+    x = array([1.0, 2.0], requires_grad=True)
+    total = zeros(1, requires_grad=True)
+    tape = Tape()
+    with tape:
+        double(tape, x, zeros_like(x))
+    x.fill_(7.0)                  # outside the tape
+    with tape:                    # re-entered: a recorded accumulation into x must not hide the change
+        launch(tape, "acc", lambda: None, lambda: None, reads={"t": total}, accumulates={"x": x})
+    with pytest.raises(OverwriteError, match="modified after it was recorded"):
+        tape.backward(grads={total: [1.0]})
+
+
+def test_unread_arrays_may_change_after_recording():
+    x = array([1.0, 2.0], requires_grad=True)
+    y = zeros_like(x)
+    tape = Tape()
+    with tape:
+        double(tape, x, y)
+    y.fill_(0.0)                  # y was only written; its values are not needed by any adjoint
+    tape.backward(grads={y: [1.0, 1.0]})
+    np.testing.assert_array_equal(x.grad.numpy(), [2.0, 2.0])
+
+
+# -- visualisation ---------------------------------------------------------------------------------------------
+def test_visualize_writes_dot_with_ops_and_arrays(tmp_path):
+    x = array([1.0], requires_grad=True)
+    y, z = zeros_like(x), zeros(1)
+    tape = Tape()
+    with tape:
+        double(tape, x, y)
+        copy(z, y)                # z has no grad: not recorded, only checked
+        w = clone(y)
+    path = tmp_path / "tape.dot"
+    dot = tape.visualize(str(path), array_labels={x: "x", y: "y", w: "w"})
+    assert path.read_text() == dot
+    assert dot.startswith("digraph Tape {")
+    assert "launch of kernel 'double'" in dot and "clone(src)" in dot
+    assert 'label="x"' in dot and 'label="w"' in dot
+    assert '[label="x"];' in dot          # the edge from x into the launch, labelled with the argument
