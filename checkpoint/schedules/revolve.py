@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from ..actions import END_FORWARD, END_REVERSE, StorageType, _copy, _forward, _move, _reverse
+from ..actions import END_FORWARD, StorageType, _forward, _reverse
 from .base import Schedule, check_snapshots, check_steps
 from .binomial import Splitter, optimal_steps
+from .sweep import reverse_sweep
 
 __all__ = ["Revolve"]
 
@@ -40,48 +41,21 @@ class Revolve(Schedule):
 
     def _actions(self):
         # Locals, not attributes, in the loop: this generator is the hot path of every benchmark.
-        forward, reverse, copy, move = _forward, _reverse, _copy, _move
-        work, store = StorageType.WORK, self.storage
+        forward, store = _forward, self.storage
         s = min(self.snapshots_in_ram, self.max_n)
         advance = Splitter(s).advance
         stack = []  # positions of stored states, increasing
-        push, pop = stack.append, stack.pop
-        end = self.max_n   # steps at and beyond `end` are reversed
+        end = self.max_n
         pos = 0
-
         while pos < end - 1:
             n1 = pos + advance(end - pos, s - len(stack))
-            push(pos)
+            stack.append(pos)
             self._n = n1
             yield forward(pos, n1, True, False, store)
             pos = n1
         self._n = end
-        yield forward(end - 1, end, False, True, work)
+        yield forward(end - 1, end, False, True, StorageType.WORK)
         yield END_FORWARD
-        end -= 1
-        self._r += 1
-        yield reverse(end + 1, end, True)
-
-        while end > 0:
-            top = stack[-1]
-            self._n = top
-            if top == end - 1:
-                pop()
-                yield move(top, store, work)
-            else:
-                yield copy(top, store, work)
-                pos = top + advance(end - top, s - len(stack) + 1)
-                self._n = pos
-                yield forward(top, pos, False, False, work)
-                while pos < end - 1:
-                    n1 = pos + advance(end - pos, s - len(stack))
-                    push(pos)
-                    self._n = n1
-                    yield forward(pos, n1, True, False, store)
-                    pos = n1
-            self._n = end
-            yield forward(end - 1, end, False, True, work)
-            end -= 1
-            self._r += 1
-            yield reverse(end + 1, end, True)
-        yield END_REVERSE
+        self._r = 1
+        yield _reverse(end, end - 1, True)
+        yield from reverse_sweep(self, stack, end - 1, s, advance, (store,) * s)
