@@ -45,8 +45,10 @@ def test_single_vector_becomes_one_element():
     assert array([1.0, 2.0, 3.0], dtype=vec3).shape == (1,)
 
 
-def test_mat33_from_n_by_3_by_3():
+def test_mat33_and_generic_vectors():
     assert array(np.zeros((5, 3, 3)), dtype=mat33).shape == (5,)
+    v5 = array(np.zeros((2, 5)), dtype=vector(5, float64))
+    assert v5.shape == (2,) and v5.numpy().dtype == np.float64
 
 
 def test_mismatched_trailing_shape_names_what_was_expected():
