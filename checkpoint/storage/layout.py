@@ -95,6 +95,9 @@ def write_snapshot(f: h5py.File, step: int, arrays: dict[str, np.ndarray], metad
     # The marker exists from the start so that setting it later rewrites a byte
     # in place instead of growing the object header.
     group.attrs["complete"] = np.uint8(0)
+    # On disk before any data, so that a crash from here on leaves a group that
+    # reopening reports as incomplete rather than no trace at all.
+    f.flush()
     for key, array in arrays.items():
         stored = array.reshape(1) if array.ndim == 0 else array
         if stored.size == 0:
