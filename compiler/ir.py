@@ -122,6 +122,15 @@ class ThreadIndex:
 
 
 @dataclass(frozen=True)
+class ArrayDim:
+    """`out = array.shape[axis]` (int32)."""
+    out: Temp
+    array: ArrayRef
+    axis: int
+    loc: Loc
+
+
+@dataclass(frozen=True)
 class Load:
     out: Temp
     array: ArrayRef
@@ -218,7 +227,7 @@ class ReadGrad:
     loc: Loc
 
 
-Stmt = Union[Op, ReadVar, Assign, ReadParam, ThreadIndex, Load, Store, Atomic, Print, If, Loop,
+Stmt = Union[Op, ReadVar, Assign, ReadParam, ThreadIndex, ArrayDim, Load, Store, Atomic, Print, If, Loop,
              ReverseLoop, Push, Pop, AccumGrad, ReadGrad]
 
 

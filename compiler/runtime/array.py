@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from ..types import ValueType, as_dtype, float32, int32, matrix, vector
+from ..types import ArrayType, ValueType, as_dtype, float32, int32, matrix, vector
 from .device import get_device, require_cuda
 from .tape import RecordedOp, active_tape, caller_location
 
@@ -168,9 +168,19 @@ class array:
     ((1,), (1, 3), array([[0., 0., 0.]], dtype=float32))
     """
 
+    def __new__(cls, data=None, dtype=None, shape=None, *args, ndim=None, **kwargs):
+        # `array(dtype=float, ndim=2)` without data or shape is a kernel annotation: the array's type.
+        if data is None and shape is None:
+            if ndim is None and dtype is None:
+                raise ValueError("array(): give data or shape (or dtype=/ndim= for a kernel annotation)")
+            return ArrayType(_dtype_arg(float32 if dtype is None else dtype, "array"), 1 if ndim is None else ndim)
+        return super().__new__(cls)
+
     def __init__(self, data=None, dtype=None, shape=None, device="cpu", requires_grad: bool = False,
-                 copy: bool = True):
+                 copy: bool = True, ndim=None):
         device = _check_device(device, "array")
+        if ndim is not None and shape is None and data is None:
+            raise ValueError("array(): ndim= is for kernel annotations; give data or shape to create an array")
         if data is None:
             if shape is None:
                 raise ValueError("array(): give data or shape")
@@ -198,7 +208,7 @@ class array:
     @classmethod
     def _wrap(cls, values: np.ndarray, dtype: ValueType, requires_grad: bool = False, storage=None,
               fn: str = "array") -> "array":
-        obj = cls.__new__(cls)
+        obj = object.__new__(cls)
         obj._setup(values, dtype, storage, "cpu", requires_grad, fn)
         return obj
 

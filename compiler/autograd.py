@@ -1,0 +1,1 @@
+"""Gradient debugging tools: gradcheck, jacobian, jacobian_fd (filled in by the autograd work)."""

@@ -1,0 +1,1 @@
+"""IR -> C++/CUDA source: one emitter (emit.py) and the per-target wrappers (targets.py)."""

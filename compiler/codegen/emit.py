@@ -1,0 +1,271 @@
+"""IR -> C++/CUDA source. One C-family emitter; the targets differ only in `targets.py`.
+
+The emitter renders one thread's work as a function over hoisted locals (every Temp and Var is
+declared once, zero-initialised, at the top, so values survive across blocks for the reverse sweep),
+then the target wraps it in entry points. `#line` directives map each statement to the user's file.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .. import ir
+from ..adjoint import is_reverse_mark
+from ..builtins import OPS
+from ..types import ArrayType, MatrixType, ScalarType, VectorType
+
+ARRAY_SLOT = 72          # bytes of one array argument: data pointer, shape[4], strides[4]
+
+
+def slot_size(t) -> int:
+    """Bytes an argument of type `t` takes in the packed argument buffer (8-byte aligned)."""
+    if isinstance(t, ArrayType):
+        return ARRAY_SLOT
+    return (t.size + 7) // 8 * 8
+
+
+def arg_offsets(params) -> list[int]:
+    offsets, at = [], 0
+    for p in params:
+        offsets.append(at)
+        at += slot_size(p.type)
+    return offsets
+
+
+def literal(value, t) -> str:
+    if isinstance(t, (VectorType, MatrixType)):
+        return f"{t.ctype}()" if value == 0 else f"{t.ctype}({literal(value, t.scalar)})"
+    if t.name == "bool":
+        return "true" if value else "false"
+    if t.is_float:
+        v = float(np.float32(value)) if t.name == "float32" else float(value)
+        suffix = "f" if t.name == "float32" else ""
+        if math.isinf(v):
+            return f"{'-' if v < 0 else ''}sp::inf_{'f32' if suffix else 'f64'}()"
+        if math.isnan(v):
+            return f"(sp::inf_{'f32' if suffix else 'f64'}() * 0{'.0f' if suffix else '.0'})"
+        return f"{v.hex()}{suffix}"
+    return f"{int(value)}{'ll' if t.name == 'int64' else ''}"
+
+
+class FunctionEmitter:
+    """Renders the thread body of one IR function as C++ statements."""
+
+    def __init__(self, fn: ir.Function, *, debug: bool, sites: list):
+        self.fn = fn
+        self.debug = debug
+        self.sites = sites            # (kernel, array, loc) per bounds-checked access, shared per module
+        self.lines: list[str] = []
+        self.indent = 1
+        self.last_loc = None
+        self.loops = 0
+
+    # ---- declarations ---------------------------------------------------------------------------
+    def declarations(self) -> list[str]:
+        temps, vars_ = {}, {}
+        for s in ir.walk(self.fn.body):
+            for t in ir.defined_temps(s):
+                temps[t.id] = t
+            for a in ir.used_operands(s):
+                if isinstance(a, ir.Temp):
+                    temps[a.id] = a
+            for v in _vars_of(s):
+                vars_[v.id] = v
+        out = [f"    {t.type.ctype} {t.name} = {literal(0, t.type)};" for t in temps.values()]
+        out += [f"    {v.type.ctype} {v.name} = {literal(0, v.type)};" for v in vars_.values()]
+        return out
+
+    def params(self, adjoint: bool) -> list[str]:
+        out = []
+        for p, off in zip(self.fn.params, arg_offsets(self.fn.params)):
+            ctype = f"array_t<{p.type.dtype.ctype}>" if isinstance(p.type, ArrayType) else p.type.ctype
+            out.append(f"    const {ctype}& {p.name} = *(const {ctype}*)(args + {off});")
+            if adjoint and isinstance(p.type, ArrayType):
+                out.append(f"    const {ctype}& adj_{p.name} = *(const {ctype}*)(adj_args + {off});")
+        return out
+
+    def thread_indices(self) -> list[str]:
+        n = self.fn.tid_ndim
+        out = ["    int64_t rest_ = flat_;"]
+        for k in reversed(range(n)):
+            if k == 0:
+                out.append("    const int64_t tid_0 = rest_;")
+            else:
+                out.append(f"    const int64_t tid_{k} = rest_ % L.dim[{k}]; rest_ /= L.dim[{k}];")
+        return out
+
+    # ---- statements -----------------------------------------------------------------------------
+    def body(self) -> list[str]:
+        self.block(self.fn.body)
+        return self.lines
+
+    def line(self, text):
+        self.lines.append("    " * self.indent + text)
+
+    def at(self, loc):
+        if loc and loc.lineno > 0 and loc != self.last_loc:
+            self.lines.append(f'#line {loc.lineno} "{loc.filename}"')
+            self.last_loc = loc
+
+    def block(self, stmts):
+        for s in stmts:
+            if is_reverse_mark(s):
+                self.line("if (tp.count_only) return;")
+                continue
+            self.at(s.loc)
+            getattr(self, "s_" + type(s).__name__)(s)
+
+    def x(self, a) -> str:
+        if isinstance(a, ir.Const):
+            return literal(a.value, a.type)
+        return a.name
+
+    def ref(self, r: ir.ArrayRef) -> str:
+        return ("adj_" if r.adjoint else "") + r.param.name
+
+    def checked(self, r: ir.ArrayRef, indices, loc, text):
+        idx = ", ".join(self.x(i) for i in indices)
+        if not self.debug:
+            self.line(text)
+            return
+        site = len(self.sites)
+        self.sites.append((self.fn.name, r.param.name, loc))
+        self.line(f"if (sp::in_bounds({self.ref(r)}, {idx})) {{ {text} }} "
+                  f"else {{ report_out_of_bounds({site}, {_index_list(indices, self.x)}); }}")
+
+    def s_Op(self, s):
+        name = OPS[s.op].c_name
+        self.line(f"{s.out.name} = sp::{name}({', '.join(self.x(a) for a in s.args)});")
+
+    def s_ReadVar(self, s):
+        self.line(f"{s.out.name} = {s.var.name};")
+
+    def s_Assign(self, s):
+        self.line(f"{s.var.name} = {self.x(s.value)};")
+
+    def s_ReadParam(self, s):
+        self.line(f"{s.out.name} = {s.param.name};")
+
+    def s_ThreadIndex(self, s):
+        self.line(f"{s.out.name} = (int32_t)tid_{s.axis};")
+
+    def s_ArrayDim(self, s):
+        self.line(f"{s.out.name} = (int32_t){self.ref(s.array)}.shape[{s.axis}];")
+
+    def s_Load(self, s):
+        idx = ", ".join(self.x(i) for i in s.indices)
+        self.checked(s.array, s.indices, s.loc, f"{s.out.name} = sp::load({self.ref(s.array)}, {idx});")
+
+    def s_Store(self, s):
+        idx = ", ".join(self.x(i) for i in s.indices)
+        self.checked(s.array, s.indices, s.loc, f"*sp::address({self.ref(s.array)}, {idx}) = {self.x(s.value)};")
+
+    def s_Atomic(self, s):
+        idx = ", ".join(self.x(i) for i in s.indices)
+        call = f"sp::atomic_{s.kind}_at(sp::address({self.ref(s.array)}, {idx}), {self.x(s.value)});"
+        self.checked(s.array, s.indices, s.loc, (f"{s.out.name} = " if s.out is not None else "") + call)
+
+    def s_AccumGrad(self, s):
+        idx = ", ".join(self.x(i) for i in s.indices)
+        grad = "adj_" + s.array.param.name
+        self.line(f"if ({grad}.data) sp::atomic_add_at(sp::address({grad}, {idx}), {self.x(s.value)});")
+
+    def s_ReadGrad(self, s):
+        idx = ", ".join(self.x(i) for i in s.indices)
+        self.line(f"{s.out.name} = sp::read_grad(adj_{s.array.param.name}, {idx});")
+
+    def s_Print(self, s):
+        values = [v for a in s.args for v in _printf(self.x(a), a.type)[1]]
+        self.line(f'printf("{_escape_format(s.fmt, s.args, self.x)}\\n"{"".join(", " + v for v in values)});')
+
+    def s_If(self, s):
+        self.line(f"if ({self.x(s.cond)}) {{")
+        self.nested(s.then)
+        if s.orelse:
+            self.line("} else {")
+            self.nested(s.orelse)
+        self.line("}")
+
+    def nested(self, stmts):
+        self.indent += 1
+        self.block(stmts)
+        self.indent -= 1
+
+    def s_Loop(self, s):
+        k = f"k{self.loops}_"
+        self.loops += 1
+        self.line(f"for (int64_t {k} = 0;; ++{k}) {{")
+        self.indent += 1
+        if s.exit_flags:
+            self.line(f"if ({' || '.join(f.name for f in s.exit_flags)}) break;")
+        if s.counter is not None:
+            c, t = s.counter.name, s.counter.type.ctype
+            start, stop, step = self.x(s.start), self.x(s.stop), self.x(s.step)
+            self.line(f"{c} = ({t})({start} + ({t}){k} * {step});")
+            self.line(f"if (!({step} > 0 ? {c} < {stop} : ({step} < 0 && {c} > {stop}))) break;")
+        self.block(s.body)
+        self.indent -= 1
+        self.line("}")
+
+    def s_ReverseLoop(self, s):
+        i = s.index.name
+        self.line(f"for ({i} = {self.x(s.count)} - 1; {i} >= 0; --{i}) {{")
+        self.nested(s.body)
+        self.line("}")
+
+    def s_Push(self, s):
+        for v in s.values:
+            self.line(f"sp::push(tp, {self.x(v)});")
+
+    def s_Pop(self, s):
+        for v in reversed(s.vars):
+            self.line(f"sp::pop(tp, {v.name});")
+
+
+def _vars_of(s):
+    if isinstance(s, (ir.ReadVar, ir.Assign)):
+        yield s.var
+    elif isinstance(s, ir.Loop):
+        if s.counter is not None:
+            yield s.counter
+        yield from s.exit_flags
+    elif isinstance(s, ir.ReverseLoop):
+        yield s.index
+    elif isinstance(s, ir.Pop):
+        yield from s.vars
+
+
+def _index_list(indices, x) -> str:
+    vals = [f"(int64_t){x(i)}" for i in indices] + ["0"] * (4 - len(indices))
+    return ", ".join(vals)
+
+
+def _printf(name, t):
+    if isinstance(t, ScalarType):
+        if t.is_float:
+            return "%g", [f"(double){name}"]
+        if t.name == "bool":
+            return "%s", [f'({name} ? "True" : "False")']
+        return "%lld", [f"(long long){name}"]
+    if isinstance(t, VectorType):
+        f = "[" + ", ".join(["%g"] * t.length) + "]"
+        return f, [f"(double){name}[{i}]" for i in range(t.length)]
+    rows = []
+    vals = []
+    for i in range(t.rows):
+        rows.append("[" + ", ".join(["%g"] * t.cols) + "]")
+        vals += [f"(double){name}[{i}][{j}]" for j in range(t.cols)]
+    return "[" + ", ".join(rows) + "]", vals
+
+
+def _escape_format(fmt, args, x) -> str:
+    pieces = fmt.split("{}")
+    out = _c_escape(pieces[0].replace("{{", "{").replace("}}", "}"))
+    for a, tail in zip(args, pieces[1:]):
+        out += _printf(x(a), a.type)[0] + _c_escape(tail.replace("{{", "{").replace("}}", "}"))
+    return out
+
+
+def _c_escape(text: str) -> str:
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%").replace("\n", "\\n")

@@ -1,0 +1,303 @@
+// The runtime every generated kernel module includes, for both targets. Self-contained: NVRTC has
+// no standard headers, so the CUDA side uses only compiler builtins. Types live at global scope;
+// functions live in namespace sp and generated code calls them qualified (sp::sin), which keeps
+// them apart from the C library's overloads.
+#pragma once
+
+#if defined(__CUDACC_RTC__) || defined(__CUDACC__)
+#define SP_CUDA 1
+#define SP_FUNC __device__ __forceinline__
+#define SP_MEMBER __device__ __forceinline__
+typedef signed char int8_t;
+typedef int int32_t;
+typedef unsigned int uint32_t;
+typedef long long int64_t;
+typedef unsigned long long uint64_t;
+extern "C" __device__ int printf(const char*, ...);
+#else
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#define SP_FUNC static inline
+#define SP_MEMBER inline
+#endif
+
+template <int N, typename T>
+struct vec_t {
+    T c[N];
+    SP_MEMBER vec_t() : c{} {}
+    SP_MEMBER explicit vec_t(T s) { for (int i = 0; i < N; ++i) c[i] = s; }
+    template <typename... A>
+    SP_MEMBER vec_t(T a0, T a1, A... rest) : c{a0, a1, T(rest)...} {}
+    SP_MEMBER T& operator[](int i) { return c[i]; }
+    SP_MEMBER const T& operator[](int i) const { return c[i]; }
+};
+
+template <int R, int C, typename T>
+struct mat_t {
+    vec_t<C, T> r[R];
+    SP_MEMBER mat_t() : r{} {}
+    SP_MEMBER explicit mat_t(T s) { for (int i = 0; i < R; ++i) r[i] = vec_t<C, T>(s); }
+    template <typename... A>
+    SP_MEMBER mat_t(T a0, T a1, A... rest) {
+        T v[R * C] = {a0, a1, T(rest)...};
+        for (int i = 0; i < R; ++i)
+            for (int j = 0; j < C; ++j) r[i][j] = v[i * C + j];
+    }
+    template <typename... A>
+    SP_MEMBER mat_t(const vec_t<C, T>& r0, const A&... rest) : r{r0, rest...} {}
+    SP_MEMBER vec_t<C, T>& operator[](int i) { return r[i]; }
+    SP_MEMBER const vec_t<C, T>& operator[](int i) const { return r[i]; }
+};
+
+template <typename T>
+struct array_t {
+    T* data;
+    int64_t shape[4];
+    int64_t strides[4];   // bytes
+};
+
+struct launch_t {
+    int64_t n;
+    int64_t dim[4];
+};
+
+namespace sp {
+
+// ---- elementwise helpers over vectors and matrices -------------------------------------------
+#define SP_MAP2(NAME, EXPR)                                                                          \
+    template <int N, typename T>                                                                     \
+    SP_FUNC vec_t<N, T> NAME(const vec_t<N, T>& a, const vec_t<N, T>& b) {                          \
+        vec_t<N, T> o; for (int i = 0; i < N; ++i) o[i] = NAME(a[i], b[i]); return o; }             \
+    template <int R, int C, typename T>                                                              \
+    SP_FUNC mat_t<R, C, T> NAME(const mat_t<R, C, T>& a, const mat_t<R, C, T>& b) {                 \
+        mat_t<R, C, T> o; for (int i = 0; i < R; ++i) o[i] = NAME(a[i], b[i]); return o; }
+#define SP_MAP1(NAME)                                                                                \
+    template <int N, typename T>                                                                     \
+    SP_FUNC vec_t<N, T> NAME(const vec_t<N, T>& a) {                                                \
+        vec_t<N, T> o; for (int i = 0; i < N; ++i) o[i] = NAME(a[i]); return o; }                   \
+    template <int R, int C, typename T>                                                              \
+    SP_FUNC mat_t<R, C, T> NAME(const mat_t<R, C, T>& a) {                                          \
+        mat_t<R, C, T> o; for (int i = 0; i < R; ++i) o[i] = NAME(a[i]); return o; }
+
+template <typename T> SP_FUNC T add(T a, T b) { return a + b; }
+template <typename T> SP_FUNC T sub(T a, T b) { return a - b; }
+template <typename T> SP_FUNC T neg(T a) { return -a; }
+template <typename T> SP_FUNC T cw_mul(T a, T b) { return a * b; }
+template <typename T> SP_FUNC T cw_div(T a, T b) { return a / b; }
+SP_MAP2(add, 0) SP_MAP2(sub, 0) SP_MAP2(cw_mul, 0) SP_MAP2(cw_div, 0) SP_MAP1(neg)
+
+template <typename T> SP_FUNC T mul(T a, T b) { return a * b; }
+template <typename T> SP_FUNC T div(T a, T b) { return a / b; }
+template <int N, typename T> SP_FUNC vec_t<N, T> mul(T s, const vec_t<N, T>& v) {
+    vec_t<N, T> o; for (int i = 0; i < N; ++i) o[i] = s * v[i]; return o; }
+template <int N, typename T> SP_FUNC vec_t<N, T> mul(const vec_t<N, T>& v, T s) {
+    vec_t<N, T> o; for (int i = 0; i < N; ++i) o[i] = v[i] * s; return o; }
+template <int N, typename T> SP_FUNC vec_t<N, T> div(const vec_t<N, T>& v, T s) {
+    vec_t<N, T> o; for (int i = 0; i < N; ++i) o[i] = v[i] / s; return o; }
+template <int R, int C, typename T> SP_FUNC mat_t<R, C, T> mul(T s, const mat_t<R, C, T>& m) {
+    mat_t<R, C, T> o; for (int i = 0; i < R; ++i) o[i] = mul(s, m[i]); return o; }
+template <int R, int C, typename T> SP_FUNC mat_t<R, C, T> mul(const mat_t<R, C, T>& m, T s) {
+    mat_t<R, C, T> o; for (int i = 0; i < R; ++i) o[i] = mul(m[i], s); return o; }
+template <int R, int C, typename T> SP_FUNC mat_t<R, C, T> div(const mat_t<R, C, T>& m, T s) {
+    mat_t<R, C, T> o; for (int i = 0; i < R; ++i) o[i] = div(m[i], s); return o; }
+template <int R, int C, typename T> SP_FUNC vec_t<R, T> mul(const mat_t<R, C, T>& m, const vec_t<C, T>& v) {
+    vec_t<R, T> o;
+    for (int i = 0; i < R; ++i) { T s = T(0); for (int j = 0; j < C; ++j) s += m[i][j] * v[j]; o[i] = s; }
+    return o; }
+template <int R, int C, typename T> SP_FUNC vec_t<C, T> mul(const vec_t<R, T>& v, const mat_t<R, C, T>& m) {
+    vec_t<C, T> o;
+    for (int j = 0; j < C; ++j) { T s = T(0); for (int i = 0; i < R; ++i) s += v[i] * m[i][j]; o[j] = s; }
+    return o; }
+template <int R, int K, int C, typename T>
+SP_FUNC mat_t<R, C, T> mul(const mat_t<R, K, T>& a, const mat_t<K, C, T>& b) {
+    mat_t<R, C, T> o;
+    for (int i = 0; i < R; ++i)
+        for (int j = 0; j < C; ++j) { T s = T(0); for (int k = 0; k < K; ++k) s += a[i][k] * b[k][j]; o[i][j] = s; }
+    return o; }
+
+// Python semantics for // and % (floor division); integer division by zero gives 0 instead of a trap.
+SP_FUNC int32_t floordiv(int32_t a, int32_t b) { if (b == 0) return 0; int32_t q = a / b; if ((a % b != 0) && ((a < 0) != (b < 0))) --q; return q; }
+SP_FUNC int64_t floordiv(int64_t a, int64_t b) { if (b == 0) return 0; int64_t q = a / b; if ((a % b != 0) && ((a < 0) != (b < 0))) --q; return q; }
+SP_FUNC int32_t mod(int32_t a, int32_t b) { if (b == 0) return 0; int32_t r = a % b; if (r != 0 && ((r < 0) != (b < 0))) r += b; return r; }
+SP_FUNC int64_t mod(int64_t a, int64_t b) { if (b == 0) return 0; int64_t r = a % b; if (r != 0 && ((r < 0) != (b < 0))) r += b; return r; }
+SP_FUNC float floordiv(float a, float b) { return ::floorf(a / b); }
+SP_FUNC double floordiv(double a, double b) { return ::floor(a / b); }
+SP_FUNC float mod(float a, float b) { return a - b * ::floorf(a / b); }
+SP_FUNC double mod(double a, double b) { return a - b * ::floor(a / b); }
+SP_MAP2(floordiv, 0) SP_MAP2(mod, 0)
+
+template <typename T> SP_FUNC bool eq(T a, T b) { return a == b; }
+template <typename T> SP_FUNC bool ne(T a, T b) { return a != b; }
+template <typename T> SP_FUNC bool lt(T a, T b) { return a < b; }
+template <typename T> SP_FUNC bool le(T a, T b) { return a <= b; }
+template <typename T> SP_FUNC bool gt(T a, T b) { return a > b; }
+template <typename T> SP_FUNC bool ge(T a, T b) { return a >= b; }
+SP_FUNC bool logical_and(bool a, bool b) { return a && b; }
+SP_FUNC bool logical_or(bool a, bool b) { return a || b; }
+SP_FUNC bool logical_not(bool a) { return !a; }
+template <typename T> SP_FUNC T where(bool c, const T& a, const T& b) { return c ? a : b; }
+
+template <typename R, typename T> SP_FUNC R cast(T x) { return R(x); }
+template <typename R, typename... A> SP_FUNC R construct(A... a) { return R(a...); }
+
+// ---- math ---------------------------------------------------------------------------------------
+#define SP_UNARY(NAME, FF, FD)                                                                        \
+    SP_FUNC float NAME(float x) { return ::FF(x); }                                                  \
+    SP_FUNC double NAME(double x) { return ::FD(x); }
+SP_UNARY(sin, sinf, sin) SP_UNARY(cos, cosf, cos) SP_UNARY(tan, tanf, tan)
+SP_UNARY(asin, asinf, asin) SP_UNARY(acos, acosf, acos) SP_UNARY(atan, atanf, atan)
+SP_UNARY(sinh, sinhf, sinh) SP_UNARY(cosh, coshf, cosh) SP_UNARY(tanh, tanhf, tanh)
+SP_UNARY(exp, expf, exp) SP_UNARY(log, logf, log) SP_UNARY(log2, log2f, log2)
+SP_UNARY(log10, log10f, log10) SP_UNARY(sqrt, sqrtf, sqrt) SP_UNARY(floor, floorf, floor)
+SP_UNARY(ceil, ceilf, ceil) SP_UNARY(round, rintf, rint)
+SP_FUNC float pow(float a, float b) { return ::powf(a, b); }
+SP_FUNC double pow(double a, double b) { return ::pow(a, b); }
+SP_FUNC float atan2(float a, float b) { return ::atan2f(a, b); }
+SP_FUNC double atan2(double a, double b) { return ::atan2(a, b); }
+SP_FUNC float abs(float x) { return ::fabsf(x); }
+SP_FUNC double abs(double x) { return ::fabs(x); }
+SP_FUNC int32_t abs(int32_t x) { return x < 0 ? -x : x; }
+SP_FUNC int64_t abs(int64_t x) { return x < 0 ? -x : x; }
+template <typename T> SP_FUNC T sign(T x) { return T((x > T(0)) - (x < T(0))); }
+template <typename T> SP_FUNC T min(T a, T b) { return b < a ? b : a; }
+template <typename T> SP_FUNC T max(T a, T b) { return a < b ? b : a; }
+template <typename T> SP_FUNC T clamp(T x, T lo, T hi) { return min(max(x, lo), hi); }
+SP_MAP2(min, 0) SP_MAP2(max, 0) SP_MAP1(abs) SP_MAP1(sign)
+#ifdef SP_CUDA
+SP_FUNC float inf_f32() { return __int_as_float(0x7f800000); }
+SP_FUNC double inf_f64() { return __longlong_as_double(0x7ff0000000000000ll); }
+#else
+SP_FUNC float inf_f32() { return __builtin_huge_valf(); }
+SP_FUNC double inf_f64() { return __builtin_huge_val(); }
+#endif
+
+// ---- vectors and matrices -----------------------------------------------------------------------
+template <int N, typename T> SP_FUNC T dot(const vec_t<N, T>& a, const vec_t<N, T>& b) {
+    T s = T(0); for (int i = 0; i < N; ++i) s += a[i] * b[i]; return s; }
+template <int N, typename T> SP_FUNC T inner(const vec_t<N, T>& a, const vec_t<N, T>& b) { return dot(a, b); }
+template <int R, int C, typename T> SP_FUNC T inner(const mat_t<R, C, T>& a, const mat_t<R, C, T>& b) {
+    T s = T(0); for (int i = 0; i < R; ++i) s += dot(a[i], b[i]); return s; }
+template <typename T> SP_FUNC T sum(T x) { return x; }
+template <int N, typename T> SP_FUNC T sum(const vec_t<N, T>& a) { T s = T(0); for (int i = 0; i < N; ++i) s += a[i]; return s; }
+template <int R, int C, typename T> SP_FUNC T sum(const mat_t<R, C, T>& a) { T s = T(0); for (int i = 0; i < R; ++i) s += sum(a[i]); return s; }
+template <typename T> SP_FUNC vec_t<3, T> cross(const vec_t<3, T>& a, const vec_t<3, T>& b) {
+    return vec_t<3, T>(a[1] * b[2] - a[2] * b[1], a[2] * b[0] - a[0] * b[2], a[0] * b[1] - a[1] * b[0]); }
+template <int N, typename T> SP_FUNC T length_sq(const vec_t<N, T>& a) { return dot(a, a); }
+template <int N, typename T> SP_FUNC T length(const vec_t<N, T>& a) { return sqrt(dot(a, a)); }
+template <int N, typename T> SP_FUNC vec_t<N, T> normalize(const vec_t<N, T>& a) {
+    T l = length(a); return l > T(0) ? div(a, l) : vec_t<N, T>(); }
+template <int N, int M, typename T> SP_FUNC mat_t<N, M, T> outer(const vec_t<N, T>& a, const vec_t<M, T>& b) {
+    mat_t<N, M, T> o; for (int i = 0; i < N; ++i) o[i] = mul(a[i], b); return o; }
+template <int R, int C, typename T> SP_FUNC mat_t<C, R, T> transpose(const mat_t<R, C, T>& m) {
+    mat_t<C, R, T> o; for (int i = 0; i < R; ++i) for (int j = 0; j < C; ++j) o[j][i] = m[i][j]; return o; }
+
+template <typename T> SP_FUNC T determinant(const mat_t<2, 2, T>& m) { return m[0][0] * m[1][1] - m[0][1] * m[1][0]; }
+template <typename T> SP_FUNC T determinant(const mat_t<3, 3, T>& m) { return dot(m[0], cross(m[1], m[2])); }
+// The cofactor matrix: d det(M) / dM. Computed from minors, so it is defined for singular M too.
+template <typename T> SP_FUNC mat_t<2, 2, T> cofactor(const mat_t<2, 2, T>& m) {
+    return mat_t<2, 2, T>(m[1][1], -m[1][0], -m[0][1], m[0][0]); }
+template <typename T> SP_FUNC mat_t<3, 3, T> cofactor(const mat_t<3, 3, T>& m) {
+    return mat_t<3, 3, T>(cross(m[1], m[2]), cross(m[2], m[0]), cross(m[0], m[1])); }
+template <typename T> SP_FUNC mat_t<4, 4, T> cofactor(const mat_t<4, 4, T>& m) {
+    mat_t<4, 4, T> o;
+    for (int i = 0; i < 4; ++i)
+        for (int j = 0; j < 4; ++j) {
+            mat_t<3, 3, T> s; int a = 0;
+            for (int p = 0; p < 4; ++p) { if (p == i) continue; int b = 0;
+                for (int q = 0; q < 4; ++q) { if (q == j) continue; s[a][b++] = m[p][q]; } ++a; }
+            o[i][j] = ((i + j) % 2 ? T(-1) : T(1)) * determinant(s);
+        }
+    return o; }
+template <typename T> SP_FUNC T determinant(const mat_t<4, 4, T>& m) { return dot(m[0], cofactor(m)[0]); }
+template <int N, typename T> SP_FUNC mat_t<N, N, T> inverse(const mat_t<N, N, T>& m) {
+    return div(transpose(cofactor(m)), determinant(m)); }
+
+template <int N, typename T> SP_FUNC T extract(const vec_t<N, T>& v, int64_t i) { return v[i]; }
+template <int R, int C, typename T> SP_FUNC vec_t<C, T> extract(const mat_t<R, C, T>& m, int64_t i) { return m[i]; }
+template <int R, int C, typename T> SP_FUNC T extract(const mat_t<R, C, T>& m, int64_t i, int64_t j) { return m[i][j]; }
+template <int N, typename T> SP_FUNC vec_t<N, T> insert(vec_t<N, T> v, int64_t i, T x) { v[i] = x; return v; }
+template <int R, int C, typename T> SP_FUNC mat_t<R, C, T> insert(mat_t<R, C, T> m, int64_t i, const vec_t<C, T>& x) { m[i] = x; return m; }
+template <int R, int C, typename T> SP_FUNC mat_t<R, C, T> insert(mat_t<R, C, T> m, int64_t i, int64_t j, T x) { m[i][j] = x; return m; }
+
+// ---- arrays -------------------------------------------------------------------------------------
+template <typename T> SP_FUNC T* address(const array_t<T>& a, int64_t i) {
+    return (T*)((char*)a.data + i * a.strides[0]); }
+template <typename T> SP_FUNC T* address(const array_t<T>& a, int64_t i, int64_t j) {
+    return (T*)((char*)a.data + i * a.strides[0] + j * a.strides[1]); }
+template <typename T> SP_FUNC T* address(const array_t<T>& a, int64_t i, int64_t j, int64_t k) {
+    return (T*)((char*)a.data + i * a.strides[0] + j * a.strides[1] + k * a.strides[2]); }
+template <typename T> SP_FUNC T* address(const array_t<T>& a, int64_t i, int64_t j, int64_t k, int64_t l) {
+    return (T*)((char*)a.data + i * a.strides[0] + j * a.strides[1] + k * a.strides[2] + l * a.strides[3]); }
+template <typename T, typename... I> SP_FUNC bool in_bounds(const array_t<T>& a, I... idx) {
+    int64_t v[] = {int64_t(idx)...}; for (int d = 0; d < int(sizeof...(I)); ++d) if (v[d] < 0 || v[d] >= a.shape[d]) return false;
+    return true; }
+template <typename T, typename... I> SP_FUNC T load(const array_t<T>& a, I... idx) { return *address(a, idx...); }
+
+// Scalar atomics return the old value.
+#ifdef SP_CUDA
+SP_FUNC float atomic_add_at(float* p, float v) { return atomicAdd(p, v); }
+SP_FUNC double atomic_add_at(double* p, double v) { return atomicAdd(p, v); }
+SP_FUNC int32_t atomic_add_at(int32_t* p, int32_t v) { return atomicAdd(p, v); }
+SP_FUNC int64_t atomic_add_at(int64_t* p, int64_t v) { return (int64_t)atomicAdd((unsigned long long*)p, (unsigned long long)v); }
+SP_FUNC int32_t atomic_min_at(int32_t* p, int32_t v) { return atomicMin(p, v); }
+SP_FUNC int32_t atomic_max_at(int32_t* p, int32_t v) { return atomicMax(p, v); }
+SP_FUNC int64_t atomic_min_at(int64_t* p, int64_t v) { return atomicMin((long long*)p, (long long)v); }
+SP_FUNC int64_t atomic_max_at(int64_t* p, int64_t v) { return atomicMax((long long*)p, (long long)v); }
+template <typename T, typename U, typename F> SP_FUNC T atomic_cas_loop(T* p, T v, F f) {
+    U* u = (U*)p; U old = *u, assumed;
+    do { assumed = old; T cur; __builtin_memcpy(&cur, &assumed, sizeof(T)); T nv = f(cur, v); U nu; __builtin_memcpy(&nu, &nv, sizeof(T));
+         old = atomicCAS(u, assumed, nu); } while (old != assumed);
+    T r; __builtin_memcpy(&r, &old, sizeof(T)); return r; }
+#else
+template <typename T> SP_FUNC T atomic_add_at(T* p, T v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
+template <typename T, typename U, typename F> SP_FUNC T atomic_cas_loop(T* p, T v, F f) {
+    U* u = (U*)p; U old = __atomic_load_n(u, __ATOMIC_RELAXED), nu; T cur;
+    do { std::memcpy(&cur, &old, sizeof(T)); T nv = f(cur, v); std::memcpy(&nu, &nv, sizeof(T)); }
+    while (!__atomic_compare_exchange_n(u, &old, nu, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+    return cur; }
+SP_FUNC float atomic_add_at(float* p, float v) { return atomic_cas_loop<float, uint32_t>(p, v, [](float a, float b) { return a + b; }); }
+SP_FUNC double atomic_add_at(double* p, double v) { return atomic_cas_loop<double, uint64_t>(p, v, [](double a, double b) { return a + b; }); }
+template <typename T> SP_FUNC T atomic_min_at(T* p, T v) { return atomic_cas_loop<T, T>(p, v, [](T a, T b) { return b < a ? b : a; }); }
+template <typename T> SP_FUNC T atomic_max_at(T* p, T v) { return atomic_cas_loop<T, T>(p, v, [](T a, T b) { return a < b ? b : a; }); }
+#endif
+SP_FUNC float atomic_min_at(float* p, float v) { return atomic_cas_loop<float, uint32_t>(p, v, [](float a, float b) { return b < a ? b : a; }); }
+SP_FUNC float atomic_max_at(float* p, float v) { return atomic_cas_loop<float, uint32_t>(p, v, [](float a, float b) { return a < b ? b : a; }); }
+SP_FUNC double atomic_min_at(double* p, double v) { return atomic_cas_loop<double, uint64_t>(p, v, [](double a, double b) { return b < a ? b : a; }); }
+SP_FUNC double atomic_max_at(double* p, double v) { return atomic_cas_loop<double, uint64_t>(p, v, [](double a, double b) { return a < b ? b : a; }); }
+template <int N, typename T> SP_FUNC vec_t<N, T> atomic_add_at(vec_t<N, T>* p, const vec_t<N, T>& v) {
+    vec_t<N, T> old; for (int i = 0; i < N; ++i) old[i] = atomic_add_at(&p->c[i], v[i]); return old; }
+template <int R, int C, typename T> SP_FUNC mat_t<R, C, T> atomic_add_at(mat_t<R, C, T>* p, const mat_t<R, C, T>& v) {
+    mat_t<R, C, T> old; for (int i = 0; i < R; ++i) old[i] = atomic_add_at(&p->r[i], v[i]); return old; }
+template <typename T> SP_FUNC T atomic_sub_at(T* p, const T& v) { return atomic_add_at(p, neg(v)); }
+
+// Gradient arrays may be absent (data == nullptr) for arguments that do not require grad.
+template <typename T, typename... I> SP_FUNC T read_grad(const array_t<T>& a, I... idx) {
+    return a.data ? *address(a, idx...) : T(); }
+
+// ---- the per-thread tape of the dynamic-loop adjoint ---------------------------------------------
+// Word w of thread t lives at base[w * stride + t]: consecutive threads touch consecutive words.
+struct tape_t {
+    uint64_t* base;
+    int64_t stride;
+    int64_t pos;
+    int64_t capacity;
+    int count_only;
+    int overflow;
+};
+template <typename T> SP_FUNC void push(tape_t& tp, const T& v) {
+    const int W = (sizeof(T) + 7) / 8;
+    if (tp.count_only) { tp.pos += W; return; }
+    if (tp.pos + W > tp.capacity) { tp.overflow = 1; return; }
+    uint64_t w[W] = {}; __builtin_memcpy(w, &v, sizeof(T));
+    for (int k = 0; k < W; ++k) tp.base[(tp.pos + k) * tp.stride] = w[k];
+    tp.pos += W; }
+template <typename T> SP_FUNC void pop(tape_t& tp, T& v) {
+    const int W = (sizeof(T) + 7) / 8;
+    if (tp.overflow || tp.pos < W) { tp.overflow = 1; return; }
+    tp.pos -= W; uint64_t w[W];
+    for (int k = 0; k < W; ++k) w[k] = tp.base[(tp.pos + k) * tp.stride];
+    __builtin_memcpy(&v, w, sizeof(T)); }
+
+}  // namespace sp

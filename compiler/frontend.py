@@ -1,0 +1,639 @@
+"""Python AST -> IR. Syntax only: typing rules live in typing_rules/builtins, codegen elsewhere.
+
+Lowering choices that make the reverse sweep simple and exact:
+- every user variable is a mutable `Var`; every expression result is a `Temp`;
+- `break`, `continue` and `return` set flag Vars and the statements after them are guarded, so
+  every started loop iteration runs to its end and control flow stays structured;
+- inside a loop body, variables the body never assigns are read once before the loop into Temps
+  (loop invariants), so replaying an iteration later sees the values the loop saw;
+- `@func` calls are inlined; a conditional expression is an `if` statement, so only the taken side
+  runs (no NaN from the other side leaks into gradients).
+"""
+from __future__ import annotations
+
+import ast
+import builtins as py_builtins
+
+from . import ir
+from .builtins import OPS, cast_op
+from .errors import CompileError
+from .frontend_calls import CallLowering
+from .func import Source
+from .runtime.array import array as array_class
+from .typing_rules import TypeRuleError
+from .types import (ArrayType, MatrixType, ScalarType, VectorType, as_dtype, bool_, float32, int32, int64)
+
+BINOPS = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "div", ast.FloorDiv: "floordiv",
+          ast.Mod: "mod", ast.Pow: "pow", ast.MatMult: "matmul"}
+CMPOPS = {ast.Eq: "eq", ast.NotEq: "ne", ast.Lt: "lt", ast.LtE: "le", ast.Gt: "gt", ast.GtE: "ge"}
+COMPONENTS = {"x": 0, "y": 1, "z": 2, "w": 3}
+UNSUPPORTED = {
+    ast.List: ("lists are not supported in kernels", "use a vector type such as vec3(a, b, c)"),
+    ast.Dict: ("dicts are not supported in kernels", "pass arrays as kernel arguments"),
+    ast.Set: ("sets are not supported in kernels", ""),
+    ast.Lambda: ("lambdas are not supported in kernels", "define a @func instead"),
+    ast.ListComp: ("comprehensions are not supported in kernels", "write a for loop"),
+    ast.DictComp: ("comprehensions are not supported in kernels", "write a for loop"),
+    ast.SetComp: ("comprehensions are not supported in kernels", "write a for loop"),
+    ast.GeneratorExp: ("generator expressions are not supported in kernels", "write a for loop"),
+    ast.Try: ("try/except is not supported in kernels", "check conditions with if instead"),
+    ast.With: ("with blocks are not supported in kernels", ""),
+    ast.FunctionDef: ("nested functions are not supported in kernels", "define a @func at module level"),
+    ast.ClassDef: ("classes are not supported in kernels", ""),
+    ast.Global: ("global statements are not supported in kernels", "pass values as arguments"),
+    ast.Nonlocal: ("nonlocal statements are not supported in kernels", "pass values as arguments"),
+    ast.Delete: ("del is not supported in kernels", ""),
+    ast.Raise: ("raise is not supported in kernels", ""),
+    ast.Assert: ("assert is not supported in kernels", "use debug=True launches for bounds checks"),
+    ast.Import: ("imports are not supported in kernels", "import at module level"),
+    ast.ImportFrom: ("imports are not supported in kernels", "import at module level"),
+    ast.JoinedStr: ("f-strings are not supported in kernels", "use print(\"x =\", x)"),
+    ast.Starred: ("star-arguments are not supported in kernels", ""),
+    ast.Slice: ("slices are not supported in kernels", "index elements one at a time"),
+}
+
+
+class Scope:
+    """The variables of one function body (a kernel or one inlined call of a func)."""
+
+    def __init__(self, source: Source, namespace: dict, name: str):
+        self.source, self.namespace, self.name = source, namespace, name
+        self.locals: dict[str, object] = {}          # name -> Var | ArrayRef
+        self.frozen: list[dict[str, ir.Temp]] = []   # loop-invariant reads, innermost last
+        self.return_flag: ir.Var | None = None
+        self.results: list[ir.Var] | None = None
+        self.loops: list[tuple[ir.Var, ir.Var]] = []  # (break flag, continue flag) per loop
+
+
+class Frontend(CallLowering):
+    def __init__(self, kernel_name: str):
+        self.kernel_name = kernel_name
+        self.blocks: list[list] = []
+        self.scope: Scope | None = None
+        self.call_stack: list[Func] = []
+        self.tid_ndim = 0
+
+    # ---- entry points ----------------------------------------------------------------------------
+    def kernel(self, fn, namespace: dict) -> ir.Function:
+        source = Source.of(fn)
+        self.scope = Scope(source, namespace, fn.__name__)
+        params = self._params(source)
+        body = self._block()
+        with body:
+            for p in params:
+                loc = self.loc(source.tree)
+                if isinstance(p.type, ArrayType):
+                    self.scope.locals[p.name] = ir.ArrayRef(p)
+                else:
+                    t = self.emit_value(ir.ReadParam, p.type, param=p, loc=loc)
+                    var = ir.Var(p.name, p.type)
+                    self.emit(ir.Assign(var, t, loc))
+                    self.scope.locals[p.name] = var
+            self._function_body(source.tree.body, is_kernel=True)
+        return ir.Function(fn.__name__, tuple(params), tuple(body.stmts), self.loc(source.tree),
+                           max(self.tid_ndim, 1))
+
+    def _params(self, source: Source) -> list[ir.Param]:
+        args = source.tree.args
+        if args.vararg or args.kwarg or args.kwonlyargs or args.defaults:
+            self.error(source.tree, "kernels take plain positional arguments only",
+                       "remove *args, **kwargs, keyword-only arguments and defaults")
+        params = []
+        for k, a in enumerate(args.args):
+            if a.annotation is None:
+                self.error(a, f"argument '{a.arg}' needs a type annotation",
+                           "e.g. x: stepper.array(dtype=float) or k: float")
+            params.append(ir.Param(a.arg, self.annotation(a.annotation), k))
+        return params
+
+    def annotation(self, node):
+        if isinstance(node, ast.Call) and self._resolve_attr(node.func, quiet=True) in (array_class, ArrayType):
+            kw = {k.arg: self.python_value(k.value) for k in node.keywords}
+            if node.args:
+                kw.setdefault("dtype", self.python_value(node.args[0]))
+            unknown = set(kw) - {"dtype", "ndim"}
+            if unknown:
+                self.error(node, f"unknown array annotation argument(s): {', '.join(sorted(unknown))}",
+                           "write array(dtype=..., ndim=...)")
+            ndim = kw.get("ndim", 1)
+            if ndim not in (1, 2, 3, 4):
+                self.error(node, f"arrays have 1 to 4 dimensions, got ndim={ndim!r}")
+            return ArrayType(self._dtype(node, kw.get("dtype", float32)), ndim)
+        value = self.python_value(node)
+        if isinstance(value, ArrayType):
+            return value
+        return self._dtype(node, value)
+
+    def _dtype(self, node, value):
+        try:
+            return as_dtype(value)
+        except TypeError as e:
+            self.error(node, str(e))
+
+    # ---- blocks and emission ---------------------------------------------------------------------
+    class _Collector:
+        def __init__(self, fe):
+            self.fe, self.stmts = fe, []
+
+        def __enter__(self):
+            self.fe.blocks.append(self.stmts)
+            return self
+
+        def __exit__(self, *exc):
+            self.fe.blocks.pop()
+
+    def _block(self):
+        return Frontend._Collector(self)
+
+    def emit(self, stmt):
+        self.blocks[-1].append(stmt)
+
+    def emit_value(self, kind, type_, **fields):
+        out = ir.Temp(type_)
+        self.emit(kind(out=out, **fields))
+        return out
+
+    def loc(self, node) -> ir.Loc:
+        line, col = self.scope.source.position(node)
+        return ir.Loc(self.scope.source.filename, line, col)
+
+    def error(self, node, message, hint=""):
+        src = self.scope.source
+        line, col = src.position(node) if hasattr(node, "lineno") else (src.first_line, 0)
+        raise CompileError(message, src.filename, line, col, src.line_text(line), hint)
+
+    # ---- statements ------------------------------------------------------------------------------
+    def _function_body(self, stmts, is_kernel):
+        returns = [n for n in ast.walk(ast.Module(body=stmts, type_ignores=[])) if isinstance(n, ast.Return)]
+        if any(r is not stmts[-1] for r in returns):
+            flag = ir.Var("returned", bool_)
+            self.emit(ir.Assign(flag, ir.Const(False, bool_), self.loc(stmts[0])))
+            self.scope.return_flag = flag
+        if is_kernel and any(r.value is not None for r in returns):
+            self.error(next(r for r in returns if r.value is not None), "kernels cannot return a value",
+                       "write results into an output array")
+        self.statements(stmts)
+
+    def statements(self, stmts):
+        for k, st in enumerate(stmts):
+            self.statement(st)
+            if k + 1 < len(stmts) and self._may_jump(st):
+                live = self._not_jumped(st)
+                rest = self._block()
+                with rest:
+                    self.statements(stmts[k + 1:])
+                self.emit(ir.If(live, tuple(rest.stmts), (), self.loc(stmts[k + 1])))
+                return
+
+    def _may_jump(self, st) -> bool:
+        def visit(node, in_loop):
+            if isinstance(node, ast.Return):
+                return True
+            if isinstance(node, (ast.Break, ast.Continue)):
+                return not in_loop
+            inner = in_loop or isinstance(node, (ast.For, ast.While))
+            return any(visit(c, inner) for c in ast.iter_child_nodes(node))
+        return visit(st, False)
+
+    def _not_jumped(self, node) -> ir.Temp:
+        flags = [f for f in ((self.scope.loops[-1] if self.scope.loops else ()) + (self.scope.return_flag,))
+                 if f is not None]
+        loc = self.loc(node)
+        any_set = None
+        for f in flags:
+            v = self.read(f, loc)
+            any_set = v if any_set is None else self.op("or", [any_set, v], node)
+        return self.op("not", [any_set], node)
+
+    def statement(self, st):
+        handler = getattr(self, "stmt_" + type(st).__name__, None)
+        if handler is None:
+            message, hint = UNSUPPORTED.get(type(st), (f"'{type(st).__name__}' statements are not supported in kernels", ""))
+            self.error(st, message, hint)
+        handler(st)
+
+    def stmt_Pass(self, st):
+        pass
+
+    def stmt_Expr(self, st):
+        if isinstance(st.value, ast.Constant) and isinstance(st.value.value, str):
+            return  # docstring
+        self.expr(st.value, allow_none=True)
+
+    def stmt_Assign(self, st):
+        if len(st.targets) != 1:
+            self.error(st, "chained assignment (a = b = ...) is not supported", "assign one target at a time")
+        self.assign(st.targets[0], st.value, st)
+
+    def stmt_AnnAssign(self, st):
+        if st.value is None:
+            self.error(st, "declare variables by assigning them a value")
+        declared = self.annotation(st.annotation)
+        if not isinstance(st.target, ast.Name):
+            self.error(st, "annotated assignment needs a plain name")
+        value = self.convert(self.expr(st.value), declared, st.value)
+        self.store_name(st.target.id, value, st, declared)
+
+    def assign(self, target, value_node, st):
+        if isinstance(target, ast.Tuple):
+            values = self.expr(value_node, tuple_ok=True)
+            if not isinstance(values, tuple) or len(values) != len(target.elts):
+                n = len(values) if isinstance(values, tuple) else 1
+                self.error(st, f"cannot unpack {n} value(s) into {len(target.elts)} names")
+            for t, v in zip(target.elts, values):
+                self.assign_value(t, v, st)
+            return
+        self.assign_value(target, self.expr(value_node), st)
+
+    def assign_value(self, target, value, st):
+        if isinstance(target, ast.Name):
+            self.store_name(target.id, value, st)
+        elif isinstance(target, ast.Subscript):
+            self.store_subscript(target, value, st)
+        elif isinstance(target, ast.Attribute) and target.attr in COMPONENTS:
+            self.store_element(target.value, [ir.Const(COMPONENTS[target.attr], int32)], value, st)
+        else:
+            self.error(target, "cannot assign to this expression")
+
+    def store_name(self, name, value, node, declared=None):
+        if isinstance(value, ir.ArrayRef) or isinstance(value, tuple):
+            self.error(node, f"cannot assign {'an array' if isinstance(value, ir.ArrayRef) else 'several values'} to '{name}'",
+                       "arrays are passed as arguments; index them instead")
+        for frozen in reversed(self.scope.frozen):
+            if name in frozen:
+                self.error(node, f"internal: '{name}' assigned inside a loop that treats it as invariant")
+        current = self.scope.locals.get(name)
+        if isinstance(current, ir.ArrayRef):
+            self.error(node, f"cannot assign to array argument '{name}'", f"write {name}[i] = ... to store into it")
+        if current is None:
+            t = declared or value.type
+            current = ir.Var(name, t)
+            self.scope.locals[name] = current
+        value = self.convert(value, current.type, node, name)
+        self.emit(ir.Assign(current, value, self.loc(node)))
+
+    def convert(self, value, target, node, name=None):
+        """Make `value` a `target`: weak literals adopt it, ints widen to floats; else an error."""
+        if value.type == target:
+            return value
+        if isinstance(value, ir.Const) and value.weak and isinstance(target, ScalarType):
+            return ir.Const(value.value if target != bool_ else bool(value.value), target)
+        if isinstance(target, ScalarType) and isinstance(value.type, ScalarType) and not value.type.is_float \
+                and (target.is_float or target == int64):
+            return self.op(cast_op(target), [value], node)
+        what = f"variable '{name}'" if name else "this value"
+        self.error(node, f"{what} has type {target}, but the value assigned is a {value.type}",
+                   f"a local keeps the type of its first assignment; write {target}(...) to convert")
+
+    def store_subscript(self, target, value, st):
+        base = self.expr(target.value)
+        indices = self.indices(target.slice)
+        if isinstance(base, ir.ArrayRef):
+            self._check_index_count(base, indices, target)
+            value = self.convert(value, base.type.dtype, st)
+            self.emit(ir.Store(base, tuple(indices), value, self.loc(st)))
+        else:
+            self.store_element(target.value, indices, value, st)
+
+    def store_element(self, base_node, indices, value, st):
+        """`v[i] = x` on a local vector/matrix: v = insert(v, i, x), so it stays differentiable."""
+        if not isinstance(base_node, ast.Name) or not isinstance(self.scope.locals.get(base_node.id), ir.Var):
+            self.error(st, "element assignment needs a local vector or matrix variable")
+        current = self.read(self.scope.locals[base_node.id], self.loc(st))
+        updated = self.op("insert", [current, *indices, value], st)
+        self.store_name(base_node.id, updated, st)
+
+    def stmt_AugAssign(self, st):
+        op = BINOPS.get(type(st.op))
+        if op is None:
+            self.error(st, f"operator {type(st.op).__name__} is not supported")
+        t = st.target
+        if isinstance(t, ast.Subscript):
+            base = self.expr(t.value)
+            if isinstance(base, ir.ArrayRef) and op in ("add", "sub"):
+                # `a[i] += v` accumulates atomically, as in Warp, so threads can share targets.
+                indices = self.indices(t.slice)
+                self._check_index_count(base, indices, t)
+                value = self.convert(self.expr(st.value), base.type.dtype, st)
+                self.emit(ir.Atomic(op, None, base, tuple(indices), value, self.loc(st)))
+                return
+        current = self.expr(t)
+        self.assign_value(t, self.op(op, [current, self.expr(st.value)], st), st)
+
+    def stmt_Return(self, st):
+        scope = self.scope
+        if st.value is not None:
+            values = self.expr(st.value, tuple_ok=True)
+            values = values if isinstance(values, tuple) else (values,)
+            if scope.results is None:
+                scope.results = [ir.Var("result", v.type) for v in values]
+            if len(values) != len(scope.results):
+                self.error(st, f"this return gives {len(values)} value(s), an earlier one {len(scope.results)}")
+            for var, v in zip(scope.results, values):
+                self.emit(ir.Assign(var, self.convert(v, var.type, st, "return value"), self.loc(st)))
+        if scope.return_flag is not None:
+            self.emit(ir.Assign(scope.return_flag, ir.Const(True, bool_), self.loc(st)))
+
+    def stmt_If(self, st):
+        cond = self.condition(st.test)
+        then, orelse = self._block(), self._block()
+        with then:
+            self.statements(st.body)
+        with orelse:
+            self.statements(st.orelse)
+        self.emit(ir.If(cond, tuple(then.stmts), tuple(orelse.stmts), self.loc(st)))
+
+    def stmt_Break(self, st):
+        if not self.scope.loops:
+            self.error(st, "'break' outside a loop")
+        self.emit(ir.Assign(self.scope.loops[-1][0], ir.Const(True, bool_), self.loc(st)))
+
+    def stmt_Continue(self, st):
+        if not self.scope.loops:
+            self.error(st, "'continue' outside a loop")
+        self.emit(ir.Assign(self.scope.loops[-1][1], ir.Const(True, bool_), self.loc(st)))
+
+    def stmt_For(self, st):
+        it = st.iter
+        if not (isinstance(it, ast.Call) and self._resolve_attr(it.func, quiet=True) is py_builtins.range):
+            self.error(it, "for loops must iterate over range(...)", "write for i in range(n):")
+        if st.orelse:
+            self.error(st, "for ... else is not supported")
+        if not isinstance(st.target, ast.Name):
+            self.error(st.target, "the loop variable must be a plain name")
+        if it.keywords or not 1 <= len(it.args) <= 3:
+            self.error(it, "range() takes 1 to 3 positional arguments")
+        bounds = [self.expr(a) for a in it.args]
+        for a, b in zip(it.args, bounds):
+            if not (isinstance(b.type, ScalarType) and b.type.is_int):
+                self.error(a, f"range() bounds must be integers, got {b.type}", "convert with int(x)")
+        if len(bounds) == 1:
+            bounds = [ir.Const(0, int32, True)] + bounds
+        if len(bounds) == 2:
+            bounds.append(ir.Const(1, int32, True))
+        if isinstance(bounds[2], ir.Const) and bounds[2].value == 0:
+            self.error(it, "range() step must not be zero")
+        index_type = int64 if any(b.type == int64 for b in bounds) else int32
+        start, stop, step = (self.convert(b, index_type, st) for b in bounds)
+        name = st.target.id
+        counter = self.scope.locals.get(name)
+        if not isinstance(counter, ir.Var):
+            counter = ir.Var(name, index_type)
+            self.scope.locals[name] = counter
+        elif counter.type != index_type:
+            self.error(st.target, f"variable '{name}' has type {counter.type}, the range gives {index_type}")
+        self._loop(st, counter=counter, start=start, stop=stop, step=step)
+
+    def stmt_While(self, st):
+        if st.orelse:
+            self.error(st, "while ... else is not supported")
+        self._loop(st)
+
+    def _loop(self, st, **range_fields):
+        loc = self.loc(st)
+        brk, cont = ir.Var("broke", bool_), ir.Var("continued", bool_)
+        self.emit(ir.Assign(brk, ir.Const(False, bool_), loc))
+        assigned = {n.id for n in ast.walk(st) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+        frozen = {}
+        for name, binding in list(self.scope.locals.items()):
+            if isinstance(binding, ir.Var) and name not in assigned:
+                frozen[name] = self.read(binding, loc)
+        self.scope.frozen.append(frozen)
+        self.scope.loops.append((brk, cont))
+        body = self._block()
+        with body:
+            self.emit(ir.Assign(cont, ir.Const(False, bool_), loc))
+            if isinstance(st, ast.While):
+                go = self.condition(st.test)
+                inner = self._block()
+                with inner:
+                    self.statements(st.body)
+                self.emit(ir.If(go, tuple(inner.stmts), (ir.Assign(brk, ir.Const(True, bool_), loc),), loc))
+            else:
+                self.statements(st.body)
+        self.scope.loops.pop()
+        self.scope.frozen.pop()
+        exits = (brk,) + ((self.scope.return_flag,) if self.scope.return_flag is not None else ())
+        self.emit(ir.Loop(tuple(body.stmts), loc, exit_flags=exits, **range_fields))
+
+    # ---- expressions -----------------------------------------------------------------------------
+    def read(self, var: ir.Var, loc) -> ir.Temp:
+        return self.emit_value(ir.ReadVar, var.type, var=var, loc=loc)
+
+    def op(self, name, args, node) -> ir.Temp:
+        opdef = OPS[name]
+        try:
+            param_types, result = opdef.typing([a.type for a in args],
+                                               [isinstance(a, ir.Const) and a.weak for a in args])
+        except TypeRuleError as e:
+            self.error(node, str(e), e.hint)
+        args = [self.convert(a, t, node) if a.type != t else a for a, t in zip(args, param_types)]
+        return self.emit_value(ir.Op, result, op=name, args=tuple(args), loc=self.loc(node))
+
+    def condition(self, node) -> ir.Operand:
+        c = self.expr(node)
+        if isinstance(c, ir.ArrayRef) or c.type != bool_ and not (isinstance(c.type, ScalarType)):
+            self.error(node, f"a condition must be a bool or a number, got {getattr(c, 'type', 'an array')}")
+        if c.type != bool_:
+            c = self.op("ne", [c, ir.Const(0, c.type, True)], node)
+        return c
+
+    def expr(self, node, tuple_ok=False, allow_none=False):
+        handler = getattr(self, "expr_" + type(node).__name__, None)
+        if handler is None:
+            message, hint = UNSUPPORTED.get(type(node), (f"'{type(node).__name__}' expressions are not supported in kernels", ""))
+            self.error(node, message, hint)
+        value = handler(node)
+        if isinstance(value, tuple) and not tuple_ok:
+            self.error(node, "this gives several values; unpack them: a, b = ...")
+        if value is None and not allow_none:
+            self.error(node, "this expression gives no value")
+        return value
+
+    def expr_Constant(self, node):
+        v = node.value
+        if isinstance(v, bool):
+            return ir.Const(v, bool_)
+        if isinstance(v, int):
+            return ir.Const(v, int64 if abs(v) >= 2**31 else int32, True)
+        if isinstance(v, float):
+            return ir.Const(v, float32, True)
+        self.error(node, f"{type(v).__name__} constants are not supported in kernels")
+
+    def expr_Name(self, node):
+        name = node.id
+        for frozen in reversed(self.scope.frozen):
+            if name in frozen:
+                return frozen[name]
+        binding = self.scope.locals.get(name)
+        if isinstance(binding, ir.Var):
+            return self.read(binding, self.loc(node))
+        if binding is not None:
+            return binding
+        return self.constant(self._lookup(node, name), node)
+
+    def _lookup(self, node, name):
+        ns = self.scope.namespace
+        if name in ns:
+            return ns[name]
+        if hasattr(py_builtins, name):
+            return getattr(py_builtins, name)
+        self.error(node, f"unknown name '{name}'", "define it before use, or pass it as a kernel argument")
+
+    def constant(self, value, node):
+        if isinstance(value, bool):
+            return ir.Const(value, bool_)
+        if isinstance(value, int):
+            return ir.Const(value, int64 if abs(value) >= 2**31 else int32, True)
+        if isinstance(value, float):
+            return ir.Const(value, float32, True)
+        if hasattr(value, "dtype") and getattr(value, "shape", None) == ():
+            return ir.Const(value.item(), as_dtype(value.dtype))
+        self.error(node, f"'{ast.unparse(node)}' is a {type(value).__name__}, which kernels cannot use as a value",
+                   "kernels can capture numbers; pass arrays as arguments")
+
+    def expr_Attribute(self, node):
+        if node.attr in COMPONENTS and not self._is_python_path(node.value):
+            base = self.expr(node.value)
+            return self.op("extract", [base, ir.Const(COMPONENTS[node.attr], int32)], node)
+        if node.attr == "shape" and not self._is_python_path(node.value):
+            self.error(node, "use a.shape[k] with a constant k")
+        return self.constant(self._resolve_attr(node), node)
+
+    def _is_python_path(self, node) -> bool:
+        while isinstance(node, ast.Attribute):
+            node = node.value
+        return isinstance(node, ast.Name) and node.id not in self.scope.locals and not any(
+            node.id in f for f in self.scope.frozen)
+
+    def _resolve_attr(self, node, quiet=False):
+        """Evaluate a dotted name (`stepper.sin`, `math.pi`) in the kernel's namespace."""
+        if isinstance(node, ast.Name):
+            if quiet and node.id not in self.scope.namespace and not hasattr(py_builtins, node.id):
+                return None
+            return self._lookup(node, node.id)
+        if isinstance(node, ast.Attribute):
+            base = self._resolve_attr(node.value, quiet)
+            if base is None and quiet:
+                return None
+            if not hasattr(base, node.attr):
+                if quiet:
+                    return None
+                self.error(node, f"'{ast.unparse(node.value)}' has no attribute '{node.attr}'")
+            return getattr(base, node.attr)
+        if quiet:
+            return None
+        self.error(node, "expected a name")
+
+    def python_value(self, node):
+        """Evaluate an annotation-like expression (types, dtype keywords) at compile time."""
+        if isinstance(node, ast.Constant):
+            return node.value
+        if isinstance(node, (ast.Name, ast.Attribute)):
+            return self._resolve_attr(node)
+        if isinstance(node, ast.Call):
+            fn = self._resolve_attr(node.func)
+            args = [self.python_value(a) for a in node.args]
+            kwargs = {k.arg: self.python_value(k.value) for k in node.keywords}
+            try:
+                return fn(*args, **kwargs)
+            except Exception as e:
+                self.error(node, f"cannot evaluate '{ast.unparse(node)}': {e}")
+        self.error(node, f"expected a type, got '{ast.unparse(node)}'")
+
+    def expr_BinOp(self, node):
+        name = BINOPS.get(type(node.op))
+        if name is None:
+            self.error(node, f"operator {type(node.op).__name__} is not supported in kernels")
+        return self.op(name, [self.expr(node.left), self.expr(node.right)], node)
+
+    def expr_UnaryOp(self, node):
+        v = self.expr(node.operand)
+        if isinstance(node.op, ast.USub):
+            if isinstance(v, ir.Const) and isinstance(v.type, ScalarType) and v.type != bool_:
+                return ir.Const(-v.value, v.type, v.weak)
+            return self.op("neg", [v], node)
+        if isinstance(node.op, ast.UAdd):
+            return v
+        if isinstance(node.op, ast.Not):
+            return self.op("not", [self.condition(node.operand)], node)
+        self.error(node, "bitwise ~ is not supported in kernels")
+
+    def expr_BoolOp(self, node):
+        name = "and" if isinstance(node.op, ast.And) else "or"
+        result = self.condition(node.values[0])
+        for v in node.values[1:]:
+            result = self.op(name, [result, self.condition(v)], node)
+        return result
+
+    def expr_Compare(self, node):
+        left, result = self.expr(node.left), None
+        for op, right_node in zip(node.ops, node.comparators):
+            name = CMPOPS.get(type(op))
+            if name is None:
+                self.error(node, f"comparison {type(op).__name__} is not supported in kernels")
+            right = self.expr(right_node)
+            c = self.op(name, [left, right], node)
+            result = c if result is None else self.op("and", [result, c], node)
+            left = right
+        return result
+
+    def expr_IfExp(self, node):
+        cond = self.condition(node.test)
+        then, orelse = self._block(), self._block()
+        with then:
+            a = self.expr(node.body)
+        with orelse:
+            b = self.expr(node.orelse)
+        try:
+            (ta, tb), t = OPS["where"].typing([bool_, a.type, b.type], [False, isinstance(a, ir.Const) and a.weak,
+                                                                       isinstance(b, ir.Const) and b.weak])
+        except TypeRuleError as e:
+            self.error(node, f"the two sides of the conditional expression differ: {e}", e.hint)
+        result = ir.Var("ifexp", t)
+        with then:
+            self.emit(ir.Assign(result, self.convert(a, t, node), self.loc(node)))
+        with orelse:
+            self.emit(ir.Assign(result, self.convert(b, t, node), self.loc(node)))
+        self.emit(ir.If(cond, tuple(then.stmts), tuple(orelse.stmts), self.loc(node)))
+        return self.read(result, self.loc(node))
+
+    def expr_Tuple(self, node):
+        return tuple(self.expr(e) for e in node.elts)
+
+    def indices(self, node) -> list:
+        parts = node.elts if isinstance(node, ast.Tuple) else [node]
+        out = []
+        for p in parts:
+            v = self.expr(p)
+            if isinstance(v, ir.ArrayRef) or not (isinstance(v.type, ScalarType) and v.type.is_int):
+                self.error(p, f"indices must be integers, got {getattr(v, 'type', 'an array')}",
+                           "convert with int(x)")
+            out.append(v)
+        return out
+
+    def _check_index_count(self, arr, indices, node):
+        if len(indices) != arr.type.ndim:
+            self.error(node, f"array '{arr.param.name}' has {arr.type.ndim} dimension(s) but is indexed with "
+                             f"{len(indices)}", f"write {arr.param.name}[{', '.join('ijkl'[:arr.type.ndim])}]")
+
+    def expr_Subscript(self, node):
+        if isinstance(node.value, ast.Attribute) and node.value.attr == "shape":
+            arr = self.expr(node.value.value)
+            if isinstance(arr, ir.ArrayRef):
+                axis = node.slice
+                if not (isinstance(axis, ast.Constant) and isinstance(axis.value, int)
+                        and 0 <= axis.value < arr.type.ndim):
+                    self.error(node, f"shape index must be a constant in 0..{arr.type.ndim - 1}")
+                return self.emit_value(ir.ArrayDim, int32, array=arr, axis=axis.value, loc=self.loc(node))
+        base = self.expr(node.value)
+        indices = self.indices(node.slice)
+        if isinstance(base, ir.ArrayRef):
+            self._check_index_count(base, indices, node)
+            return self.emit_value(ir.Load, base.type.dtype, array=base, indices=tuple(indices), loc=self.loc(node))
+        if isinstance(base.type, ScalarType):
+            self.error(node, f"cannot index a {base.type}")
+        return self.op("extract", [base, *indices], node)
+
+
+__all__ = ["Frontend"]

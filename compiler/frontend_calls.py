@@ -1,0 +1,203 @@
+"""Lowering of calls inside kernels: builtins, casts and constructors, atomics, print, and @func
+inlining. A mixin of `Frontend`, kept apart so each file holds one concern."""
+from __future__ import annotations
+
+import ast
+import builtins as py_builtins
+import inspect
+
+from . import ir
+from .builtins import PYTHON_BUILTINS, Builtin, cast_op, construct_op
+from .func import Func
+from .types import ArrayType, MatrixType, ScalarType, VectorType, bool_, float32, int32
+
+PY_CASTS = {int: int32, float: float32, bool: bool_}
+
+
+def namespace_of(fn) -> dict:
+    """The names a function body can see: its module's globals, then its closure's values."""
+    ns = dict(fn.__globals__)
+    ns.update(inspect.getclosurevars(fn).nonlocals)
+    return ns
+
+
+class CallLowering:
+    expected_values = 1     # how many names the enclosing assignment unpacks (for tid())
+
+    def assign(self, target, value_node, st):
+        self.expected_values = len(target.elts) if isinstance(target, ast.Tuple) else 1
+        try:
+            super().assign(target, value_node, st)
+        finally:
+            self.expected_values = 1
+
+    def expr_Call(self, node):
+        callee = self._resolve_attr(node.func, quiet=True) if self._is_python_path(node.func) else None
+        if callee is None:
+            self.error(node, f"'{ast.unparse(node.func)}' is not something kernels can call",
+                       "call builtins, types such as vec3(...), or @func functions")
+        if node.keywords:
+            self.error(node, "keyword arguments are not supported in kernel calls", "pass arguments by position")
+        if callee is py_builtins.print:
+            return self.call_print(node)
+        if isinstance(callee, Builtin) and callee.name == "tid":
+            return self.call_tid(node)
+        if isinstance(callee, Builtin) and callee.name.startswith("atomic_"):
+            return self.call_atomic(node, callee.name[len("atomic_"):])
+        if callee is py_builtins.len:
+            arr = self.expr(node.args[0]) if len(node.args) == 1 else None
+            if not isinstance(arr, ir.ArrayRef):
+                self.error(node, "len() takes one array")
+            return self.emit_value(ir.ArrayDim, int32, array=arr, axis=0, loc=self.loc(node))
+        args = [self.expr(a) for a in node.args]
+        for a, a_node in zip(args, node.args):
+            if isinstance(a, ir.ArrayRef) and not isinstance(callee, Func):
+                self.error(a_node, f"an array cannot be passed to {ast.unparse(node.func)}()", "index it first")
+        if isinstance(callee, Func):
+            return self.call_func(callee, args, node)
+        if isinstance(callee, Builtin):
+            if callee.name == "select":      # Warp's order: select(cond, value_if_false, value_if_true)
+                if len(args) != 3:
+                    self.error(node, "select() takes (cond, value_if_false, value_if_true)")
+                args = [self._as_bool(args[0], node.args[0]), args[2], args[1]]
+            elif callee.op == "where" and len(args) == 3:
+                args = [self._as_bool(args[0], node.args[0]), *args[1:]]
+            return self._builtin(callee.op, args, node)
+        name = PYTHON_BUILTINS.get(callee) if _hashable(callee) else None
+        if name is not None:
+            return self._builtin(name, args, node)
+        if _hashable(callee) and callee in PY_CASTS:
+            callee = PY_CASTS[callee]
+        if isinstance(callee, ScalarType):
+            if len(args) != 1:
+                self.error(node, f"{callee}() takes one value")
+            if args[0].type == callee:
+                return args[0]
+            if isinstance(args[0], ir.Const) and isinstance(args[0].type, ScalarType):
+                return ir.Const(callee.np_dtype and _py(callee, args[0].value), callee)
+            if not isinstance(args[0].type, ScalarType):
+                self.error(node, f"cannot convert a {args[0].type} to {callee}")
+            return self.op(cast_op(callee), args, node)
+        if isinstance(callee, (VectorType, MatrixType)):
+            if not args:
+                return ir.Const(0, callee)
+            return self.op(construct_op(callee), args, node)
+        if callable(callee) and getattr(callee, "__module__", "").split(".")[0] == "compiler":
+            self.error(node, f"{ast.unparse(node.func)}() cannot be called inside a kernel")
+        if inspect.isfunction(callee) or inspect.isbuiltin(callee):
+            self.error(node, f"'{ast.unparse(node.func)}' is a plain Python function, which kernels cannot call",
+                       f"decorate it with @stepper.func to make it a device function")
+        self.error(node, f"'{ast.unparse(node.func)}' is a {type(callee).__name__}, which kernels cannot call")
+
+    def _as_bool(self, c, node):
+        return c if c.type == bool_ else self.condition(node)
+
+    def _builtin(self, name, args, node):
+        from .builtins import OPS
+        if name not in OPS:
+            self.error(node, f"{name}() is not available in kernels")
+        arity = {"clamp": 3, "where": 3}.get(name)
+        if arity and len(args) != arity:
+            self.error(node, f"{name}() takes {arity} arguments, got {len(args)}")
+        if name in ("min", "max") and len(args) > 2:
+            out = args[0]
+            for a in args[1:]:
+                out = self.op(name, [out, a], node)
+            return out
+        return self.op(name, args, node)
+
+    def call_tid(self, node):
+        if node.args:
+            self.error(node, "tid() takes no arguments")
+        n = self.expected_values
+        if not 1 <= n <= 4:
+            self.error(node, f"tid() gives 1 to 4 indices, not {n}")
+        self.tid_ndim = max(self.tid_ndim, n)
+        ids = tuple(self.emit_value(ir.ThreadIndex, int32, axis=k, loc=self.loc(node)) for k in range(n))
+        return ids if n > 1 else ids[0]
+
+    def call_atomic(self, node, kind):
+        if len(node.args) < 3:
+            self.error(node, f"atomic_{kind}(array, index..., value) needs an array, indices and a value")
+        arr = self.expr(node.args[0])
+        if not isinstance(arr, ir.ArrayRef):
+            self.error(node.args[0], f"atomic_{kind}() needs an array as its first argument")
+        indices = [self.expr(a) for a in node.args[1:-1]]
+        for a, i in zip(node.args[1:-1], indices):
+            if not (isinstance(i.type, ScalarType) and i.type.is_int):
+                self.error(a, "indices must be integers")
+        self._check_index_count(arr, indices, node)
+        value = self.convert(self.expr(node.args[-1]), arr.type.dtype, node)
+        if kind in ("min", "max") and not isinstance(arr.type.dtype, ScalarType):
+            self.error(node, f"atomic_{kind}() works on scalar arrays only")
+        out = ir.Temp(arr.type.dtype)
+        self.emit(ir.Atomic(kind, out, arr, tuple(indices), value, self.loc(node)))
+        return out
+
+    def call_print(self, node):
+        parts, args = [], []
+        for a in node.args:
+            if isinstance(a, ast.Constant) and isinstance(a.value, str):
+                parts.append(a.value.replace("{", "{{").replace("}", "}}"))
+            else:
+                args.append(self.expr(a))
+                parts.append("{}")
+        self.emit(ir.Print(" ".join(parts), tuple(args), self.loc(node)))
+        return None
+
+    def call_func(self, func: Func, args, node):
+        if func in self.call_stack:
+            chain = " -> ".join(f.__name__ for f in self.call_stack + [func])
+            self.error(node, f"recursive call of @func {func.__name__} ({chain})",
+                       "kernels inline functions, so recursion is not supported; write a loop")
+        src = func.source
+        params = src.tree.args.args
+        if len(args) != len(params):
+            self.error(node, f"{func.__name__}() takes {len(params)} argument(s), got {len(args)}")
+        caller = self.scope
+        callee_scope = type(caller)(src, namespace_of(func.fn), func.__name__)
+        self.scope = callee_scope
+        try:
+            types = [self.annotation(p.annotation) if p.annotation is not None else None for p in params]
+        finally:
+            self.scope = caller
+        bindings = {}
+        for p, t, a, a_node in zip(params, types, args, node.args):
+            if isinstance(a, ir.ArrayRef):
+                if t is not None and (not isinstance(t, ArrayType) or t != a.type):
+                    self.error(a_node, f"argument '{p.arg}' of {func.__name__}() expects {t}, got {a.type}")
+                bindings[p.arg] = a
+                continue
+            if isinstance(t, ArrayType):
+                self.error(a_node, f"argument '{p.arg}' of {func.__name__}() expects an array")
+            t = t or (a.type if not (isinstance(a, ir.Const) and a.weak) else a.type)
+            var = ir.Var(p.arg, t)
+            self.emit(ir.Assign(var, self.convert(a, t, a_node, p.arg), self.loc(node)))
+            bindings[p.arg] = var
+        callee_scope.locals.update(bindings)
+        self.scope = callee_scope
+        self.call_stack.append(func)
+        try:
+            self._function_body(src.tree.body, is_kernel=False)
+        finally:
+            self.call_stack.pop()
+            self.scope = caller
+        if not callee_scope.results:
+            return None
+        loc = self.loc(node)
+        values = tuple(self.read(v, loc) for v in callee_scope.results)
+        return values if len(values) > 1 else values[0]
+
+
+def _hashable(x) -> bool:
+    try:
+        hash(x)
+        return True
+    except TypeError:
+        return False
+
+
+def _py(t: ScalarType, value):
+    if t == bool_:
+        return bool(value)
+    return float(value) if t.is_float else int(value)

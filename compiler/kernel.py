@@ -1,0 +1,181 @@
+"""`@kernel`: the pipeline from a Python function to loaded forward and adjoint entry points.
+
+    Python source --frontend--> IR --verify--> adjoint IR --render--> C++ --build--> .so --load--> launch
+
+Kernels of one Python module are rendered into one source and built together; the build is cached
+on disk by content hash (backends.cpu_build), so a second process loads without compiling.
+"""
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import ir
+from .adjoint import AdjointUnsupported, adjoint_function
+from .backends import build_cpu_library, load_cpu_library
+from .codegen.targets import render_cpu
+from .frontend import Frontend
+from .frontend_calls import namespace_of
+from .types import ArrayType
+from .verify import verify
+
+PRELUDE_DIR = Path(__file__).parent / "codegen"
+
+
+@dataclass
+class ArgumentUse:
+    """How a kernel uses one array argument, computed at compile time (through inlined funcs)."""
+    reads: bool = False
+    stores: bool = False          # plain `a[i] = v`
+    accumulates: bool = False     # `a[i] += v`, atomics
+    first_store: ir.Loc | None = None
+
+
+def argument_uses(fn: ir.Function) -> dict[str, ArgumentUse]:
+    uses = {p.name: ArgumentUse() for p in fn.params if isinstance(p.type, ArrayType)}
+    used = {a.id for s in ir.walk(fn.body) for a in ir.used_operands(s) if isinstance(a, ir.Temp)}
+    for s in ir.walk(fn.body):
+        if isinstance(s, ir.Load):
+            uses[s.array.param.name].reads = True
+        elif isinstance(s, ir.Store):
+            u = uses[s.array.param.name]
+            u.stores = True
+            u.first_store = u.first_store or s.loc
+        elif isinstance(s, ir.Atomic):
+            u = uses[s.array.param.name]
+            u.accumulates = True
+            if s.kind in ("min", "max") or (s.out is not None and s.out.id in used):
+                u.reads = True
+    return uses
+
+
+@dataclass
+class Compiled:
+    forward: ir.Function
+    adjoint: ir.Function | None
+    adjoint_error: AdjointUnsupported | None
+    uses: dict[str, ArgumentUse]
+    needs_tape: bool
+
+
+class Kernel:
+    """A compiled-on-first-use kernel. Launch it with `launch(kernel, dim, inputs, outputs)`."""
+
+    def __init__(self, fn, module: "KernelModule"):
+        self.fn = fn
+        self.key = fn.__name__
+        self.module = module
+        self.__name__ = fn.__name__
+        self.__qualname__ = fn.__qualname__
+        self.__doc__ = fn.__doc__
+        self._compiled: Compiled | None = None
+
+    def compiled(self) -> Compiled:
+        if self._compiled is None:
+            forward = Frontend(self.fn.__name__).kernel(self.fn, namespace_of(self.fn))
+            forward = ir.Function(self.c_name, forward.params, forward.body, forward.loc, forward.tid_ndim)
+            verify(forward)
+            adjoint, error = None, None
+            try:
+                adjoint = adjoint_function(forward)
+                verify(adjoint, single_definition=False)
+            except AdjointUnsupported as e:
+                error = e
+            needs_tape = adjoint is not None and any(isinstance(s, ir.Push) for s in ir.walk(adjoint.body))
+            self._compiled = Compiled(forward, adjoint, error, argument_uses(forward), needs_tape)
+        return self._compiled
+
+    @property
+    def c_name(self) -> str:
+        return f"k{self.module.index_of(self)}_{self.fn.__name__}"
+
+    @property
+    def params(self) -> tuple[ir.Param, ...]:
+        return self.compiled().forward.params
+
+    def entry(self, debug: bool = False):
+        return self.module.library(debug)
+
+    def __call__(self, *args, **kwargs):
+        raise RuntimeError(f"kernel {self.__name__} is launched with launch({self.__name__}, dim, inputs, outputs), "
+                           "not called")
+
+    def __repr__(self) -> str:
+        return f"<kernel {self.fn.__module__}.{self.__qualname__}>"
+
+
+@dataclass
+class KernelModule:
+    """All kernels defined in one Python module, built into one shared library."""
+    name: str
+    kernels: list[Kernel] = field(default_factory=list)
+    _libraries: dict = field(default_factory=dict)
+
+    def add(self, kernel: Kernel) -> None:
+        self.kernels.append(kernel)
+        self._libraries.clear()     # a later kernel joins the module: rebuild on next launch
+
+    def index_of(self, kernel: Kernel) -> int:
+        return self.kernels.index(kernel)
+
+    def render(self, debug: bool):
+        # A kernel that does not compile raises when it is launched; it must not break its neighbours.
+        ready = []
+        for k in self.kernels:
+            try:
+                ready.append(k.compiled())
+            except Exception:
+                continue
+        return render_cpu([(c.forward, c.adjoint) for c in ready], debug)
+
+    def library(self, debug: bool):
+        if debug not in self._libraries:
+            rendered = self.render(debug)
+            safe = "".join(c if c.isalnum() else "_" for c in self.name)[-40:]
+            path = build_cpu_library(rendered.source, f"{safe}{'_debug' if debug else ''}",
+                                     include_dirs=[PRELUDE_DIR])
+            self._libraries[debug] = LoadedModule(load_cpu_library(path), rendered.sites)
+        return self._libraries[debug]
+
+
+class LoadedModule:
+    def __init__(self, lib: ctypes.CDLL, sites):
+        self.lib = lib
+        self.sites = sites
+        self.error_site = ctypes.c_int.in_dll(lib, "sp_error_site")
+        self.error_index = (ctypes.c_longlong * 4).in_dll(lib, "sp_error_index")
+        self._functions = {}
+
+    def function(self, name: str, adjoint: bool):
+        key = (name, adjoint)
+        if key not in self._functions:
+            f = getattr(self.lib, name + ("_adjoint" if adjoint else "_forward"))
+            if adjoint:
+                f.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int,
+                              ctypes.c_void_p]
+                f.restype = ctypes.c_int
+            else:
+                f.argtypes = [ctypes.c_char_p]
+                f.restype = None
+            self._functions[key] = f
+        return self._functions[key]
+
+
+_MODULES: dict[str, KernelModule] = {}
+
+
+def kernel(fn) -> Kernel:
+    """Compile `fn` as a kernel: one thread per launch index, `tid()` gives the index.
+
+    Example::
+
+        @stepper.kernel
+        def saxpy(a: float, x: stepper.array(dtype=float), y: stepper.array(dtype=float)):
+            i = stepper.tid()
+            y[i] = a * x[i] + y[i]
+    """
+    module = _MODULES.setdefault(fn.__module__, KernelModule(fn.__module__))
+    k = Kernel(fn, module)
+    module.add(k)
+    return k

@@ -1,0 +1,206 @@
+"""`launch`: check arguments, pack them into one buffer, run the kernel, record it on the Tape.
+
+Argument checks name the kernel and the argument. While a Tape records, the launch is recorded
+with its reads, stores and accumulations (computed at compile time), so the Tape can refuse
+overwrites of data the gradient still needs, and its backward runs the generated adjoint.
+"""
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+
+from .errors import OverwriteError
+from .kernel import Kernel
+from .runtime.array import array
+from .runtime.tape import RecordedOp, active_tape, caller_location
+from .types import ArrayType, ScalarType, VectorType
+
+_HEADER = "q4q"
+_SCALAR_FORMATS = {"float32": "f4x", "float64": "d", "int32": "i4x", "int64": "q", "bool": "?7x"}
+_PYTHON_KINDS = {"float32": (float, int), "float64": (float, int), "int32": (int,), "int64": (int,), "bool": (bool,)}
+
+
+class LaunchError(ValueError):
+    pass
+
+
+def _slot_format(t) -> str:
+    if isinstance(t, ArrayType):
+        return "Q4q4q"
+    if isinstance(t, ScalarType):
+        return _SCALAR_FORMATS[t.name]
+    n = t.length if isinstance(t, VectorType) else t.rows * t.cols
+    code = "f" if t.scalar.name == "float32" else "d"
+    size = n * t.scalar.size
+    return f"{n}{code}" + (f"{(-size) % 8}x" if size % 8 else "")
+
+
+class _Signature:
+    """Per-kernel packing plan, built once."""
+
+    def __init__(self, kernel: Kernel):
+        self.params = kernel.params
+        self.packer = struct.Struct("<" + _HEADER + "".join(_slot_format(p.type) for p in self.params))
+
+
+def _signature(kernel: Kernel) -> _Signature:
+    sig = getattr(kernel, "_signature", None)
+    if sig is None:
+        sig = kernel._signature = _Signature(kernel)
+    return sig
+
+
+def _dims(kernel: Kernel, dim) -> tuple[int, ...]:
+    dims = (dim,) if isinstance(dim, (int, np.integer)) else tuple(dim)
+    if not 1 <= len(dims) <= 4 or not all(isinstance(d, (int, np.integer)) and d >= 0 for d in dims):
+        raise LaunchError(f"launch of kernel '{kernel.__name__}': dim must be a non-negative int or a tuple of 1 to 4 "
+                          f"of them, got {dim!r}")
+    ndim = kernel.compiled().forward.tid_ndim
+    if len(dims) < ndim:
+        raise LaunchError(f"launch of kernel '{kernel.__name__}': the kernel unpacks {ndim} indices from tid() but "
+                          f"dim={dim!r} has {len(dims)}; pass a {ndim}-tuple")
+    return tuple(int(d) for d in dims)
+
+
+def _array_values(a: array | None, like: array | None = None) -> list:
+    if a is None:
+        shape = list(like.shape) if like is not None else []
+        return [0] + shape + [0] * (4 - len(shape)) + [0, 0, 0, 0]
+    shape, strides = list(a.shape), list(a.strides)
+    return [a.ptr] + shape + [0] * (4 - len(shape)) + strides + [0] * (4 - len(strides))
+
+
+def _zero_values(t) -> list:
+    if isinstance(t, ScalarType):
+        return [False] if t.name == "bool" else [0]
+    return [0.0] * int(np.prod(t.inner_shape))
+
+
+def _check_argument(kernel, p, value, device):
+    where = f"launch of kernel '{kernel.__name__}': argument '{p.name}'"
+    if isinstance(p.type, ArrayType):
+        if not isinstance(value, array):
+            raise LaunchError(f"{where} expects {p.type}, got {type(value).__name__}; wrap data with stepper.array(...)")
+        if value.dtype != p.type.dtype or value.ndim != p.type.ndim:
+            raise LaunchError(f"{where} expects {p.type}, got an array of {value.dtype} with {value.ndim} dimension(s)")
+        if value.device != device:
+            raise LaunchError(f"{where} is on {value.device}, but the launch runs on {device}; move it with .to('{device}')")
+        return _array_values(value)
+    t = p.type
+    if isinstance(t, ScalarType):
+        if isinstance(value, np.generic):
+            value = value.item()
+        if isinstance(value, bool) and t.name != "bool" or not isinstance(value, _PYTHON_KINDS[t.name]):
+            raise LaunchError(f"{where} expects a {t}, got {type(value).__name__} {value!r}")
+        return [value]
+    flat = np.asarray(value, dtype=t.np_dtype)
+    if flat.shape != t.inner_shape:
+        raise LaunchError(f"{where} expects a {t} (shape {t.inner_shape}), got shape {flat.shape}")
+    return flat.ravel().tolist()
+
+
+def launch(kernel: Kernel, dim, inputs=(), outputs=(), device=None, debug: bool = False) -> None:
+    """Run `kernel` on every index of `dim` (an int or a tuple of up to 4 ints).
+
+    `inputs` and `outputs` together are the kernel's arguments in order (the split only documents
+    intent, as in Warp). While a `Tape` records, the launch is recorded for `tape.backward()`.
+    `debug=True` checks every array index and raises instead of touching memory out of bounds.
+    """
+    if not isinstance(kernel, Kernel):
+        raise LaunchError(f"launch() expects a @kernel, got {type(kernel).__name__}")
+    compiled = kernel.compiled()
+    args = list(inputs) + list(outputs)
+    sig = _signature(kernel)
+    if len(args) != len(sig.params):
+        names = ", ".join(p.name for p in sig.params)
+        raise LaunchError(f"launch of kernel '{kernel.__name__}': expects {len(sig.params)} argument(s) ({names}), "
+                          f"got {len(args)}")
+    dims = _dims(kernel, dim)
+    if device is None:
+        device = next((a.device for a in args if isinstance(a, array)), "cpu")
+    device = str(device)
+    if device != "cpu":
+        raise LaunchError(f"launch of kernel '{kernel.__name__}' on '{device}': only the CPU backend can launch here")
+    values = [int(np.prod(dims))] + list(dims) + [1] * (4 - len(dims))
+    for p, a in zip(sig.params, args):
+        values += _check_argument(kernel, p, a, device)
+    buffer = sig.packer.pack(*values)
+
+    tape = active_tape()
+    if tape is not None:
+        _record(tape, kernel, compiled, sig, args, dims, buffer, debug)
+    module = kernel.entry(debug)
+    module.function(compiled.forward.name, adjoint=False)(buffer)
+    _raise_if_out_of_bounds(module, kernel)
+    for p, a in zip(sig.params, args):
+        use = compiled.uses.get(p.name)
+        if use is not None and (use.stores or use.accumulates):
+            a._mark_written()
+
+
+def _raise_if_out_of_bounds(module, kernel):
+    site = module.error_site.value
+    if site < 0:
+        return
+    module.error_site.value = -1
+    name, arr, loc = module.sites[site]
+    index = list(module.error_index)
+    raise IndexError(f"{loc}: kernel '{kernel.__name__}' indexed array '{arr}' out of bounds at {index} "
+                     "(first failure shown; checked because debug=True)")
+
+
+def _record(tape, kernel, compiled, sig, args, dims, buffer, debug):
+    named = {p.name: a for p, a in zip(sig.params, args) if isinstance(a, array)}
+    uses = compiled.uses
+    for name, use in uses.items():
+        if use.reads and use.stores:
+            raise OverwriteError(
+                f"{use.first_store}: kernel '{kernel.__name__}' reads array argument '{name}' and also overwrites it "
+                f"(a[i] = ...) while a Tape records; the adjoint would read the overwritten values. "
+                f"Fix: write the result into a separate output array, or accumulate with a[i] += ... if that is meant.")
+    differentiable = [a for a in named.values() if a.requires_grad]
+    if compiled.adjoint_error is not None and differentiable:
+        e = compiled.adjoint_error
+        raise OverwriteError(f"{e.loc}: kernel '{kernel.__name__}' cannot be differentiated: {e}. "
+                             "Launch it outside the Tape, or give the function a custom replay.")
+    op = RecordedOp(
+        name=f"launch of kernel '{kernel.__name__}'",
+        reads={n: named[n] for n, u in uses.items() if u.reads and n in named},
+        writes={n: named[n] for n, u in uses.items() if u.stores and n in named},
+        accumulates={n: named[n] for n, u in uses.items() if u.accumulates and n in named},
+        backward=lambda: _run_adjoint(kernel, compiled, sig, args, dims, buffer, debug),
+        where=caller_location(),
+    )
+    tape.record(op)
+
+
+def _run_adjoint(kernel, compiled, sig, args, dims, buffer, debug):
+    if compiled.adjoint is None:
+        return
+    values = [0] * 5
+    for p, a in zip(sig.params, args):
+        if isinstance(p.type, ArrayType):
+            values += _array_values(a.grad if a.requires_grad else None, like=a)
+        else:
+            values += _zero_values(p.type)
+    adj_buffer = sig.packer.pack(*values)
+    module = kernel.entry(debug)
+    fn = module.function(compiled.forward.name, adjoint=True)
+    n = int(np.prod(dims))
+    tape_memory, capacity = None, 0
+    if compiled.needs_tape and n > 0:
+        counts = np.zeros(n, np.int64)
+        fn(buffer, adj_buffer, None, 0, 1, counts.ctypes.data)
+        capacity = int(counts.max())
+        try:
+            tape_memory = np.empty(capacity * n, np.uint64)
+        except MemoryError:
+            raise MemoryError(f"{compiled.forward.loc}: the adjoint of kernel '{kernel.__name__}' needs "
+                              f"{capacity * n * 8 / 2**20:.1f} MiB for the values its loops carry "
+                              f"({capacity} words per thread x {n} threads) and could not allocate it") from None
+    overflow = fn(buffer, adj_buffer, tape_memory.ctypes.data if tape_memory is not None else None, capacity, 0, None)
+    _raise_if_out_of_bounds(module, kernel)
+    if overflow:
+        raise RuntimeError(f"internal error: the adjoint of kernel '{kernel.__name__}' overflowed its measured tape "
+                           f"({capacity} words per thread); please report this with the kernel's source")

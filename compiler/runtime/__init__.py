@@ -1,0 +1,1 @@
+"""Arrays, devices and the Tape: the runtime objects kernels operate on."""
