@@ -286,7 +286,7 @@ def _construct_adjoint(b, g, out, *args):
 
 
 # ---- vectors and matrices ----------------------------------------------------------------------
-def _scalar_result(t):
+def _scalar_result(t, *_):
     return t.scalar
 
 

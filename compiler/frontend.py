@@ -393,7 +393,7 @@ class Frontend(CallLowering):
         loc = self.loc(st)
         brk, cont = ir.Var("broke", bool_), ir.Var("continued", bool_)
         self.emit(ir.Assign(brk, ir.Const(False, bool_), loc))
-        assigned = {n.id for n in ast.walk(st) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+        assigned = _assigned_names(st)
         frozen = {}
         for name, binding in list(self.scope.locals.items()):
             if isinstance(binding, ir.Var) and name not in assigned:
@@ -634,6 +634,25 @@ class Frontend(CallLowering):
         if isinstance(base.type, ScalarType):
             self.error(node, f"cannot index a {base.type}")
         return self.op("extract", [base, *indices], node)
+
+
+def _assigned_names(node) -> set[str]:
+    """Names a statement assigns, including `v[i] = ...` and `v.x = ...` on local vectors."""
+    names = set()
+    for n in ast.walk(node):
+        targets = n.targets if isinstance(n, ast.Assign) else [n.target] if isinstance(
+            n, (ast.AugAssign, ast.AnnAssign, ast.For)) else []
+        for t in targets:
+            for leaf in ast.walk(t):
+                if isinstance(leaf, ast.Name) and (isinstance(leaf.ctx, ast.Store) or t is not leaf):
+                    root = t
+                    while isinstance(root, (ast.Subscript, ast.Attribute)):
+                        root = root.value
+                    if isinstance(root, ast.Name):
+                        names.add(root.id)
+                    if isinstance(leaf.ctx, ast.Store):
+                        names.add(leaf.id)
+    return names
 
 
 __all__ = ["Frontend"]

@@ -46,7 +46,7 @@ def literal(value, t) -> str:
         if math.isnan(v):
             return f"(sp::inf_{'f32' if suffix else 'f64'}() * 0{'.0f' if suffix else '.0'})"
         return f"{v.hex()}{suffix}"
-    return f"{int(value)}{'ll' if t.name == 'int64' else ''}"
+    return f"int64_t({int(value)})" if t.name == "int64" else str(int(value))
 
 
 class FunctionEmitter:
