@@ -586,7 +586,7 @@ class Frontend(CallLowering):
         with orelse:
             b = self.expr(node.orelse)
         try:
-            (ta, tb), t = OPS["where"].typing([bool_, a.type, b.type], [False, isinstance(a, ir.Const) and a.weak,
+            (_, ta, tb), t = OPS["where"].typing([bool_, a.type, b.type], [False, isinstance(a, ir.Const) and a.weak,
                                                                        isinstance(b, ir.Const) and b.weak])
         except TypeRuleError as e:
             self.error(node, f"the two sides of the conditional expression differ: {e}", e.hint)

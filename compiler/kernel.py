@@ -153,10 +153,10 @@ class LoadedModule:
             f = getattr(self.lib, name + ("_adjoint" if adjoint else "_forward"))
             if adjoint:
                 f.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int,
-                              ctypes.c_void_p]
+                              ctypes.c_void_p, ctypes.c_int]
                 f.restype = ctypes.c_int
             else:
-                f.argtypes = [ctypes.c_char_p]
+                f.argtypes = [ctypes.c_char_p, ctypes.c_int]
                 f.restype = None
             self._functions[key] = f
         return self._functions[key]

@@ -100,12 +100,15 @@ def _check_argument(kernel, p, value, device):
     return flat.ravel().tolist()
 
 
-def launch(kernel: Kernel, dim, inputs=(), outputs=(), device=None, debug: bool = False) -> None:
+def launch(kernel: Kernel, dim, inputs=(), outputs=(), device=None, debug: bool = False,
+           deterministic: bool | None = None) -> None:
     """Run `kernel` on every index of `dim` (an int or a tuple of up to 4 ints).
 
     `inputs` and `outputs` together are the kernel's arguments in order (the split only documents
     intent, as in Warp). While a `Tape` records, the launch is recorded for `tape.backward()`.
     `debug=True` checks every array index and raises instead of touching memory out of bounds.
+    `deterministic=True` runs the threads serially in index order, so float atomics accumulate in the
+    same order every run; by default it follows the recording Tape's `deterministic` setting.
     """
     if not isinstance(kernel, Kernel):
         raise LaunchError(f"launch() expects a @kernel, got {type(kernel).__name__}")
@@ -128,10 +131,12 @@ def launch(kernel: Kernel, dim, inputs=(), outputs=(), device=None, debug: bool 
     buffer = sig.packer.pack(*values)
 
     tape = active_tape()
+    if deterministic is None:
+        deterministic = tape is not None and tape.deterministic
     if tape is not None:
-        _record(tape, kernel, compiled, sig, args, dims, buffer, debug)
+        _record(tape, kernel, compiled, sig, args, dims, buffer, debug, deterministic)
     module = kernel.entry(debug)
-    module.function(compiled.forward.name, adjoint=False)(buffer)
+    module.function(compiled.forward.name, adjoint=False)(buffer, int(deterministic))
     _raise_if_out_of_bounds(module, kernel)
     for p, a in zip(sig.params, args):
         use = compiled.uses.get(p.name)
@@ -150,7 +155,7 @@ def _raise_if_out_of_bounds(module, kernel):
                      "(first failure shown; checked because debug=True)")
 
 
-def _record(tape, kernel, compiled, sig, args, dims, buffer, debug):
+def _record(tape, kernel, compiled, sig, args, dims, buffer, debug, deterministic):
     named = {p.name: a for p, a in zip(sig.params, args) if isinstance(a, array)}
     uses = compiled.uses
     for name, use in uses.items():
@@ -169,13 +174,13 @@ def _record(tape, kernel, compiled, sig, args, dims, buffer, debug):
         reads={n: named[n] for n, u in uses.items() if u.reads and n in named},
         writes={n: named[n] for n, u in uses.items() if u.stores and n in named},
         accumulates={n: named[n] for n, u in uses.items() if u.accumulates and n in named},
-        backward=lambda: _run_adjoint(kernel, compiled, sig, args, dims, buffer, debug),
+        backward=lambda: _run_adjoint(kernel, compiled, sig, args, dims, buffer, debug, deterministic),
         where=caller_location(),
     )
     tape.record(op)
 
 
-def _run_adjoint(kernel, compiled, sig, args, dims, buffer, debug):
+def _run_adjoint(kernel, compiled, sig, args, dims, buffer, debug, serial):
     if compiled.adjoint is None:
         return
     values = [0] * 5
@@ -191,7 +196,7 @@ def _run_adjoint(kernel, compiled, sig, args, dims, buffer, debug):
     tape_memory, capacity = None, 0
     if compiled.needs_tape and n > 0:
         counts = np.zeros(n, np.int64)
-        fn(buffer, adj_buffer, None, 0, 1, counts.ctypes.data)
+        fn(buffer, adj_buffer, None, 0, 1, counts.ctypes.data, int(serial))
         capacity = int(counts.max())
         try:
             tape_memory = np.empty(capacity * n, np.uint64)
@@ -199,7 +204,8 @@ def _run_adjoint(kernel, compiled, sig, args, dims, buffer, debug):
             raise MemoryError(f"{compiled.forward.loc}: the adjoint of kernel '{kernel.__name__}' needs "
                               f"{capacity * n * 8 / 2**20:.1f} MiB for the values its loops carry "
                               f"({capacity} words per thread x {n} threads) and could not allocate it") from None
-    overflow = fn(buffer, adj_buffer, tape_memory.ctypes.data if tape_memory is not None else None, capacity, 0, None)
+    overflow = fn(buffer, adj_buffer, tape_memory.ctypes.data if tape_memory is not None else None, capacity, 0, None,
+                  int(serial))
     _raise_if_out_of_bounds(module, kernel)
     if overflow:
         raise RuntimeError(f"internal error: the adjoint of kernel '{kernel.__name__}' overflowed its measured tape "

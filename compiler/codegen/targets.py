@@ -57,10 +57,10 @@ def _cpu_forward(fn: ir.Function, debug, sites) -> str:
     body = _thread_function(fn, debug, sites,
                             f"static void {name}_thread(int64_t flat_, const launch_t& L, const char* args)", False)
     return f"""{body}
-extern "C" void {name}_forward(const char* buf) {{
+extern "C" void {name}_forward(const char* buf, int serial) {{
     const launch_t& L = *(const launch_t*)buf;
     const char* args = buf + sizeof(launch_t);
-    #pragma omp parallel for schedule(static) if (L.n >= {PARALLEL_THRESHOLD})
+    #pragma omp parallel for schedule(static) if (L.n >= {PARALLEL_THRESHOLD} && !serial)
     for (int64_t t = 0; t < L.n; ++t) {name}_thread(t, L, args);
 }}
 """
@@ -73,11 +73,11 @@ def _cpu_adjoint(fn: ir.Function, debug, sites) -> str:
                             "const char* adj_args, sp::tape_t& tp)", True)
     return f"""{body}
 extern "C" int {name}(const char* buf, const char* adj_args, uint64_t* tape, int64_t capacity, int count_only,
-                      int64_t* counts) {{
+                      int64_t* counts, int serial) {{
     const launch_t& L = *(const launch_t*)buf;
     const char* args = buf + sizeof(launch_t);
     int overflow = 0;
-    #pragma omp parallel for schedule(static) reduction(|:overflow) if (L.n >= {PARALLEL_THRESHOLD})
+    #pragma omp parallel for schedule(static) reduction(|:overflow) if (L.n >= {PARALLEL_THRESHOLD} && !serial)
     for (int64_t t = 0; t < L.n; ++t) {{
         sp::tape_t tp = {{tape + t, L.n, 0, capacity, count_only, 0}};
         {name}_thread(t, L, args, adj_args + sizeof(launch_t), tp);

@@ -106,9 +106,14 @@ class Tape:
 
     Reentrant (enter it again to record more) and repeatable (``backward`` again after `zero`).
     Nested tapes: only the innermost records.
+
+    `deterministic=True` runs the adjoint of every launch recorded on this tape serially, in thread
+    order, so gradients accumulated with atomics are the same bits on every run (and the same as any
+    other run doing the same launches). It costs the adjoints' multithreading.
     """
 
-    def __init__(self):
+    def __init__(self, deterministic: bool = False):
+        self.deterministic = deterministic
         self._ops: list[RecordedOp] = []
         self._reads: dict[int, _ReadRecord] = {}     # id of the array's storage -> record
         self._touched: dict[int, "array"] = {}       # id(array) -> array, for zero() and gradients
