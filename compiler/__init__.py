@@ -7,7 +7,7 @@ __version__ = "0.1.0"
 from . import autograd
 from .builtins import BUILTINS as _BUILTINS
 from .errors import CompileError, OverwriteError
-from .func import func
+from .func import adjoint, func, func_grad, func_native, func_replay
 from .kernel import Kernel, kernel
 from .launch import LaunchError, launch
 from .runtime.array import (array, clone, copy, empty, empty_like, full, full_like, ones, ones_like, zeros,
@@ -19,7 +19,7 @@ from .types import (bool_, float32, float64, int32, int64, mat22, mat33, mat44, 
 globals().update(_BUILTINS)
 
 __all__ = [
-    "kernel", "func", "launch", "Kernel", "LaunchError", "Tape", "CompileError", "OverwriteError", "autograd",
+    "kernel", "func", "func_grad", "func_replay", "func_native", "adjoint", "launch", "Kernel", "LaunchError", "Tape", "CompileError", "OverwriteError", "autograd",
     "array", "zeros", "ones", "full", "empty", "zeros_like", "ones_like", "full_like", "empty_like", "clone", "copy",
     "float32", "float64", "int32", "int64", "bool_", "vec2", "vec3", "vec4", "mat22", "mat33", "mat44",
     "vector", "matrix", *_BUILTINS,

@@ -76,6 +76,10 @@ class _Sweep:
                 continue
             if isinstance(s, ir.If):
                 out.append(ir.If(s.cond, tuple(self.replay(s.then, push)), tuple(self.replay(s.orelse, push)), s.loc))
+            elif isinstance(s, ir.CustomAdjoint):
+                out.extend(self.replay(s.body, push=False))    # its reverse is the user's: pops nothing
+            elif isinstance(s, ir.CustomReplay):
+                out.extend(self.replay(s.replay, push))
             elif isinstance(s, ir.Loop):
                 out.extend(self._replay_loop(s, push))
             else:
@@ -238,8 +242,21 @@ class _Sweep:
         body += self.reverse(loop.body)
         self.emit(ir.ReverseLoop(index, count, tuple(body), loc))
 
-    def rev_Atomic_unused(self):
-        pass
+    def rev_CustomReplay(self, s: ir.CustomReplay):
+        self.out.extend(self.reverse(s.replay))
+
+    def rev_CustomAdjoint(self, s: ir.CustomAdjoint):
+        for out, var in zip(s.outputs, s.adj_outputs):
+            self.emit(ir.Assign(var, self.take(out) if out.id in self.touched else ir.Const(0, var.type), s.loc))
+        for var in s.adj_inputs:
+            if var is not None:
+                self.emit(ir.Assign(var, ir.Const(0, var.type), s.loc))
+        self.out.extend(s.reverse)
+        for x, var in zip(s.inputs, s.adj_inputs):
+            if var is not None:
+                total = ir.Temp(var.type)
+                self.emit(ir.ReadVar(total, var, s.loc))
+                self.accum(x, total)
 
 
 __all__ = ["adjoint_function", "AdjointUnsupported", "is_reverse_mark", "differentiable", "bool_", "ScalarType"]

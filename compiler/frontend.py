@@ -19,6 +19,7 @@ from .builtins import OPS, cast_op
 from .errors import CompileError
 from .frontend_calls import CallLowering
 from .func import Source
+from .func import adjoint as adjoint_marker
 from .runtime.array import array as array_class
 from .typing_rules import TypeRuleError
 from .types import (ArrayType, MatrixType, ScalarType, VectorType, as_dtype, bool_, float32, int32, int64)
@@ -308,6 +309,10 @@ class Frontend(CallLowering):
         if op is None:
             self.error(st, f"operator {type(st.op).__name__} is not supported")
         t = st.target
+        if isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name) and op == "add" \
+                and self._is_python_path(t.value) and self._resolve_attr(t.value, quiet=True) is adjoint_marker:
+            self.accumulate_adjoint(t, st.value, st)
+            return
         if isinstance(t, ast.Subscript):
             base = self.expr(t.value)
             if isinstance(base, ir.ArrayRef) and op in ("add", "sub"):

@@ -146,6 +146,88 @@ class CallLowering:
         return None
 
     def call_func(self, func: Func, args, node):
+        if func.native is not None:
+            return self.call_native(func, args, node)
+        if func.grad is None and func.replay is None:
+            return self._inline(func, args, node)
+        loc = self.loc(node)
+        body = self._block()
+        with body:
+            values = self._inline(func, args, node)
+        outs = values if isinstance(values, tuple) else (values,) if values is not None else ()
+        if func.replay is not None:
+            # Both bodies set the same result Vars, so the code after the call reads one value.
+            results = [ir.Var("replayed", v.type) for v in outs]
+            with body:
+                for var, v in zip(results, outs):
+                    self.emit(ir.Assign(var, v, loc))
+            replay = self._block()
+            with replay:
+                again = self._inline(func.replay, args, node)
+                again = again if isinstance(again, tuple) else (again,) if again is not None else ()
+                if [v.type for v in again] != [v.type for v in outs]:
+                    self.error(node, f"@func_replay of {func.__name__} returns {[str(v.type) for v in again]}, "
+                                     f"but {func.__name__} returns {[str(v.type) for v in outs]}")
+                for var, v in zip(results, again):
+                    self.emit(ir.Assign(var, v, loc))
+            wrapped = self._block()
+            with wrapped:
+                self.emit(ir.CustomReplay(tuple(body.stmts), tuple(replay.stmts), loc))
+                outs = tuple(self.read(v, loc) for v in results)
+            if func.grad is None:
+                for stmt in wrapped.stmts:
+                    self.emit(stmt)
+                return outs if len(outs) > 1 else (outs[0] if outs else None)
+            body = wrapped
+        return self._custom_adjoint(func, args, outs, tuple(body.stmts), node)
+
+    def _custom_adjoint(self, func, args, outs, body, node):
+        grad = func.grad
+        src = grad.source
+        params = src.tree.args.args
+        if len(params) != len(args) + len(outs):
+            self.error(node, f"@func_grad of {func.__name__} must take {len(args)} input(s) and {len(outs)} output "
+                             f"adjoint(s), but takes {len(params)} arguments")
+        loc = self.loc(node)
+        caller = self.scope
+        scope = type(caller)(src, namespace_of(grad.fn), grad.__name__)
+        adj_inputs, adj_outputs = [], []
+        reverse = self._block()
+        with reverse:
+            for p, a in zip(params, args):
+                if isinstance(a, ir.ArrayRef):
+                    scope.locals[p.arg] = a
+                    adj_inputs.append(None)
+                    continue
+                var = ir.Var(p.arg, a.type)
+                self.emit(ir.Assign(var, a, loc))
+                scope.locals[p.arg] = var
+                adj_inputs.append(ir.Var("adj_" + p.arg, a.type) if _differentiable(a.type) else None)
+            for p, out in zip(params[len(args):], outs):
+                var = ir.Var(p.arg, out.type)
+                scope.locals[p.arg] = var
+                adj_outputs.append(var)
+            scope.adjoint_targets = {p.arg: v for p, v in zip(params, adj_inputs) if v is not None}
+            self.scope = scope
+            self.call_stack.append(grad)
+            try:
+                self._function_body(src.tree.body, is_kernel=False)
+            finally:
+                self.call_stack.pop()
+                self.scope = caller
+        self.emit(ir.CustomAdjoint(body, tuple(args), tuple(outs), tuple(adj_inputs), tuple(adj_outputs),
+                                   tuple(reverse.stmts), loc))
+        return outs if len(outs) > 1 else (outs[0] if outs else None)
+
+    def call_native(self, func, args, node):
+        from .native import native_op
+        try:
+            name = native_op(func)
+        except ValueError as e:
+            self.error(node, str(e))
+        return self.op(name, args, node)
+
+    def _inline(self, func: Func, args, node):
         if func in self.call_stack:
             chain = " -> ".join(f.__name__ for f in self.call_stack + [func])
             self.error(node, f"recursive call of @func {func.__name__} ({chain})",
@@ -170,7 +252,7 @@ class CallLowering:
                 continue
             if isinstance(t, ArrayType):
                 self.error(a_node, f"argument '{p.arg}' of {func.__name__}() expects an array")
-            t = t or (a.type if not (isinstance(a, ir.Const) and a.weak) else a.type)
+            t = t or a.type
             var = ir.Var(p.arg, t)
             self.emit(ir.Assign(var, self.convert(a, t, a_node, p.arg), self.loc(node)))
             bindings[p.arg] = var
@@ -187,6 +269,25 @@ class CallLowering:
         loc = self.loc(node)
         values = tuple(self.read(v, loc) for v in callee_scope.results)
         return values if len(values) > 1 else values[0]
+
+    def accumulate_adjoint(self, target, value_node, st):
+        """`adjoint[x] += value` in a @func_grad body."""
+        targets = getattr(self.scope, "adjoint_targets", None)
+        if targets is None:
+            self.error(st, "adjoint[...] is only available inside a @func_grad function")
+        key = target.slice
+        if not (isinstance(key, ast.Name) and key.id in targets):
+            names = ", ".join(sorted(targets)) or "none"
+            self.error(target, f"adjoint[...] takes the name of a differentiable input (here: {names})")
+        var = targets[key.id]
+        current = self.read(var, self.loc(st))
+        total = self.op("add", [current, self.expr(value_node)], st)
+        self.emit(ir.Assign(var, total, self.loc(st)))
+
+
+def _differentiable(t) -> bool:
+    from .typing_rules import scalar_of
+    return scalar_of(t).is_float
 
 
 def _hashable(x) -> bool:

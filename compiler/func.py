@@ -47,8 +47,11 @@ class Source:
 class Func:
     """A device function (`@func`): inlined at each call site of a kernel or another func."""
 
-    def __init__(self, fn):
+    def __init__(self, fn, native: "NativeSource | None" = None):
         self.fn = fn
+        self.native = native
+        self.grad: Func | None = None       # set by @func_grad(self)
+        self.replay: Func | None = None     # set by @func_replay(self)
         self.__name__ = fn.__name__
         self.__qualname__ = fn.__qualname__
         self.__doc__ = fn.__doc__
@@ -78,3 +81,70 @@ def func(fn) -> Func:
             return -k * x
     """
     return Func(fn)
+
+
+@dataclass(frozen=True)
+class NativeSource:
+    snippet: str
+    adj_snippet: str | None
+    filename: str
+    lineno: int          # the decorator's line: compiler errors in the snippet point here
+
+
+def func_grad(f: Func):
+    """Replace the generated adjoint of `f` with your own.
+
+    The decorated function takes f's inputs followed by the adjoints of f's outputs and adds to
+    the inputs' adjoints with ``adjoint[x] += ...``::
+
+        @stepper.func_grad(safe_sqrt)
+        def adj_safe_sqrt(x: float, adj_ret: float):
+            adjoint[x] += adj_ret * 0.5 / stepper.max(stepper.sqrt(x), 1e-6)
+    """
+    _expect_func(f, "func_grad")
+
+    def register(g):
+        f.grad = Func(g)
+        return f.grad
+    return register
+
+
+def func_replay(f: Func):
+    """What runs in place of `f` when the adjoint kernel replays the forward: use it for functions
+    with side effects (atomics, counters) whose results the replay must read back, not redo."""
+    _expect_func(f, "func_replay")
+
+    def register(g):
+        f.replay = Func(g)
+        return f.replay
+    return register
+
+
+def func_native(snippet: str, adj_snippet: str | None = None):
+    """A device function written in C++ (CPU) / CUDA (GPU): `snippet` is its body, its arguments
+    are the decorated function's (annotated) arguments, and it returns the annotated type.
+    `adj_snippet` is the body of its adjoint: it reads the arguments and ``adj_ret`` (the output's
+    adjoint) and adds to ``adj_<arg>`` for each argument. Without it, no gradient flows through."""
+    frame = inspect.stack()[1]
+
+    def register(fn):
+        return Func(fn, NativeSource(snippet, adj_snippet, frame.filename, frame.lineno))
+    return register
+
+
+def _expect_func(f, name):
+    if not isinstance(f, Func):
+        raise TypeError(f"@{name}(f) expects a @func, got {f!r}")
+
+
+class _AdjointMarker:
+    """`adjoint[x] += value` inside a @func_grad body adds to the adjoint of input x."""
+
+    def __getitem__(self, key):
+        raise RuntimeError("adjoint[...] can only be used inside a @func_grad function")
+
+    def __repr__(self) -> str:
+        return "<adjoint>"
+
+
+adjoint = _AdjointMarker()

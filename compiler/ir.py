@@ -227,7 +227,30 @@ class ReadGrad:
     loc: Loc
 
 
-Stmt = Union[Op, ReadVar, Assign, ReadParam, ThreadIndex, ArrayDim, Load, Store, Atomic, Print, If, Loop,
+@dataclass(frozen=True)
+class CustomAdjoint:
+    """A call of a @func with a user adjoint (@func_grad). The forward runs `body`; the reverse
+    sweep sets `adj_outputs` from the adjoints of `outputs`, zeroes `adj_inputs`, runs `reverse`
+    (the user's adjoint, itself forward IR) and adds `adj_inputs` to the adjoints of `inputs`."""
+    body: tuple
+    inputs: tuple[Operand, ...]
+    outputs: tuple[Temp, ...]
+    adj_inputs: tuple[Var | None, ...]
+    adj_outputs: tuple[Var, ...]
+    reverse: tuple
+    loc: Loc
+
+
+@dataclass(frozen=True)
+class CustomReplay:
+    """A call of a @func with a @func_replay: the forward runs `body`, the adjoint's replay (and its
+    reverse sweep) use `replay`, which computes the same result Vars without the side effects."""
+    body: tuple
+    replay: tuple
+    loc: Loc
+
+
+Stmt = Union[CustomAdjoint, CustomReplay, Op, ReadVar, Assign, ReadParam, ThreadIndex, ArrayDim, Load, Store, Atomic, Print, If, Loop,
              ReverseLoop, Push, Pop, AccumGrad, ReadGrad]
 
 
@@ -249,6 +272,12 @@ def walk(body):
             yield from walk(s.orelse)
         elif isinstance(s, (Loop, ReverseLoop)):
             yield from walk(s.body)
+        elif isinstance(s, CustomAdjoint):
+            yield from walk(s.body)
+            yield from walk(s.reverse)
+        elif isinstance(s, CustomReplay):
+            yield from walk(s.body)
+            yield from walk(s.replay)
 
 
 def defined_temps(s) -> tuple[Temp, ...]:

@@ -29,14 +29,31 @@ class ArgumentUse:
     reads: bool = False
     stores: bool = False          # plain `a[i] = v`
     accumulates: bool = False     # `a[i] += v`, atomics
+    adjoint_reads: bool = False   # read by @func_replay / @func_grad code only
     first_store: ir.Loc | None = None
 
 
+def _forward_walk(body):
+    """Statements the forward executes (not the replacement code that only the adjoint runs)."""
+    for s in body:
+        yield s
+        if isinstance(s, ir.If):
+            yield from _forward_walk(s.then)
+            yield from _forward_walk(s.orelse)
+        elif isinstance(s, (ir.Loop, ir.CustomAdjoint, ir.CustomReplay)):
+            yield from _forward_walk(s.body)
+
+
 def argument_uses(fn: ir.Function) -> dict[str, ArgumentUse]:
+    """Reads, stores and accumulations of each array argument by the forward. Reads made only by
+    the adjoint's replacement code (@func_replay, @func_grad) count as reads, not as conflicts."""
     uses = {p.name: ArgumentUse() for p in fn.params if isinstance(p.type, ArrayType)}
     used = {a.id for s in ir.walk(fn.body) for a in ir.used_operands(s) if isinstance(a, ir.Temp)}
+    forward = {id(s) for s in _forward_walk(fn.body)}
     for s in ir.walk(fn.body):
-        if isinstance(s, ir.Load):
+        if isinstance(s, ir.Load) and id(s) not in forward:
+            uses[s.array.param.name].adjoint_reads = True
+        elif isinstance(s, ir.Load):
             uses[s.array.param.name].reads = True
         elif isinstance(s, ir.Store):
             u = uses[s.array.param.name]

@@ -134,7 +134,7 @@ def launch(kernel: Kernel, dim, inputs=(), outputs=(), device=None, debug: bool 
     if deterministic is None:
         deterministic = tape is not None and tape.deterministic
     if tape is not None:
-        _record(tape, kernel, compiled, sig, args, dims, buffer, debug, deterministic)
+        _record(tape, kernel, compiled, sig, args, dims, buffer, debug, deterministic, device)
     module = kernel.entry(debug)
     module.function(compiled.forward.name, adjoint=False)(buffer, int(deterministic))
     _raise_if_out_of_bounds(module, kernel)
@@ -155,7 +155,7 @@ def _raise_if_out_of_bounds(module, kernel):
                      "(first failure shown; checked because debug=True)")
 
 
-def _record(tape, kernel, compiled, sig, args, dims, buffer, debug, deterministic):
+def _record(tape, kernel, compiled, sig, args, dims, buffer, debug, deterministic, device):
     named = {p.name: a for p, a in zip(sig.params, args) if isinstance(a, array)}
     uses = compiled.uses
     for name, use in uses.items():
@@ -171,11 +171,13 @@ def _record(tape, kernel, compiled, sig, args, dims, buffer, debug, deterministi
                              "Launch it outside the Tape, or give the function a custom replay.")
     op = RecordedOp(
         name=f"launch of kernel '{kernel.__name__}'",
-        reads={n: named[n] for n, u in uses.items() if u.reads and n in named},
+        # A @func_replay reading back what this launch stored is the intended pattern, not a conflict.
+        reads={n: named[n] for n, u in uses.items() if (u.reads or u.adjoint_reads and not u.stores) and n in named},
         writes={n: named[n] for n, u in uses.items() if u.stores and n in named},
         accumulates={n: named[n] for n, u in uses.items() if u.accumulates and n in named},
         backward=lambda: _run_adjoint(kernel, compiled, sig, args, dims, buffer, debug, deterministic),
         where=caller_location(),
+        launch=(kernel, dims, list(args), device),
     )
     tape.record(op)
 

@@ -42,3 +42,9 @@ def _block(body, defined: set[int], where: str, single: bool):
             _block(s.orelse, defined, where, single)
         elif isinstance(s, (ir.Loop, ir.ReverseLoop)):
             _block(s.body, defined, where, single)
+        elif isinstance(s, ir.CustomAdjoint):
+            _block(s.body, defined, where, single)
+            _block(s.reverse, defined, where, single)
+        elif isinstance(s, ir.CustomReplay):
+            _block(s.body, defined, where, single)
+            _block(s.replay, defined, where, single)

@@ -135,8 +135,15 @@ class FunctionEmitter:
                   f"else {{ report_out_of_bounds({site}, {_index_list(indices, self.x)}); }}")
 
     def s_Op(self, s):
-        name = OPS[s.op].c_name
-        self.line(f"{s.out.name} = sp::{name}({', '.join(self.x(a) for a in s.args)});")
+        opdef = OPS[s.op]
+        qualified = opdef.c_name if opdef.definition is not None else "sp::" + opdef.c_name
+        self.line(f"{s.out.name} = {qualified}({', '.join(self.x(a) for a in s.args)});")
+
+    def s_CustomAdjoint(self, s):
+        self.block(s.body)
+
+    def s_CustomReplay(self, s):
+        self.block(s.body)
 
     def s_ReadVar(self, s):
         self.line(f"{s.out.name} = {s.var.name};")

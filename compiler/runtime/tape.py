@@ -48,6 +48,7 @@ class RecordedOp:
     accumulates: dict[str, "array"]         # argument name -> array the op only accumulates into
     backward: Callable[[], None]            # runs the adjoint; accumulates into .grad of the arrays
     where: str = ""                         # "file.py:42" of the user's call, for messages
+    launch: tuple | None = None             # (kernel, dim, args, device) of a kernel launch, to re-launch it
 
 
 _local = threading.local()   # per thread: the stack of tapes in `with` blocks, innermost last
