@@ -1,15 +1,33 @@
 """Target tables: what differs between the CPU and CUDA renderings of the same emitted body.
 
-A module is the forward and adjoint of every kernel of one Python module. Entry points take one
-packed argument buffer (launch_t header + argument slots, see emit.arg_offsets) so a launch is a
-single foreign call.
+A module is the forward and adjoint of every kernel of one Python module. Both targets render each
+kernel's thread body with the same `FunctionEmitter`; a `Target` only says how that body is
+qualified and how the entry points around it iterate over the launch (an OpenMP loop on the CPU,
+a grid-stride loop on the GPU) and report errors.
+
+Entry points take one packed argument buffer (launch_t header + argument slots, see
+emit.arg_offsets):
+- CPU: a pointer to it, so a launch is a single foreign call.
+- CUDA: the buffer itself, by value, as a `__grid_constant__` kernel parameter of a struct type of
+  exactly the buffer's size. The driver copies the parameter bytes into the launch (no device
+  allocation and no host-to-device copy per launch; parameters are limited to 4 KiB, or 32 KiB
+  from CUDA 12.1 on Volta and newer), and `__grid_constant__` lets the thread body read slots
+  through a pointer without copying the struct to local memory.
+
+Errors on CUDA live in `extern "C" __device__` globals that the host reads with cuModuleGetGlobal:
+`sp_error_site`/`sp_error_index` (first out-of-bounds access in debug mode, as on the CPU),
+`sp_tape_overflow` (the adjoint tape was too small) and `sp_tape_words` (the counting pass's
+maximum words per thread).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from .. import ir
-from .emit import FunctionEmitter
+from ..builtins import OPS
+from .emit import FunctionEmitter, arg_offsets, slot_size
+
+LAUNCH_HEADER_SIZE = 40      # sizeof(launch_t): n, dim[4]
 
 CPU_HEADER = """#include "prelude.h"
 extern "C" { int sp_error_site = -1; long long sp_error_index[4] = {0, 0, 0, 0}; }
@@ -21,8 +39,24 @@ static void report_out_of_bounds(int site, int64_t i, int64_t j, int64_t k, int6
 }
 """
 
+CUDA_HEADER = """#include "prelude.h"
+extern "C" {
+__device__ int sp_error_site = -1;
+__device__ long long sp_error_index[4] = {0, 0, 0, 0};
+__device__ int sp_tape_overflow = 0;
+__device__ unsigned long long sp_tape_words = 0;
+}
+static __device__ void report_out_of_bounds(int site, int64_t i, int64_t j, int64_t k, int64_t l) {
+    if (atomicCAS(&sp_error_site, -1, site) == -1) {
+        sp_error_index[0] = i; sp_error_index[1] = j; sp_error_index[2] = k; sp_error_index[3] = l;
+    }
+}
+"""
+
 # Below this many threads OpenMP's fork/join costs more than the work.
 PARALLEL_THRESHOLD = 4096
+# Threads per CUDA block; the launcher must use the same number (`__launch_bounds__`).
+CUDA_BLOCK_SIZE = 256
 
 
 @dataclass
@@ -31,53 +65,32 @@ class RenderedModule:
     sites: list          # (kernel name, array name, Loc) for each bounds-checked access
 
 
-def render_cpu(kernels: list[tuple[ir.Function, ir.Function | None]], debug: bool) -> RenderedModule:
-    sites: list = []
-    parts = [CPU_HEADER]
-    for forward, adjoint in kernels:
-        parts.append(_cpu_forward(forward, debug, sites))
-        if adjoint is not None:
-            parts.append(_cpu_adjoint(adjoint, debug, sites))
-    return RenderedModule("\n".join(parts), sites)
+@dataclass(frozen=True)
+class Target:
+    """How one target wraps the shared thread bodies. Templates see {name} (the IR function's name),
+    {size} (the packed buffer's bytes) and the module constants."""
+    header: str
+    thread_qualifier: str
+    forward_entry: str
+    adjoint_entry: str
 
 
-def _thread_function(fn: ir.Function, debug, sites, signature: str, adjoint: bool) -> str:
-    em = FunctionEmitter(fn, debug=debug, sites=sites)
-    lines = [signature + " {"]
-    lines += em.params(adjoint)
-    lines += em.thread_indices()
-    lines += em.declarations()
-    lines += em.body()
-    lines.append("}")
-    return "\n".join(lines)
-
-
-def _cpu_forward(fn: ir.Function, debug, sites) -> str:
-    name = fn.name
-    body = _thread_function(fn, debug, sites,
-                            f"static void {name}_thread(int64_t flat_, const launch_t& L, const char* args)", False)
-    return f"""{body}
-extern "C" void {name}_forward(const char* buf, int serial) {{
+CPU = Target(
+    header=CPU_HEADER,
+    thread_qualifier="static",
+    forward_entry="""extern "C" void {name}_forward(const char* buf, int serial) {{
     const launch_t& L = *(const launch_t*)buf;
     const char* args = buf + sizeof(launch_t);
-    #pragma omp parallel for schedule(static) if (L.n >= {PARALLEL_THRESHOLD} && !serial)
+    #pragma omp parallel for schedule(static) if (L.n >= {threshold} && !serial)
     for (int64_t t = 0; t < L.n; ++t) {name}_thread(t, L, args);
 }}
-"""
-
-
-def _cpu_adjoint(fn: ir.Function, debug, sites) -> str:
-    name = fn.name
-    body = _thread_function(fn, debug, sites,
-                            f"static void {name}_thread(int64_t flat_, const launch_t& L, const char* args, "
-                            "const char* adj_args, sp::tape_t& tp)", True)
-    return f"""{body}
-extern "C" int {name}(const char* buf, const char* adj_args, uint64_t* tape, int64_t capacity, int count_only,
+""",
+    adjoint_entry="""extern "C" int {name}(const char* buf, const char* adj_args, uint64_t* tape, int64_t capacity, int count_only,
                       int64_t* counts, int serial) {{
     const launch_t& L = *(const launch_t*)buf;
     const char* args = buf + sizeof(launch_t);
     int overflow = 0;
-    #pragma omp parallel for schedule(static) reduction(|:overflow) if (L.n >= {PARALLEL_THRESHOLD} && !serial)
+    #pragma omp parallel for schedule(static) reduction(|:overflow) if (L.n >= {threshold} && !serial)
     for (int64_t t = 0; t < L.n; ++t) {{
         sp::tape_t tp = {{tape + t, L.n, 0, capacity, count_only, 0}};
         {name}_thread(t, L, args, adj_args + sizeof(launch_t), tp);
@@ -86,4 +99,94 @@ extern "C" int {name}(const char* buf, const char* adj_args, uint64_t* tape, int
     }}
     return overflow;
 }}
-"""
+""",
+)
+
+# Deterministic (serial) launches on the GPU use one block of one thread: the grid-stride loop then
+# visits the threads in index order, like the CPU's serial flag.
+_GRID_STRIDE = ("for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < L.n; "
+                "t += (int64_t)blockDim.x * gridDim.x)")
+
+CUDA = Target(
+    header=CUDA_HEADER,
+    thread_qualifier="static __device__",
+    forward_entry="""struct __align__(8) {name}_buf_t {{ char bytes[{size}]; }};
+extern "C" __global__ void __launch_bounds__({block}) {name}_forward(const __grid_constant__ {name}_buf_t buf) {{
+    const launch_t& L = *(const launch_t*)buf.bytes;
+    const char* args = buf.bytes + sizeof(launch_t);
+    """ + _GRID_STRIDE + """ {name}_thread(t, L, args);
+}}
+""",
+    # counts (optional, device memory) gets each thread's words in the counting pass; the maximum
+    # also lands in sp_tape_words so the host need not reduce n counts.
+    adjoint_entry="""struct __align__(8) {name}_buf_t {{ char bytes[{size}]; }};
+extern "C" __global__ void __launch_bounds__({block}) {name}(const __grid_constant__ {name}_buf_t buf,
+        const __grid_constant__ {name}_buf_t adj_buf, uint64_t* tape, int64_t capacity, int count_only,
+        int64_t* counts) {{
+    const launch_t& L = *(const launch_t*)buf.bytes;
+    const char* args = buf.bytes + sizeof(launch_t);
+    const char* adj_args = adj_buf.bytes + sizeof(launch_t);
+    """ + _GRID_STRIDE + """ {{
+        sp::tape_t tp = {{tape + t, L.n, 0, capacity, count_only, 0}};
+        {name}_thread(t, L, args, adj_args, tp);
+        if (count_only) {{
+            if (counts) counts[t] = tp.pos;
+            atomicMax(&sp_tape_words, (unsigned long long)tp.pos);
+        }}
+        if (tp.overflow) sp_tape_overflow = 1;
+    }}
+}}
+""",
+)
+
+
+def native_definitions(functions) -> str:
+    """C++ definitions of the @func_native ops the functions use, each once."""
+    seen = {}
+    for fn in functions:
+        for s in ir.walk(fn.body):
+            if isinstance(s, ir.Op) and OPS[s.op].definition:
+                seen.setdefault(s.op, OPS[s.op].definition)
+    return "\n".join(seen.values())
+
+
+def render(kernels: list[tuple[ir.Function, ir.Function | None]], debug: bool, target: Target) -> RenderedModule:
+    """The source of one module for `target`: each kernel's forward and (if any) adjoint entry."""
+    sites: list = []
+    parts = [target.header, native_definitions([f for pair in kernels for f in pair if f is not None])]
+    for forward, adjoint in kernels:
+        parts.append(_kernel(forward, debug, sites, target, adjoint=False))
+        if adjoint is not None:
+            parts.append(_kernel(adjoint, debug, sites, target, adjoint=True))
+    return RenderedModule("\n".join(parts), sites)
+
+
+def render_cpu(kernels: list[tuple[ir.Function, ir.Function | None]], debug: bool) -> RenderedModule:
+    return render(kernels, debug, CPU)
+
+
+def render_cuda(kernels: list[tuple[ir.Function, ir.Function | None]], debug: bool) -> RenderedModule:
+    """CUDA C++ for NVRTC (with prelude.h as a header). Compile with `--fmad=false` so float results
+    match the CPU build's -ffp-contract=off; launch blocks of CUDA_BLOCK_SIZE threads."""
+    return render(kernels, debug, CUDA)
+
+
+def buffer_size(params) -> int:
+    """Bytes of the packed buffer of a kernel with these parameters: launch_t, then the slots."""
+    offsets = arg_offsets(params)
+    return LAUNCH_HEADER_SIZE + (offsets[-1] + slot_size(params[-1].type) if params else 0)
+
+
+def _kernel(fn: ir.Function, debug, sites, target: Target, adjoint: bool) -> str:
+    signature = (f"{target.thread_qualifier} void {fn.name}_thread(int64_t flat_, const launch_t& L, "
+                 f"const char* args{', const char* adj_args, sp::tape_t& tp' if adjoint else ''})")
+    em = FunctionEmitter(fn, debug=debug, sites=sites)
+    lines = [signature + " {"]
+    lines += em.params(adjoint)
+    lines += em.thread_indices()
+    lines += em.declarations()
+    lines += em.body()
+    lines.append("}")
+    entry = (target.adjoint_entry if adjoint else target.forward_entry).format(
+        name=fn.name, size=buffer_size(fn.params), threshold=PARALLEL_THRESHOLD, block=CUDA_BLOCK_SIZE)
+    return "\n".join(lines) + "\n" + entry
