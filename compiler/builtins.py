@@ -11,7 +11,7 @@ them in a kernel's namespace and emits the op; calling them from plain Python is
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Callable
 
@@ -25,6 +25,7 @@ class OpDef:
     typing: Callable
     c_name: str
     adjoint: Callable | None = None
+    definition: str | None = None     # C++ source the op needs in its module (native functions)
 
 
 OPS: dict[str, OpDef] = {}
@@ -37,7 +38,7 @@ def defop(name, typing, c_name=None):
 def adjoint(*names):
     def register(rule):
         for n in names:
-            OPS[n] = OpDef(OPS[n].name, OPS[n].typing, OPS[n].c_name, rule)
+            OPS[n] = replace(OPS[n], adjoint=rule)
         return rule
     return register
 
@@ -107,7 +108,7 @@ def _(b, g, out, x, y):
 def _(b, g, out, x, y):
     if scalar_is_float(x):
         b.accum(x, g)
-        b.accum(y, b.op("neg", b.op("mul", g, b.op("floor", b.op("div", x, y)))))
+        b.accum(y, b.op("neg", b.op("mul", g, b.op("floordiv", x, y))))
 
 
 @adjoint("pow")
@@ -169,7 +170,7 @@ _unary("atan", lambda b, out, x: b.op("div", b.const(1, x.type), b.op("add", b.c
 @adjoint("abs")
 def _(b, g, out, x):
     if scalar_is_float(x):
-        b.accum(x, b.op("mul", g, b.op("sign", x)))
+        b.accum(x, b.op("cw_mul", g, b.op("sign", x)))        # cw_mul: abs() also takes vectors
 
 
 @adjoint("atan2")
@@ -267,7 +268,8 @@ def _construct_typing(target, name, types, weaks):
 def construct_op(target) -> str:
     name = f"make_{target.name}"
     if name not in OPS:
-        OPS[name] = OpDef(name, partial(_construct_typing, target, name), target.ctype, _construct_adjoint)
+        OPS[name] = OpDef(name, partial(_construct_typing, target, name), f"construct<{target.ctype}>",
+                          _construct_adjoint)
     return name
 
 
