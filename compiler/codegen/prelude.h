@@ -14,6 +14,7 @@ typedef unsigned int uint32_t;
 typedef long long int64_t;
 typedef unsigned long long uint64_t;
 extern "C" __device__ int printf(const char*, ...);
+#define SP_MEMCPY memcpy         // a device builtin under NVRTC, no header needed
 #else
 #include <cmath>
 #include <cstdint>
@@ -21,6 +22,7 @@ extern "C" __device__ int printf(const char*, ...);
 #include <cstring>
 #define SP_FUNC static inline
 #define SP_MEMBER inline
+#define SP_MEMCPY __builtin_memcpy
 #endif
 
 template <int N, typename T>
@@ -247,9 +249,9 @@ SP_FUNC int64_t atomic_min_at(int64_t* p, int64_t v) { return atomicMin((long lo
 SP_FUNC int64_t atomic_max_at(int64_t* p, int64_t v) { return atomicMax((long long*)p, (long long)v); }
 template <typename T, typename U, typename F> SP_FUNC T atomic_cas_loop(T* p, T v, F f) {
     U* u = (U*)p; U old = *u, assumed;
-    do { assumed = old; T cur; __builtin_memcpy(&cur, &assumed, sizeof(T)); T nv = f(cur, v); U nu; __builtin_memcpy(&nu, &nv, sizeof(T));
+    do { assumed = old; T cur; SP_MEMCPY(&cur, &assumed, sizeof(T)); T nv = f(cur, v); U nu; SP_MEMCPY(&nu, &nv, sizeof(T));
          old = atomicCAS(u, assumed, nu); } while (old != assumed);
-    T r; __builtin_memcpy(&r, &old, sizeof(T)); return r; }
+    T r; SP_MEMCPY(&r, &old, sizeof(T)); return r; }
 #else
 template <typename T> SP_FUNC T atomic_add_at(T* p, T v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
 template <typename T, typename U, typename F> SP_FUNC T atomic_cas_loop(T* p, T v, F f) {
@@ -290,7 +292,7 @@ template <typename T> SP_FUNC void push(tape_t& tp, const T& v) {
     const int W = (sizeof(T) + 7) / 8;
     if (tp.count_only) { tp.pos += W; return; }
     if (tp.pos + W > tp.capacity) { tp.overflow = 1; return; }
-    uint64_t w[W] = {}; __builtin_memcpy(w, &v, sizeof(T));
+    uint64_t w[W] = {}; SP_MEMCPY(w, &v, sizeof(T));
     for (int k = 0; k < W; ++k) tp.base[(tp.pos + k) * tp.stride] = w[k];
     tp.pos += W; }
 template <typename T> SP_FUNC void pop(tape_t& tp, T& v) {
@@ -298,6 +300,6 @@ template <typename T> SP_FUNC void pop(tape_t& tp, T& v) {
     if (tp.overflow || tp.pos < W) { tp.overflow = 1; return; }
     tp.pos -= W; uint64_t w[W];
     for (int k = 0; k < W; ++k) w[k] = tp.base[(tp.pos + k) * tp.stride];
-    __builtin_memcpy(&v, w, sizeof(T)); }
+    SP_MEMCPY(&v, w, sizeof(T)); }
 
 }  // namespace sp
