@@ -14,7 +14,7 @@ from pathlib import Path
 from . import ir
 from .adjoint import AdjointUnsupported, adjoint_function
 from .backends import build_cpu_library, load_cpu_library
-from .codegen.targets import render_cpu
+from .codegen.targets import render_cpu, render_cuda
 from .frontend import Frontend
 from .frontend_calls import namespace_of
 from .types import ArrayType
@@ -136,7 +136,9 @@ class KernelModule:
     def index_of(self, kernel: Kernel) -> int:
         return self.kernels.index(kernel)
 
-    def render(self, debug: bool):
+    def render(self, debug: bool, target: str = "cpu"):
+        """The module's source for `target` ("cpu": C++ for the system compiler, "cuda": CUDA C++
+        for NVRTC)."""
         # A kernel that does not compile raises when it is launched; it must not break its neighbours.
         ready = []
         for k in self.kernels:
@@ -144,7 +146,8 @@ class KernelModule:
                 ready.append(k.compiled())
             except Exception:
                 continue
-        return render_cpu([(c.forward, c.adjoint) for c in ready], debug)
+        render = {"cpu": render_cpu, "cuda": render_cuda}[target]
+        return render([(c.forward, c.adjoint) for c in ready], debug)
 
     def library(self, debug: bool):
         if debug not in self._libraries:
