@@ -55,8 +55,8 @@ def native_op(func: Func) -> str:
             raise TypeRuleError(f"{func.__name__}() takes {len(want)} argument(s), got {len(types)}")
         return want, ret
 
-    definition = (f'#line {src.lineno} "{src.filename}"\n'
-                  f"SP_FUNC {ret.ctype} {name}({args}) {{\n{src.snippet}\n}}\n")
+    here = f'#line {src.lineno} "{src.filename}"\n'
+    definition = f"SP_FUNC {ret.ctype} {name}({args}) {{\n{here}{src.snippet}\n}}\n"
     rule = None
     if src.adj_snippet is not None:
         locals_ = "".join(f"    {t.ctype} adj_{n} = {t.ctype}();\n" for n, t in params)
@@ -64,9 +64,8 @@ def native_op(func: Func) -> str:
             if not scalar_of(ptype).is_float:
                 continue
             adj_name = f"{name}_adj{k}"
-            definition += (f'#line {src.lineno} "{src.filename}"\n'
-                           f"SP_FUNC {ptype.ctype} {adj_name}({args}, {ret.ctype} adj_ret) {{\n{locals_}"
-                           f"{{\n{src.adj_snippet}\n}}\n    return adj_{pname};\n}}\n")
+            definition += (f"SP_FUNC {ptype.ctype} {adj_name}({args}, {ret.ctype} adj_ret) {{\n{locals_}"
+                           f"{{\n{here}{src.adj_snippet}\n}}\n    return adj_{pname};\n}}\n")
             OPS[adj_name] = OpDef(adj_name, lambda ts, ws, t=ptype: ([p for _, p in params] + [ret], t), adj_name,
                                   definition="")   # defined with the main op
 

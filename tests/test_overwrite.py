@@ -1,0 +1,88 @@
+"""Overwrite safety: data the gradient still needs is never silently overwritten while a Tape records."""
+import re
+
+import numpy as np
+import pytest
+
+import compiler as sp
+
+
+@sp.kernel
+def square_then_reset(a: sp.array(dtype=float), b: sp.array(dtype=float)):
+    i = sp.tid()
+    b[i] = a[i] * a[i]
+    a[i] = 1.0
+
+
+@sp.kernel
+def square(a: sp.array(dtype=float), b: sp.array(dtype=float)):
+    i = sp.tid()
+    b[i] = a[i] * a[i]
+
+
+@sp.kernel
+def double(a: sp.array(dtype=float), b: sp.array(dtype=float)):
+    i = sp.tid()
+    b[i] = 2.0 * a[i]
+
+
+@sp.kernel
+def accumulate(a: sp.array(dtype=float), b: sp.array(dtype=float)):
+    i = sp.tid()
+    b[i] += a[i]
+    sp.atomic_add(b, 0, a[i])
+
+
+def _arrays(n=4):
+    return sp.array(np.arange(1, n + 1, dtype=np.float32), requires_grad=True), sp.zeros(n, requires_grad=True)
+
+
+def test_a_kernel_that_reads_and_overwrites_an_array_is_refused_naming_kernel_argument_and_line():
+    a, b = _arrays()
+    with pytest.raises(sp.OverwriteError) as e, sp.Tape():
+        sp.launch(square_then_reset, 4, inputs=[a], outputs=[b])
+    message = str(e.value)
+    assert "square_then_reset" in message and "'a'" in message
+    assert re.search(r"test_overwrite.py:14\b", message)      # the line of `a[i] = 1.0`
+    np.testing.assert_array_equal(a.numpy(), [1, 2, 3, 4])    # refused before running: nothing lost
+
+
+def test_the_same_kernel_runs_normally_outside_a_tape():
+    a, b = _arrays()
+    sp.launch(square_then_reset, 4, inputs=[a], outputs=[b])
+    np.testing.assert_array_equal(b.numpy(), [1, 4, 9, 16])
+    np.testing.assert_array_equal(a.numpy(), [1, 1, 1, 1])
+
+
+def test_overwriting_an_input_of_an_earlier_recorded_launch_names_both_launches():
+    a, b = _arrays()
+    c = sp.zeros(4, requires_grad=True)
+    with pytest.raises(sp.OverwriteError) as e, sp.Tape():
+        sp.launch(square, 4, inputs=[a], outputs=[b])
+        sp.launch(double, 4, inputs=[c], outputs=[a])        # overwrites a, which square read
+    message = str(e.value)
+    assert "square" in message and "double" in message and "'a'" in message
+
+
+def test_accumulation_and_write_before_read_are_not_overwrites():
+    a, b = _arrays()
+    c = sp.zeros(4, requires_grad=True)
+    tape = sp.Tape()
+    with tape:
+        sp.launch(double, 4, inputs=[a], outputs=[c])        # writes c before anyone read it
+        sp.launch(accumulate, 4, inputs=[c], outputs=[b])
+        sp.launch(accumulate, 4, inputs=[a], outputs=[b])    # accumulates into b again
+    tape.backward(grads={b: np.ones(4, np.float32)})
+    # Each accumulate adds x[i] to b[i] and to b[0]: with all seeds 1, x.grad = 2 per element.
+    # c = 2a contributes 2 * 2, the direct accumulate of a contributes 2.
+    np.testing.assert_array_equal(a.grad.numpy(), [6, 6, 6, 6])
+
+
+def test_changing_a_recorded_input_on_the_host_is_caught_at_backward():
+    a, b = _arrays()
+    tape = sp.Tape()
+    with tape:
+        sp.launch(square, 4, inputs=[a], outputs=[b])
+    a.fill_(5.0)
+    with pytest.raises(sp.OverwriteError, match="square"):
+        tape.backward(grads={b: np.ones(4, np.float32)})
