@@ -258,8 +258,8 @@ def _jacobian_fd(problem: _Problem, pairs, eps: float, max_inputs_per_var: int) 
                     x[c] = original + sign * h
                     values.append(float(x[c]))            # the value actually stored (float32 rounds)
                     problem.run()
-                    x[c] = original
                     values.append(problem.outputs_now())
+                    x[c] = original
                 (x_plus, f_plus, x_minus, f_minus) = values
                 order = [o.name for o in problem.outputs]
                 for o in outs:
