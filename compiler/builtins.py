@@ -52,7 +52,7 @@ defop("matmul", tr.matmul, "mul")
 defop("floordiv", lambda n, t, w: tr.same_shape_elementwise(n, t, w))
 defop("mod", lambda n, t, w: tr.same_shape_elementwise(n, t, w))
 defop("neg", tr.numeric_unary)
-defop("pow", tr.float_scalars)
+defop("pow", tr.power)
 
 
 @adjoint("add")

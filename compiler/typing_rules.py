@@ -96,6 +96,15 @@ def float_scalars(name, types, weaks):
     return [s] * len(types), s
 
 
+def power(name, types, weaks):
+    """`x ** y` and pow(): floats as float_scalars; two integers stay integers, as in Python (a negative
+    exponent truncates toward zero like integer division: 2 ** -1 is 0, (-1) ** -3 is -1)."""
+    if all(isinstance(t, ScalarType) and t.is_int for t in types):
+        s = join(types, weaks)
+        return [s, s], s
+    return float_scalars(name, types, weaks)
+
+
 def numeric_unary(name, types, weaks):
     (t,) = types
     if t == bool_:

@@ -90,8 +90,10 @@ template <typename T> SP_FUNC T cw_mul(T a, T b) { return a * b; }
 template <typename T> SP_FUNC T cw_div(T a, T b) { return a / b; }
 SP_MAP2(add, 0) SP_MAP2(sub, 0) SP_MAP2(cw_mul, 0) SP_MAP2(cw_div, 0) SP_MAP1(neg)
 
-template <typename T> SP_FUNC T mul(T a, T b) { return a * b; }
-template <typename T> SP_FUNC T div(T a, T b) { return a / b; }
+// Scalar products are spelled out per type: a `template <typename T> mul(T, T)` would be as good a
+// match as the square matrix product below, and the call would be ambiguous.
+#define SP_SCALAR_MULDIV(T) SP_FUNC T mul(T a, T b) { return a * b; } SP_FUNC T div(T a, T b) { return a / b; }
+SP_SCALAR_MULDIV(float) SP_SCALAR_MULDIV(double) SP_SCALAR_MULDIV(int32_t) SP_SCALAR_MULDIV(int64_t)
 template <int N, typename T> SP_FUNC vec_t<N, T> mul(T s, const vec_t<N, T>& v) {
     vec_t<N, T> o; for (int i = 0; i < N; ++i) o[i] = s * v[i]; return o; }
 template <int N, typename T> SP_FUNC vec_t<N, T> mul(const vec_t<N, T>& v, T s) {
@@ -124,10 +126,23 @@ SP_FUNC int32_t floordiv(int32_t a, int32_t b) { if (b == 0) return 0; int32_t q
 SP_FUNC int64_t floordiv(int64_t a, int64_t b) { if (b == 0) return 0; int64_t q = a / b; if ((a % b != 0) && ((a < 0) != (b < 0))) --q; return q; }
 SP_FUNC int32_t mod(int32_t a, int32_t b) { if (b == 0) return 0; int32_t r = a % b; if (r != 0 && ((r < 0) != (b < 0))) r += b; return r; }
 SP_FUNC int64_t mod(int64_t a, int64_t b) { if (b == 0) return 0; int64_t r = a % b; if (r != 0 && ((r < 0) != (b < 0))) r += b; return r; }
-SP_FUNC float floordiv(float a, float b) { return ::floorf(a / b); }
-SP_FUNC double floordiv(double a, double b) { return ::floor(a / b); }
-SP_FUNC float mod(float a, float b) { return a - b * ::floorf(a / b); }
-SP_FUNC double mod(double a, double b) { return a - b * ::floor(a / b); }
+// Floats follow Python's (and NumPy's npy_divmod) algorithm, which is exact where floor(a / b) is not:
+// 1.0 // 0.1 is 9.0 and 1.0 % 0.1 is 0.09999999999999995, as in Python.
+#define SP_FLOAT_DIVMOD(T, FMOD, FLOOR, COPYSIGN)                                                     \
+    SP_FUNC T floordiv(T a, T b) {                                                                   \
+        T m = ::FMOD(a, b);                                                                          \
+        if (b == T(0)) return a / b;                                                                 \
+        T d = (a - m) / b;                                                                           \
+        if (m != T(0) && ((b < T(0)) != (m < T(0)))) d -= T(1);                                      \
+        if (d == T(0)) return ::COPYSIGN(T(0), a / b);                                               \
+        T f = ::FLOOR(d); if (d - f > T(0.5)) f += T(1); return f; }                                \
+    SP_FUNC T mod(T a, T b) {                                                                        \
+        T m = ::FMOD(a, b);                                                                          \
+        if (b == T(0)) return m;                                                                     \
+        if (m != T(0)) { if ((b < T(0)) != (m < T(0))) m += b; } else m = ::COPYSIGN(T(0), b);      \
+        return m; }
+SP_FLOAT_DIVMOD(float, fmodf, floorf, copysignf)
+SP_FLOAT_DIVMOD(double, fmod, floor, copysign)
 SP_MAP2(floordiv, 0) SP_MAP2(mod, 0)
 
 template <typename T> SP_FUNC bool eq(T a, T b) { return a == b; }
@@ -156,6 +171,14 @@ SP_UNARY(log10, log10f, log10) SP_UNARY(sqrt, sqrtf, sqrt) SP_UNARY(floor, floor
 SP_UNARY(ceil, ceilf, ceil) SP_UNARY(round, rintf, rint)
 SP_FUNC float pow(float a, float b) { return ::powf(a, b); }
 SP_FUNC double pow(double a, double b) { return ::pow(a, b); }
+// Integer powers by squaring in unsigned arithmetic, so overflow wraps (as NumPy's) instead of being UB.
+template <typename T, typename U> SP_FUNC T int_pow(T base, T e) {
+    if (e < 0) return base == T(1) ? T(1) : base == T(-1) ? ((e & 1) ? T(-1) : T(1)) : T(0);
+    U r = 1, b = U(base);
+    while (e) { if (e & 1) r *= b; b *= b; e >>= 1; }
+    return T(r); }
+SP_FUNC int32_t pow(int32_t a, int32_t b) { return int_pow<int32_t, uint32_t>(a, b); }
+SP_FUNC int64_t pow(int64_t a, int64_t b) { return int_pow<int64_t, uint64_t>(a, b); }
 SP_FUNC float atan2(float a, float b) { return ::atan2f(a, b); }
 SP_FUNC double atan2(double a, double b) { return ::atan2(a, b); }
 SP_FUNC float abs(float x) { return ::fabsf(x); }
