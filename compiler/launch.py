@@ -6,6 +6,7 @@ overwrites of data the gradient still needs, and its backward runs the generated
 """
 from __future__ import annotations
 
+import math
 import struct
 
 import numpy as np
@@ -17,6 +18,7 @@ from .runtime.tape import RecordedOp, active_tape, caller_location
 from .types import ArrayType, ScalarType, VectorType
 
 _HEADER = "q4q"
+_ONES = (1, 1, 1, 1)
 _SCALAR_FORMATS = {"float32": "f4x", "float64": "d", "int32": "i4x", "int64": "q", "bool": "?7x"}
 _PYTHON_KINDS = {"float32": (float, int), "float64": (float, int), "int32": (int,), "int64": (int,), "bool": (bool,)}
 
@@ -41,6 +43,7 @@ class _Signature:
 
     def __init__(self, kernel: Kernel):
         self.params = kernel.params
+        self.tid_ndim = kernel.compiled().forward.tid_ndim
         self.packer = struct.Struct("<" + _HEADER + "".join(_slot_format(p.type) for p in self.params))
 
 
@@ -51,12 +54,14 @@ def _signature(kernel: Kernel) -> _Signature:
     return sig
 
 
-def _dims(kernel: Kernel, dim) -> tuple[int, ...]:
+def _dims(kernel: Kernel, dim, tid_ndim: int) -> tuple[int, ...]:
+    if type(dim) is int and dim >= 0 and tid_ndim == 1:
+        return (dim,)
     dims = (dim,) if isinstance(dim, (int, np.integer)) else tuple(dim)
     if not 1 <= len(dims) <= 4 or not all(isinstance(d, (int, np.integer)) and d >= 0 for d in dims):
         raise LaunchError(f"launch of kernel '{kernel.__name__}': dim must be a non-negative int or a tuple of 1 to 4 "
                           f"of them, got {dim!r}")
-    ndim = kernel.compiled().forward.tid_ndim
+    ndim = tid_ndim
     if len(dims) < ndim:
         raise LaunchError(f"launch of kernel '{kernel.__name__}': the kernel unpacks {ndim} indices from tid() but "
                           f"dim={dim!r} has {len(dims)}; pass a {ndim}-tuple")
@@ -67,17 +72,24 @@ def _array_values(a: array | None, like: array | None = None) -> list:
     if a is None:
         shape = list(like.shape) if like is not None else []
         return [0] + shape + [0] * (4 - len(shape)) + [0, 0, 0, 0]
-    shape, strides = list(a.shape), list(a.strides)
-    return [a.ptr] + shape + [0] * (4 - len(shape)) + strides + [0] * (4 - len(strides))
+    # An array's memory never moves, so its argument slot is computed once.
+    abi = a.__dict__.get("_launch_abi")
+    if abi is None:
+        shape, strides = list(a.shape), list(a.strides)
+        abi = a._launch_abi = [a.ptr] + shape + [0] * (4 - len(shape)) + strides + [0] * (4 - len(strides))
+    return abi
 
 
 def _zero_values(t) -> list:
     if isinstance(t, ScalarType):
         return [False] if t.name == "bool" else [0]
-    return [0.0] * int(np.prod(t.inner_shape))
+    return [0.0] * math.prod(t.inner_shape)
 
 
 def _check_argument(kernel, p, value, device):
+    if isinstance(p.type, ArrayType) and type(value) is array and value._dtype == p.type.dtype \
+            and value._ndim == p.type.ndim and value._device == device:
+        return _array_values(value)          # the common case, checked without building messages
     where = f"launch of kernel '{kernel.__name__}': argument '{p.name}'"
     if isinstance(p.type, ArrayType):
         if not isinstance(value, array):
@@ -119,13 +131,13 @@ def launch(kernel: Kernel, dim, inputs=(), outputs=(), device=None, debug: bool 
         names = ", ".join(p.name for p in sig.params)
         raise LaunchError(f"launch of kernel '{kernel.__name__}': expects {len(sig.params)} argument(s) ({names}), "
                           f"got {len(args)}")
-    dims = _dims(kernel, dim)
+    dims = _dims(kernel, dim, sig.tid_ndim)
     if device is None:
         device = next((a.device for a in args if isinstance(a, array)), "cpu")
     device = str(device)
     if device != "cpu":
         raise LaunchError(f"launch of kernel '{kernel.__name__}' on '{device}': only the CPU backend can launch here")
-    values = [int(np.prod(dims))] + list(dims) + [1] * (4 - len(dims))
+    values = [math.prod(dims), *dims, *_ONES[len(dims):]]
     for p, a in zip(sig.params, args):
         values += _check_argument(kernel, p, a, device)
     buffer = sig.packer.pack(*values)
@@ -194,7 +206,7 @@ def _run_adjoint(kernel, compiled, sig, args, dims, buffer, debug, serial):
     adj_buffer = sig.packer.pack(*values)
     module = kernel.entry(debug)
     fn = module.function(compiled.forward.name, adjoint=True)
-    n = int(np.prod(dims))
+    n = math.prod(dims)
     tape_memory, capacity = None, 0
     if compiled.needs_tape and n > 0:
         counts = np.zeros(n, np.int64)
