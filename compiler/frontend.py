@@ -237,7 +237,11 @@ class Frontend(CallLowering):
 
     def assign(self, target, value_node, st):
         if isinstance(target, ast.Tuple):
-            values = self.expr(value_node, tuple_ok=True)
+            self.expected_values = len(target.elts)       # tid() gives as many indices as are unpacked
+            try:
+                values = self.expr(value_node, tuple_ok=True)
+            finally:
+                self.expected_values = 1
             if not isinstance(values, tuple) or len(values) != len(target.elts):
                 n = len(values) if isinstance(values, tuple) else 1
                 self.error(st, f"cannot unpack {n} value(s) into {len(target.elts)} names")

@@ -22,14 +22,7 @@ def namespace_of(fn) -> dict:
 
 
 class CallLowering:
-    expected_values = 1     # how many names the enclosing assignment unpacks (for tid())
-
-    def assign(self, target, value_node, st):
-        self.expected_values = len(target.elts) if isinstance(target, ast.Tuple) else 1
-        try:
-            super().assign(target, value_node, st)
-        finally:
-            self.expected_values = 1
+    expected_values = 1     # how many names the enclosing assignment unpacks (for tid()); set by assign()
 
     def expr_Call(self, node):
         callee = self._resolve_attr(node.func, quiet=True) if self._is_python_path(node.func) else None
