@@ -45,7 +45,7 @@ from .runtime.array import array, clone
 from .runtime.tape import Tape
 from .types import float32
 
-__all__ = ["jacobian", "jacobian_fd", "gradcheck", "gradcheck_tape", "jacobian_plot"]
+__all__ = ["jacobian", "jacobian_fd", "gradcheck", "gradcheck_tape", "jacobian_plot", "loop_tape_words"]
 
 # float32 finite differences: a step near cbrt(float32 eps) balances rounding and truncation error.
 _EPS_FLOAT32 = 2.0 ** -10
@@ -465,3 +465,32 @@ def jacobian_plot(jacobians: dict, *, title: str | None = None, filename=None, s
         import matplotlib.pyplot as plt
         plt.show()
     return fig
+
+
+# -- loop tape ---------------------------------------------------------------------------------------
+def loop_tape_words(kernel: Kernel, dim, inputs=(), outputs=(), device=None) -> np.ndarray:
+    """Per thread, the 8-byte words the adjoint of this launch keeps on its loop tape: what the counting
+    pass measures before ``tape.backward`` allocates ``max(words) * threads`` of them. Each iteration of
+    a dynamic loop saves the carried values its reverse sweep needs (one word per scalar, more for
+    vectors); all zero when no loop carries such a value (``kernel.compiled().needs_tape`` False)."""
+    from .launch import _array_values, _check_argument, _dims, _signature, _zero_values   # same packing as launch
+    compiled = kernel.compiled()
+    sig = _signature(kernel)
+    args = list(inputs) + list(outputs)
+    if len(args) != len(sig.params):
+        raise ValueError(f"kernel '{kernel.__name__}' takes {len(sig.params)} argument(s), got {len(args)}")
+    dims = _dims(kernel, dim, sig.tid_ndim)
+    n = int(np.prod(dims))
+    counts = np.zeros(n, np.int64)
+    if not compiled.needs_tape or n == 0:
+        return counts
+    device = str(device or next((a.device for a in args if isinstance(a, array)), "cpu"))
+    values = [n, *dims, *([1] * (4 - len(dims)))]
+    adjoint_values = [0] * 5
+    for p, a in zip(sig.params, args):
+        values += _check_argument(kernel, p, a, device)
+        adjoint_values += (_array_values(None, like=a) if isinstance(a, array)
+                           else _zero_values(p.type))
+    fn = kernel.entry(False).function(compiled.forward.name, adjoint=True)
+    fn(sig.packer.pack(*values), sig.packer.pack(*adjoint_values), None, 0, 1, counts.ctypes.data, 0)
+    return counts
