@@ -1,0 +1,27 @@
+"""Every example runs, in a short mode, and gives the numbers it promises."""
+import importlib.util
+import pathlib
+
+import numpy as np
+import pytest
+
+EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
+
+
+def load(name):
+    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_quickstart_gradient_is_analytic():
+    ours, expected = load("quickstart").main()
+    assert ours == pytest.approx(expected, rel=1e-5)
+
+
+def test_recursive_formulations_match_finite_differences():
+    ewma_error, blend_error, seed_grad = load("recursive_formulations").main(rows=8, cols=60)
+    assert ewma_error < 1e-6 and blend_error < 1e-6
+    d = np.array([0.417022, 0.72032449])
+    np.testing.assert_allclose(seed_grad, [0.5 * d.sum()] * 2, rtol=1e-12)
