@@ -136,7 +136,7 @@ def launch(kernel: Kernel, dim, inputs=(), outputs=(), device=None, debug: bool 
         device = next((a.device for a in args if isinstance(a, array)), "cpu")
     device = str(device)
     if device != "cpu":
-        raise LaunchError(f"launch of kernel '{kernel.__name__}' on '{device}': only the CPU backend can launch here")
+        device = _gpu(device)
     values = [math.prod(dims), *dims, *_ONES[len(dims):]]
     for p, a in zip(sig.params, args):
         values += _check_argument(kernel, p, a, device)
@@ -147,9 +147,29 @@ def launch(kernel: Kernel, dim, inputs=(), outputs=(), device=None, debug: bool 
         deterministic = tape is not None and tape.deterministic
     if tape is not None:
         _record(tape, kernel, compiled, sig, args, dims, buffer, debug, deterministic, device)
+    if device != "cpu":
+        from . import launch_cuda
+        launch_cuda.forward(kernel, compiled, buffer, values[0], debug, deterministic, device)
+        _mark_written(compiled, sig, args)
+        return
     module = kernel.entry(debug)
     module.function(compiled.forward.name, adjoint=False)(buffer, int(deterministic))
     _raise_if_out_of_bounds(module, kernel)
+    for p, a in zip(sig.params, args):
+        use = compiled.uses.get(p.name)
+        if use is not None and (use.stores or use.accumulates):
+            a._mark_written()
+
+
+def _gpu(device: str) -> str:
+    """'cuda:N' for a GPU this machine has; raises RuntimeError saying what was not found otherwise."""
+    from .runtime.device import get_device, require_cuda
+    dev = get_device(device)
+    require_cuda(dev)
+    return str(dev)
+
+
+def _mark_written(compiled, sig, args):
     for p, a in zip(sig.params, args):
         use = compiled.uses.get(p.name)
         if use is not None and (use.stores or use.accumulates):
@@ -204,6 +224,11 @@ def _run_adjoint(kernel, compiled, sig, args, dims, buffer, debug, serial):
         else:
             values += _zero_values(p.type)
     adj_buffer = sig.packer.pack(*values)
+    device = next((a.device for a in args if isinstance(a, array)), "cpu")
+    if device != "cpu":
+        from . import launch_cuda
+        launch_cuda.adjoint(kernel, compiled, buffer, adj_buffer, math.prod(dims), debug, serial, device)
+        return
     module = kernel.entry(debug)
     fn = module.function(compiled.forward.name, adjoint=True)
     n = math.prod(dims)
