@@ -1,0 +1,26 @@
+"""Differentiable time stepping: a model's step function, rollouts, and gradients reversed with
+checkpointing schedules (binomial, multi-level with HDF5, online).
+
+``import stepper`` gives the whole public API: the compiler's (kernels, launch, arrays, Tape, ...),
+the checkpoint package's (schedules, actions, storages) and the stepper's own (Model, results).
+"""
+from compiler import *            # noqa: F401,F403
+from compiler import __all__ as _compiler_all
+from checkpoint import *          # noqa: F401,F403
+from checkpoint import __all__ as _checkpoint_all
+
+from .errors import ModelError, NonFiniteError
+from .gradient import GradientResult, GradientStats
+from .model import Model
+from .rollout import Rollout, RolloutStats
+from .snapshots import TierStats
+from .state import State, StateSpec
+from .step_context import StepContext
+
+__version__ = "0.1.0"
+
+__all__ = [
+    *_compiler_all, *_checkpoint_all,
+    "Model", "State", "StateSpec", "StepContext", "Rollout", "RolloutStats", "GradientResult",
+    "GradientStats", "TierStats", "ModelError", "NonFiniteError",
+]

@@ -1,0 +1,334 @@
+"""Runs a checkpointing schedule's actions on a model: the forward sweep, then the adjoint sweep.
+
+`Sweep` is the driver that checkpoint/ schedules (and checkpoint_schedules' own) are written for:
+
+- ``Forward(n0, n1, write_ics, write_adj_deps, storage)``: store the state at n0 in `storage` if
+  `write_ics`; step n0 -> n1, keeping each step's tape and buffer versions if `write_adj_deps`
+  (adjoint data "stored" in RAM or DISK is kept in memory too: a recorded step is live objects).
+- ``Reverse(n1, n0)``: run the adjoints of steps n1-1 .. n0, carrying the state's adjoint.
+- ``Copy``/``Move(n, from, to)``: load snapshot n as the live state (to WORK), move it between
+  tiers, or delete it (to NONE).
+
+The sweep runs in two halves, `forward` (up to EndForward, which leaves the final state live) and
+`reverse` (from the final state's adjoint down to step 0), so that a rollout recorded on a Tape can
+run the first half at once and the second in ``tape.backward()``.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+
+import numpy as np
+
+from checkpoint import Copy, EndForward, EndReverse, Forward, Move, Reverse, StorageType
+from compiler import Tape, array
+
+from .errors import ModelError, NonFiniteError
+from .state import State
+from .step_context import RecordedStep, StepTape, check_scalar_loss, run_step
+from .versions import BufferPool
+
+__all__ = ["Sweep", "check_finite_state"]
+
+_RAM, _DISK, _WORK, _NONE = StorageType.RAM, StorageType.DISK, StorageType.WORK, StorageType.NONE
+
+
+def check_finite_state(state: State, step: int) -> None:
+    """Raise NonFiniteError if any element of `state` (the result of `step`) is NaN or infinite."""
+    for name, arr in state.items():
+        values = arr.numpy()
+        if values.dtype.kind == "f" and not np.isfinite(values).all():
+            bad = np.argwhere(~np.isfinite(values))[0]
+            index = tuple(int(i) for i in bad[:arr.ndim])
+            raise NonFiniteError(f"state '{name}' became {values[tuple(bad)]} at index {index} in step {step} "
+                                 f"(the first step whose result is not finite; t = step * dt after it)",
+                                 step, name, index)
+
+
+class Sweep:
+    """One execution of `schedule` (an iterable of our actions) for `model` from `initial`
+    (``{name: ndarray}``). See the module docstring for what each action does."""
+
+    def __init__(self, model, initial: dict, steps: int | None, schedule, tiers, *, deterministic: bool,
+                 running_loss=None, until=None, check_finite: bool = False, progress=None, convert=None):
+        self.model = model
+        self.steps = steps
+        self.schedule = schedule
+        self.tiers = tiers
+        self.deterministic = deterministic
+        self.running_loss = running_loss
+        self.until = until
+        self.check_finite = check_finite
+        self.bar = progress
+        self.online = hasattr(schedule, "finalize") and getattr(schedule, "max_n", 0) is None
+        self._actions = iter(schedule)
+        self._convert = convert
+        self._ahead: deque = deque()
+        self.pool = BufferPool(model.device, model.zero_buffers)
+        self.work: State | None = self._load_initial(initial)
+        self.pos = 0
+        self.recorded: dict[int, RecordedStep] = {}
+        self.deps: dict = {_RAM: set(), _DISK: set()}     # steps whose adjoint data a tier "holds"
+        self.carry: dict[str, array] | None = None        # adjoint of the state at self.adj
+        self.adj = None
+        self.seen = 0                                      # steps run at least once (first sweep)
+        self.step_losses: list[float] = []
+        self.terminal_loss = 0.0
+        self.forward_steps = self.recorded_steps = self.reverse_steps = 0
+        self.forward_seconds = self.adjoint_seconds = 0.0
+        self.peak_bytes = 0
+        self.ended_forward = False
+
+    # -- the two halves ----------------------------------------------------------------------------
+    def forward(self) -> State:
+        """Run actions up to EndForward; return the final state (live, owned by the sweep)."""
+        while not self.ended_forward:
+            action = self._next(lookahead=False)
+            if action is None:
+                raise ModelError("the schedule ended before EndForward")
+            self._run(action)
+        return self.work
+
+    def reverse(self, loss=None, seeds: dict | None = None) -> dict[str, array]:
+        """From the final state's adjoint, made of `loss` (a function of the final State returning a
+        one-element array) and/or `seeds` (``{name: ndarray}``), run actions up to EndReverse; return
+        the adjoint of the initial state (``{name: array}``, owned by the caller)."""
+        self._seed(loss, seeds)
+        while True:
+            action = self._next(lookahead=True)
+            if action is None:
+                raise ModelError("the schedule ended before EndReverse")
+            if isinstance(action, EndReverse):
+                break
+            self._run(action)
+        if self.adj != 0:
+            raise ModelError(f"the schedule ended its reverse sweep at step {self.adj}, not 0")
+        adjoint = {name: self.pool.give_away(a) for name, a in self.carry.items()}
+        self.carry = None
+        return adjoint
+
+    def close(self) -> None:
+        """Release everything still held (recorded steps, the live state)."""
+        for rec in self.recorded.values():
+            self._drop(rec)
+        self.recorded.clear()
+        self._set_work(None)
+        if self.carry:
+            for a in self.carry.values():
+                self.pool.release(a)
+            self.carry = None
+        self.pool.clear()
+
+    @property
+    def loss(self) -> float:
+        """The terminal loss plus the running losses of steps 0 .. max_n-1, summed in step order."""
+        total = self.terminal_loss
+        for value in self.step_losses:
+            total += value
+        return total
+
+    # -- actions -------------------------------------------------------------------------------------
+    def _next(self, lookahead: bool):
+        if not self._ahead:
+            self._pull()
+        action = self._ahead.popleft() if self._ahead else None
+        if lookahead and action is not None and not isinstance(action, EndReverse):
+            if not self._ahead:
+                self._pull()
+            nxt = self._ahead[0] if self._ahead else None
+            if isinstance(nxt, (Copy, Move)) and nxt.to_storage is _WORK and nxt.n not in self.deps.get(
+                    nxt.from_storage, ()):
+                self.tiers.prefetch(nxt.from_storage, nxt.n)   # the read overlaps this action
+        return action
+
+    def _pull(self):
+        try:
+            action = next(self._actions)
+        except StopIteration:
+            return
+        self._ahead.append(self._convert(action) if self._convert else action)
+
+    def _run(self, action) -> None:
+        kind = type(action)
+        if kind is Forward:
+            self._forward(action)
+        elif kind is Reverse:
+            self._reverse(action)
+        elif kind is Copy or kind is Move:
+            self._transfer(action, kind is Move)
+        elif kind is EndForward:
+            if self.steps is not None and self.pos != self.steps:
+                raise ModelError(f"the schedule ended its forward sweep at step {self.pos}, not {self.steps}")
+            self.steps = self.pos
+            self.adj = self.pos
+            self.ended_forward = True
+        else:
+            raise ModelError(f"{action!r} is not a schedule action")
+        self.peak_bytes = max(self.peak_bytes, self.pool.allocated_bytes + self.tiers.ram_bytes)
+
+    def _forward(self, a: Forward) -> None:
+        if self.work is None or a.n0 != self.pos:
+            at = "no state is loaded" if self.work is None else f"the state is at step {self.pos}"
+            raise ModelError(f"the schedule asks for {a!r} but {at}")
+        if a.write_ics:
+            self.tiers.write(a.storage, a.n0, self.work)
+        record = a.write_adj_deps
+        n1 = a.n1
+        if not self.online and self.steps is not None and n1 > self.steps:
+            raise ModelError(f"the schedule asks for {a!r} beyond the run's {self.steps} steps")
+        n = a.n0
+        while n < n1:
+            self._step(n, record)
+            n += 1
+            if self.online and self._stop(n):
+                self.schedule.finalize(n)
+                self.online = False
+                break
+        if record and a.storage in (_RAM, _DISK):
+            self.deps[a.storage].add(a.n0)
+
+    def _stop(self, n: int) -> bool:
+        if self.steps is not None and n >= self.steps:
+            return True
+        return self.until is not None and bool(self.until(self.work))
+
+    def _step(self, n: int, record: bool) -> None:
+        start = time.perf_counter()
+        prev = self.work
+        nxt, ctx, tape, loss = run_step(self.model, n, prev, self.pool, deterministic=self.deterministic,
+                                        record=record, running_loss=self.running_loss)
+        if n >= self.seen:      # first time this step runs: its loss, finiteness, progress
+            if loss is not None:
+                self.step_losses.append(float(loss.numpy().reshape(-1)[0]))
+            if self.check_finite:
+                try:
+                    check_finite_state(nxt, n)
+                except NonFiniteError:
+                    for a in (*nxt.values(), *ctx.scratch_buffers.values()):
+                        self.pool.release(a)
+                    raise
+            self.seen = n + 1
+        if record:
+            for a in (*prev.values(), *nxt.values()):
+                self.pool.retain(a)
+            self.recorded[n] = RecordedStep(n, tape, prev, nxt, ctx.scratch_buffers, loss)
+            self.recorded_steps += 1
+        else:
+            for a in ctx.scratch_buffers.values():
+                self.pool.release(a)
+        self._set_work(nxt)
+        self.pos = n + 1
+        self.forward_steps += 1
+        self.forward_seconds += time.perf_counter() - start
+        self.bar.update(1)
+
+    def _set_work(self, state: State | None) -> None:
+        """Make `state` the live state (the caller's hold passes to it), releasing the old one."""
+        if self.work is not None:
+            for a in self.work.values():
+                self.pool.release(a)
+        self.work = state
+
+    def _transfer(self, a, move: bool) -> None:
+        n, src, dst = a.n, a.from_storage, a.to_storage
+        if n in self.deps.get(src, ()):      # adjoint data: it stayed in memory, only the tag moves
+            if move:
+                self.deps[src].discard(n)
+            if dst is _NONE:
+                self._drop(self.recorded.pop(n))
+            elif dst in (_RAM, _DISK):
+                self.deps[dst].add(n)
+            return
+        if dst is _WORK:
+            state = self.tiers.read_into(src, n, self.pool, self.model.states)
+            self._set_work(state)
+            self.pos = n
+        elif dst in (_RAM, _DISK):
+            self.tiers.copy(n, src, dst)
+        if move:
+            self.tiers.delete(src, n)
+
+    # -- the adjoint ---------------------------------------------------------------------------------
+    def _seed(self, loss, seeds) -> None:
+        start = time.perf_counter()
+        work = self.work
+        carry = {name: self.pool.acquire_like(a) for name, a in work.items() if a.dtype.is_float}
+        if seeds:
+            for name, values in seeds.items():
+                if name in carry:
+                    np.copyto(carry[name].numpy(), np.asarray(values, carry[name].numpy().dtype))
+        if loss is not None:
+            for name, a in work.items():
+                if name in carry:
+                    a.grad = carry[name]
+            protected = {id(a._storage): f"the final state '{name}'" for name, a in work.items()}
+            tape = StepTape(protected, self.deterministic)
+            try:
+                with tape:
+                    value = check_scalar_loss(loss(work), "loss(state)")
+                if value.grad is None:
+                    value.requires_grad = True
+                tape.backward(loss=value)
+                self.terminal_loss = float(value.numpy().reshape(-1)[0])
+            finally:
+                for a in work.values():
+                    a.grad = None
+        self.carry = carry
+        self.adjoint_seconds += time.perf_counter() - start
+
+    def _reverse(self, a: Reverse) -> None:
+        if a.n1 != self.adj:
+            raise ModelError(f"the schedule asks for {a!r} but the adjoint is at step {self.adj}")
+        for k in range(a.n1 - 1, a.n0 - 1, -1):
+            rec = self.recorded.get(k)
+            if rec is None:
+                raise ModelError(f"the schedule reverses step {k}, which it did not record")
+            self._reverse_step(rec)
+            if a.clear_adj_deps:
+                del self.recorded[k]
+                self._drop(rec)
+            self.adj = k
+        if self.work is not None and self.pos > self.adj:
+            self._set_work(None)     # nothing may run forward past the adjoint: the state is dead
+
+    def _reverse_step(self, rec: RecordedStep) -> None:
+        start = time.perf_counter()
+        pool, carry = self.pool, self.carry
+        for name, a in rec.next.items():
+            if name in carry:
+                a.grad = carry[name]
+        prev_grads = [a for a in rec.prev.values() if a.dtype.is_float]
+        scratch_grads = [a for a in rec.scratch.values() if a.dtype.is_float and a.grad is None]
+        for a in (*prev_grads, *scratch_grads):
+            a.grad = pool.acquire_like(a)
+        seeds = {}
+        if rec.loss is not None:
+            if rec.loss.grad is None:
+                rec.loss.requires_grad = True
+            seeds[rec.loss] = 1.0
+        rec.tape.backward(grads=seeds)
+        # The previous state's gradient is the new carry; the old carry (on s.next) and the scratch
+        # gradients go back to the pool.
+        self.carry = {name: a.grad for name, a in rec.prev.items() if name in carry}
+        for a in (*rec.next.values(), *scratch_grads):
+            if a.grad is not None:
+                pool.release(a.grad)
+        for a in (*rec.next.values(), *prev_grads, *scratch_grads):
+            a.grad = None
+        if rec.loss is not None and not pool.owns(rec.loss):
+            rec.loss.grad.numpy().fill(0)    # a user's array may serve every step
+        self.reverse_steps += 1
+        self.adjoint_seconds += time.perf_counter() - start
+        self.bar.update(1)
+
+    def _drop(self, rec: RecordedStep) -> None:
+        for a in (*rec.prev.values(), *rec.next.values(), *rec.scratch.values()):
+            self.pool.release(a)
+
+    def _load_initial(self, initial: dict) -> State:
+        arrays = {}
+        for name, spec in self.model.states.items():
+            arr = self.pool.acquire(spec.shape, spec.dtype, zero=False)
+            np.copyto(arr.numpy(), initial[name])
+            arrays[name] = arr
+        return State(arrays)

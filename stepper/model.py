@@ -1,0 +1,131 @@
+"""`Model`: declared state arrays, differentiable parameters and a step function.
+
+    model = stepper.Model(dt=0.01)
+    model.state("x", shape=n, dtype=stepper.vec3)
+    model.state("v", shape=n, dtype=stepper.vec3)
+    model.param("k", stepper.array([50.0]))
+
+    @model.step
+    def step(s):
+        f = s.scratch("force", n, stepper.vec3)
+        stepper.launch(forces, n, inputs=[s.prev.x, s.params.k], outputs=[f])
+        stepper.launch(integrate, n, inputs=[s.prev.x, s.prev.v, f, s.dt], outputs=[s.next.x, s.next.v])
+"""
+from __future__ import annotations
+
+from compiler import array, float32
+
+from . import gradient as _gradient
+from . import rollout as _rollout
+from .errors import ModelError
+from .state import State, StateSpec, make_spec
+
+__all__ = ["Model"]
+
+
+class Model:
+    """A time-stepping model. ``t0`` and ``dt`` give each step its time ``s.t = t0 + n dt``.
+    ``zero_buffers=False`` skips zero-filling new versions (``s.next`` arrays and scratch) when your
+    kernels write every element of them."""
+
+    def __init__(self, device: str = "cpu", *, dt: float = 1.0, t0: float = 0.0, zero_buffers: bool = True,
+                 name: str | None = None):
+        if str(device) != "cpu":
+            raise ModelError(f"Model(device={device!r}): only the CPU backend runs steps so far; use 'cpu'")
+        self.device = str(device)
+        self.dt, self.t0 = float(dt), float(t0)
+        self.zero_buffers = zero_buffers
+        self.name = name
+        self.states: dict[str, StateSpec] = {}
+        self._params: dict[str, array] = {}
+        self.step_fn = None
+
+    # -- declarations ------------------------------------------------------------------------------
+    def state(self, name: str, shape, dtype=float32) -> StateSpec:
+        """Declare a state array: every step reads it as ``s.prev.<name>`` and must write
+        ``s.next.<name>``, a fresh version each step."""
+        spec = make_spec(name, shape, dtype)
+        if name in self.states or name in self._params:
+            raise ModelError(f"'{name}' is already declared (as a {'state' if name in self.states else 'param'})")
+        self.states[name] = spec
+        return spec
+
+    def param(self, name: str, value: array) -> array:
+        """Declare a differentiable parameter (read by steps as ``s.params.<name>``); its gradient sums
+        the contributions of every step. The array is used as is (not copied) and gets
+        ``requires_grad=True``."""
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ModelError(f"param name {name!r} must be a Python identifier")
+        if name in self.states or name in self._params:
+            raise ModelError(f"'{name}' is already declared (as a {'state' if name in self.states else 'param'})")
+        if not isinstance(value, array):
+            raise ModelError(f"param '{name}' must be a stepper.array, got {type(value).__name__}")
+        if value.device != self.device:
+            raise ModelError(f"param '{name}' is on '{value.device}' but the model runs on '{self.device}'")
+        if not value.dtype.is_float:
+            raise ModelError(f"param '{name}' must be a float array to be differentiable, got {value.dtype}")
+        value.requires_grad = True
+        self._params[name] = value
+        return value
+
+    def step(self, fn):
+        """Decorator: the step function ``fn(s)``; it reads ``s.prev``/``s.params`` and writes ``s.next``."""
+        if not callable(fn):
+            raise ModelError(f"@model.step needs a function of s, got {type(fn).__name__}")
+        self.step_fn = fn
+        return fn
+
+    @property
+    def params(self) -> State:
+        return State(self._params)
+
+    @property
+    def state_bytes(self) -> int:
+        """Bytes of one state (all declared arrays)."""
+        return sum(spec.nbytes for spec in self.states.values())
+
+    def _check_ready(self) -> None:
+        if not self.states:
+            raise ModelError("the model declares no state; add model.state(name, shape, dtype)")
+        if self.step_fn is None:
+            raise ModelError("the model has no step function; decorate one with @model.step")
+
+    # -- running -------------------------------------------------------------------------------------
+    def rollout(self, initial, steps: int | None = None, **options):
+        """Run `steps` steps forward from `initial` (``{name: array}``); return the final state as a
+        `Rollout` (a State with ``.steps``, ``.history``, ``.stats``). Only two versions of the state
+        are live at once. Options: ``callback(n, state)`` every ``every`` steps; ``record_every=k``
+        keeps NumPy copies of every k-th state in ``.history``; ``checkpoint="run.h5"`` with
+        ``checkpoint_every=k`` writes HDF5 snapshots that `resume` continues from; ``until(state)``
+        stops early; ``check_finite``; ``deterministic`` (serial atomics, for bit-exact reruns);
+        ``progress``. Inside a recording `Tape` the rollout is recorded as one operation (options
+        ``schedule=``, ``storage=``) whose backward is the checkpointed reverse sweep."""
+        return _rollout.rollout(self, initial, steps, **options)
+
+    def resume(self, path, steps: int | None = None, **options):
+        """Continue a rollout that wrote HDF5 checkpoints to `path` from its last complete snapshot,
+        to `steps` (default: the run's original length); returns what that rollout would have."""
+        return _rollout.resume(self, path, steps, **options)
+
+    def gradient(self, initial, steps: int | None = None, loss=None, schedule=None, storage=None, **options):
+        """The loss of a rollout and its gradients, reversed with a checkpointing `schedule`.
+
+        - ``loss(state)``: a terminal loss, built with ordinary kernels from the final State; returns a
+          one-element float array. ``running_loss=lambda s: ...``: a per-step contribution, built from
+          a step's ``s`` (e.g. ``s.next``), also a one-element array (``s.scratch`` is handy for it).
+        - ``schedule``: any checkpoint/ schedule (``Revolve(steps, 20)``, ``MultiLevel``, ``StoreAll``,
+          ``Online(16)`` with ``until=``) or checkpoint_schedules' own, or a function steps ->
+          schedule; default ``Revolve(steps, ceil(sqrt(steps)))``.
+        - ``storage``: where DISK snapshots go: a path (HDF5, checked before the run), a Storage, or
+          ``{StorageType.RAM: ..., StorageType.DISK: ...}``. RAM snapshots default to memory.
+        - ``deterministic=True`` (default) runs every kernel serially in thread order, so atomics add
+          up in the same order and every schedule gives the same bits; it costs the multithreading.
+          ``check_finite=True`` names the first step whose state is NaN or infinite.
+
+        Returns a `GradientResult`: ``.loss``, ``.grads[name]`` for initial states and parameters,
+        ``.final`` and ``.stats`` (`GradientStats`)."""
+        return _gradient.gradient(self, initial, steps, loss, schedule, storage, **options)
+
+    def __repr__(self) -> str:
+        states = ", ".join(f"{n}: {s.dtype} {s.shape}" for n, s in self.states.items())
+        return f"Model(states=[{states}], params={list(self._params)})"

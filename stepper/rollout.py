@@ -1,0 +1,158 @@
+"""Forward-only rollouts: callbacks, recorded history, HDF5 checkpoints and `resume` after a crash.
+
+Two versions of the state are live at a time: the step's input (``s.prev``) and its output
+(``s.next``); the input goes back to the pool once the step is done.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from checkpoint import HDF5Storage
+from compiler.runtime.tape import active_tape
+
+from .errors import ModelError
+from .executor import check_finite_state
+from .progress import progress_bar
+from .state import State, check_initial
+from .step_context import run_step
+from .versions import BufferPool
+
+__all__ = ["rollout", "resume", "Rollout", "RolloutStats"]
+
+
+@dataclass(frozen=True)
+class RolloutStats:
+    steps: int                      # steps run by this call
+    seconds: float
+    peak_buffer_bytes: int          # state versions and scratch held at once
+    checkpoints_written: int
+
+
+class Rollout(State):
+    """The final state of a rollout (``r.x``, ``r["x"]``), plus ``r.steps`` (the step it reached),
+    ``r.history`` (``[(n, {name: ndarray})]`` with ``record_every``) and ``r.stats``."""
+
+    def __init__(self, arrays, steps: int, history: list, stats: RolloutStats):
+        super().__init__(arrays)
+        object.__setattr__(self, "steps", steps)
+        object.__setattr__(self, "history", history)
+        object.__setattr__(self, "stats", stats)
+
+
+def _check_every(name, value):
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ModelError(f"{name} must be an int >= 1, got {value!r}")
+
+
+def rollout(model, initial, steps, *, callback=None, every: int = 1, record_every=None, checkpoint=None,
+            checkpoint_every=None, until=None, check_finite=False, deterministic=False, progress=None,
+            schedule=None, storage=None):
+    """See `Model.rollout`."""
+    tape = active_tape()
+    if tape is not None:
+        if callback or record_every or checkpoint or until:
+            raise ModelError("a rollout recorded on a Tape takes no callback, record_every, checkpoint or "
+                             "until; run it outside the Tape for those")
+        from .tape_op import record_rollout
+        return record_rollout(model, tape, initial, steps, schedule=schedule, storage=storage,
+                              check_finite=check_finite, progress=progress)
+    if steps is None and until is None:
+        raise ModelError("rollout() needs steps= (or until= with steps= as a maximum)")
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 0):
+        raise ModelError(f"steps must be an int >= 0, got {steps!r}")
+    for name, value in (("every", every), ("record_every", record_every), ("checkpoint_every", checkpoint_every)):
+        _check_every(name, value)
+    model._check_ready()
+    values = check_initial(model.states, initial, model.device)
+    store = None
+    if checkpoint is not None:
+        if checkpoint_every is None:
+            raise ModelError("checkpoint= needs checkpoint_every= (steps between snapshots)")
+        store = HDF5Storage(checkpoint, mode="w")     # a bad path fails here, before the run
+    elif checkpoint_every is not None:
+        raise ModelError("checkpoint_every= needs checkpoint='path.h5'")
+    meta = {"total_steps": steps, "checkpoint_every": checkpoint_every,
+            "states": {n: [list(s.shape), str(s.dtype)] for n, s in model.states.items()}}
+    return _run(model, values, 0, steps, store, meta, callback=callback, every=every,
+                record_every=record_every, until=until, check_finite=check_finite,
+                deterministic=deterministic, progress=progress)
+
+
+def resume(model, path, steps=None, *, callback=None, every: int = 1, record_every=None, until=None,
+           check_finite=False, deterministic=False, progress=None):
+    """See `Model.resume`."""
+    model._check_ready()
+    if not os.path.isfile(path):
+        raise ModelError(f"resume({path!r}): no such checkpoint file")
+    store = HDF5Storage(path, mode="a")
+    try:
+        done = store.steps()
+        if not done:
+            raise ModelError(f"resume({path!r}): the file holds no complete snapshot to resume from")
+        snap = store.read(done[-1])
+        meta = {k: snap.metadata[k] for k in ("total_steps", "checkpoint_every", "states")
+                if k in snap.metadata}
+        values = check_initial(model.states, dict(snap.arrays), model.device, what=f"snapshot in {path}")
+        total = steps if steps is not None else meta.get("total_steps")
+        if total is None:
+            raise ModelError(f"resume({path!r}): the run was open-ended (until=); pass steps=")
+        if total < done[-1]:
+            raise ModelError(f"resume({path!r}): the last snapshot is at step {done[-1]}, beyond steps={total}")
+        meta["total_steps"] = total
+    except BaseException:
+        store.close()
+        raise
+    return _run(model, values, done[-1], total, store, meta, callback=callback, every=every,
+                record_every=record_every, until=until, check_finite=check_finite,
+                deterministic=deterministic, progress=progress)
+
+
+def _run(model, values, start, steps, store, meta, *, callback, every, record_every, until, check_finite,
+         deterministic, progress):
+    started = time.perf_counter()
+    pool = BufferPool(model.device, model.zero_buffers)
+    arrays = {}
+    for name, spec in model.states.items():
+        arrays[name] = pool.acquire(spec.shape, spec.dtype, zero=False)
+        np.copyto(arrays[name].numpy(), values[name])
+    work = State(arrays)
+    every_ck = meta.get("checkpoint_every")
+    history, written = [], 0
+    bar = progress_bar(progress, None if steps is None else steps - start, "rollout")
+    n = start
+    try:
+        if store is not None and start not in store:
+            store.write(start, work.numpy(), meta)
+            written += 1
+        while steps is None or n < steps:
+            nxt, ctx, _tape, _ = run_step(model, n, work, pool, deterministic=deterministic)
+            for a in (*ctx.scratch_buffers.values(), *work.values()):
+                pool.release(a)
+            work = nxt
+            n += 1
+            bar.update(1)
+            if check_finite:
+                check_finite_state(work, n - 1)
+            if record_every and n % record_every == 0:
+                history.append((n, {k: v.copy() for k, v in work.numpy().items()}))
+            if store is not None and (n % every_ck == 0 or n == steps):
+                store.write(n, work.numpy(), meta)
+                written += 1
+            if callback is not None and n % every == 0:
+                callback(n, work)
+            if until is not None and until(work):
+                break
+        if store is not None and n not in store:
+            store.write(n, work.numpy(), meta)
+            written += 1
+    finally:
+        bar.close()
+        if store is not None:
+            store.close()
+    final = {name: pool.give_away(a) for name, a in work.items()}
+    stats = RolloutStats(n - start, time.perf_counter() - started, pool.peak_allocated_bytes, written)
+    return Rollout(final, n, history, stats)

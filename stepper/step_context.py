@@ -1,0 +1,177 @@
+"""What a step function sees (`StepContext`: ``s.prev``, ``s.next``, ``s.params``, ``s.t``, ``s.dt``,
+``s.scratch``), the tape each step runs under (`StepTape`), and `run_step`, which runs one step.
+
+Every step runs under its own `StepTape`. Besides the Tape's own check (no overwriting, within the
+step, a buffer an earlier launch read), it refuses any write into ``s.prev`` or a parameter, and it
+remembers what was written so that a declared state the step never writes is reported. The tape
+also makes the step differentiable: the executor keeps it until the step's adjoint has run.
+"""
+from __future__ import annotations
+
+import inspect
+import os
+from dataclasses import dataclass, field
+
+from compiler import OverwriteError, Tape, array
+
+from .errors import ModelError
+from .state import State
+from .versions import BufferPool
+
+__all__ = ["StepContext", "StepTape", "RecordedStep", "run_step"]
+
+
+class StepTape(Tape):
+    """A Tape that also refuses writes into the step's inputs (``s.prev`` and parameters)."""
+
+    def __init__(self, protected: dict[int, str], deterministic: bool):
+        super().__init__(deterministic=deterministic)
+        self._protected = protected          # id(storage) -> "s.prev.x" / "s.params.k"
+        self.written: set[int] = set()       # id(storage) of everything written or accumulated
+
+    def check_writes(self, op) -> None:
+        for arg, arr in (*op.writes.items(), *op.accumulates.items()):
+            label = self._protected.get(id(arr._storage))
+            if label is not None:
+                where = f" ({op.where})" if op.where else ""
+                if label.startswith("s.prev."):
+                    fix = (f"A step reads s.prev and writes s.next: write to s.next.{label[7:]} instead "
+                           f"(s.prev is the previous step's result, which its gradient still needs).")
+                else:
+                    fix = ("Parameters are inputs of every step; compute into s.scratch(...) instead.")
+                raise OverwriteError(f"{op.name}{where} writes argument '{arg}', which is {label}. {fix}")
+        super().check_writes(op)
+        for arr in (*op.writes.values(), *op.accumulates.values()):
+            self.written.add(id(arr._storage))
+
+
+class StepContext:
+    """The argument of a step function: ``s.prev`` (the state at step n, read only), ``s.next`` (fresh
+    arrays for the state at n + 1, zero-filled), ``s.params``, ``s.n`` (the step index), ``s.t``
+    (= t0 + n dt), ``s.dt``, and ``s.scratch(name, shape, dtype)`` for temporary buffers."""
+
+    def __init__(self, n: int, t: float, dt: float, prev: State, next: State, params: State,
+                 pool: BufferPool, grads: "GradSlots | None" = None):
+        self.n, self.t, self.dt = n, t, dt
+        self.prev, self.next, self.params = prev, next, params
+        self._pool = pool
+        self._grads = grads
+        self._scratch: dict[str, array] = {}
+
+    def scratch(self, name: str, shape, dtype=float) -> array:
+        """A buffer for this step only, zero-filled: a fresh version every step, so a later step never
+        overwrites what this step's gradient needs. Asking twice for `name` in one step gives the
+        same buffer."""
+        from compiler.types import as_dtype
+        dt = as_dtype(dtype)
+        dims = (int(shape),) if isinstance(shape, int) else tuple(int(d) for d in shape)
+        arr = self._scratch.get(name)
+        if arr is not None:
+            if arr.shape != dims or arr.dtype != dt:
+                raise ModelError(f"s.scratch('{name}') was asked for with shape {arr.shape} of {arr.dtype} "
+                                 f"earlier in this step and now with shape {dims} of {dt}; use another name")
+            return arr
+        arr = self._scratch[name] = self._pool.acquire(dims, dt)
+        if self._grads is not None:
+            self._grads.attach(arr)
+        return arr
+
+    @property
+    def scratch_buffers(self) -> dict[str, array]:
+        return dict(self._scratch)
+
+
+@dataclass(eq=False)
+class RecordedStep:
+    """A step kept for its adjoint: its tape and the versions it read and wrote (held in the pool)."""
+    n: int
+    tape: StepTape
+    prev: State
+    next: State
+    scratch: dict[str, array]
+    loss: array | None = None
+    held: list = field(default_factory=list)
+
+
+class GradSlots:
+    """Gradients attached from the pool while a step records or reverses, detached afterwards.
+
+    A recorded step carries gradients while it records, so that what decides at record time whether
+    an operation is differentiable (copies, clones, the compiler's check for kernels without an
+    adjoint) sees the arrays as differentiable; between recording and its adjoint the step holds
+    no gradient memory."""
+
+    def __init__(self, pool: BufferPool):
+        self.pool = pool
+        self.attached: list[array] = []
+
+    def attach(self, arr: array, grad: array | None = None) -> None:
+        if arr.grad is None and arr.dtype.is_float:
+            arr.grad = grad if grad is not None else self.pool.acquire_like(arr)
+            self.attached.append(arr)
+
+    def detach(self, keep=()) -> None:
+        """Release every attached gradient except those of the arrays in `keep` (by identity)."""
+        keep_ids = {id(a) for a in keep}
+        for arr in self.attached:
+            if id(arr) not in keep_ids:
+                grad, arr.grad = arr.grad, None
+                self.pool.release(grad)
+        self.attached = [a for a in self.attached if id(a) in keep_ids]
+
+
+def _where(fn) -> str:
+    try:
+        return f"{os.path.basename(inspect.getsourcefile(fn))}:{inspect.getsourcelines(fn)[1]}"
+    except (OSError, TypeError):
+        return getattr(fn, "__qualname__", "step")
+
+
+def check_scalar_loss(value, what: str) -> array:
+    if not isinstance(value, array):
+        raise ModelError(f"{what} must return a one-element stepper array (the loss), got "
+                         f"{type(value).__name__}")
+    if value.size != 1 or value.dtype.inner_shape or not value.dtype.is_float:
+        raise ModelError(f"{what} must return a one-element float array (a scalar loss), got an array of "
+                         f"{value.dtype} with shape {value.shape}; reduce it to one value first")
+    return value
+
+
+def run_step(model, n: int, prev: State, pool: BufferPool, *, deterministic: bool, record: bool = False,
+             running_loss=None):
+    """Run step n of `model` from `prev`; return (next State, its StepContext, the tape, the loss array
+    or None). The caller owns one hold on every next and scratch array. With `record`, the arrays
+    carry gradients while the step runs (see GradSlots); none are left attached."""
+    nxt = State({name: pool.acquire(spec.shape, spec.dtype) for name, spec in model.states.items()})
+    grads = None
+    if record:
+        grads = GradSlots(pool)
+        for a in (*prev.values(), *nxt.values()):
+            grads.attach(a)
+    ctx = StepContext(n, model.t0 + n * model.dt, model.dt, prev, nxt, model.params, pool, grads)
+    protected = {id(a._storage): f"s.prev.{name}" for name, a in prev.items()}
+    protected.update({id(a._storage): f"s.params.{name}" for name, a in model.params.items()})
+    tape = StepTape(protected, deterministic)
+    loss = None
+    try:
+        with tape:
+            model.step_fn(ctx)
+            if running_loss is not None:
+                loss = check_scalar_loss(running_loss(ctx), "running_loss(s)")
+        missing = [name for name, a in nxt.items() if id(a._storage) not in tape.written]
+        if missing:
+            names = ", ".join(f"s.next.{m}" for m in missing)
+            raise ModelError(
+                f"step function '{model.step_fn.__name__}' ({_where(model.step_fn)}) never wrote {names} "
+                f"(step {n}). Every declared state must be written each step, by a kernel, assign() or "
+                f"copy(); to keep a state unchanged write copy({names.split(', ')[0]}, "
+                f"{names.split(', ')[0].replace('s.next.', 's.prev.')}).")
+    except BaseException:
+        if grads is not None:
+            grads.detach()
+        for a in (*nxt.values(), *ctx.scratch_buffers.values()):
+            pool.release(a)
+        raise
+    if grads is not None:
+        grads.detach()
+    return nxt, ctx, tape, loss

@@ -1,0 +1,94 @@
+"""Buffer versions: a pool of arrays, so that every step writes fresh buffers without allocating.
+
+Each step asks for new versions of its outputs and scratch buffers; a version goes back to the pool
+when nothing holds it any more (the live state, a recorded step waiting for its adjoint, a gradient
+being carried). Holders count references with `retain`/`release`. Gradients are versions too: the
+executor attaches pooled arrays as ``.grad`` only while a step's adjoint runs.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+
+from compiler import array, empty
+
+__all__ = ["BufferPool"]
+
+
+class BufferPool:
+    """Arrays by (shape, dtype), reused once released. Tracks bytes for the run's statistics:
+    `live_bytes` (held now), `allocated_bytes` (held + free in the pool) and their peaks."""
+
+    def __init__(self, device: str = "cpu", zero: bool = True):
+        self.device = device
+        self.zero = zero
+        self._free: dict[tuple, list[array]] = defaultdict(list)
+        self._refs: dict[int, int] = {}         # id(array) -> holders
+        self._arrays: dict[int, array] = {}     # id(array) -> array, for the pool's own bookkeeping
+        self.live_bytes = self.allocated_bytes = 0
+        self.peak_live_bytes = self.peak_allocated_bytes = 0
+        self.allocations = 0
+
+    def acquire(self, shape, dtype, zero: bool | None = None) -> array:
+        """A version nobody else holds (reference count 1), zero-filled unless ``zero=False``."""
+        shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+        key = (shape, dtype)
+        free = self._free[key]
+        if free:
+            arr = free.pop()
+            if self.zero if zero is None else zero:
+                arr.numpy().fill(0)
+        else:
+            arr = empty(shape, dtype=dtype, device=self.device)
+            arr.numpy().fill(0)
+            self.allocations += 1
+            self.allocated_bytes += arr.numpy().nbytes
+            self.peak_allocated_bytes = max(self.peak_allocated_bytes, self.allocated_bytes)
+        self._refs[id(arr)] = 1
+        self._arrays[id(arr)] = arr
+        self.live_bytes += arr.numpy().nbytes
+        self.peak_live_bytes = max(self.peak_live_bytes, self.live_bytes)
+        return arr
+
+    def acquire_like(self, arr: array, zero: bool | None = None) -> array:
+        return self.acquire(arr.shape, arr.dtype, zero)
+
+    def owns(self, arr: array) -> bool:
+        return id(arr) in self._refs
+
+    def retain(self, arr: array) -> array:
+        self._refs[id(arr)] += 1
+        return arr
+
+    def release(self, arr: array) -> None:
+        """Drop one hold; the last one returns the version to the pool (its grad is detached)."""
+        count = self._refs[id(arr)] - 1
+        if count:
+            self._refs[id(arr)] = count
+            return
+        del self._refs[id(arr)], self._arrays[id(arr)]
+        arr.grad = None
+        self.live_bytes -= arr.numpy().nbytes
+        self._free[(arr.shape, arr.dtype)].append(arr)
+
+    def give_away(self, arr: array) -> array:
+        """Hand a held version to the caller for good: the pool forgets it (its bytes stay counted
+        in the peaks, not in `live_bytes`)."""
+        del self._refs[id(arr)], self._arrays[id(arr)]
+        nbytes = arr.numpy().nbytes
+        self.live_bytes -= nbytes
+        self.allocated_bytes -= nbytes
+        return arr
+
+    def clear(self) -> None:
+        """Forget the free versions (their memory goes back to the allocator)."""
+        for arrays in self._free.values():
+            for arr in arrays:
+                self.allocated_bytes -= arr.numpy().nbytes
+        self._free.clear()
+
+    @property
+    def live(self) -> int:
+        """How many versions are held now."""
+        return len(self._refs)
