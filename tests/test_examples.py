@@ -25,3 +25,9 @@ def test_recursive_formulations_match_finite_differences():
     assert ewma_error < 1e-6 and blend_error < 1e-6
     d = np.array([0.417022, 0.72032449])
     np.testing.assert_allclose(seed_grad, [0.5 * d.sum()] * 2, rtol=1e-12)
+
+
+def test_cloth_gradients_match_finite_differences():
+    results = load("cloth").main(size=6, steps=120)
+    for name, (ours, fd) in results.items():
+        assert ours == pytest.approx(fd, rel=1e-5), name
