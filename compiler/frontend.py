@@ -539,6 +539,8 @@ class Frontend(CallLowering):
         """Evaluate an annotation-like expression (types, dtype keywords) at compile time."""
         if isinstance(node, ast.Constant):
             return node.value
+        if isinstance(node, ast.Tuple):                     # matrix((3, 3), float64)
+            return tuple(self.python_value(e) for e in node.elts)
         if isinstance(node, (ast.Name, ast.Attribute)):
             return self._resolve_attr(node)
         if isinstance(node, ast.Call):

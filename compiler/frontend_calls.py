@@ -9,7 +9,7 @@ import inspect
 from . import ir
 from .builtins import PYTHON_BUILTINS, Builtin, cast_op, construct_op
 from .func import Func
-from .types import ArrayType, MatrixType, ScalarType, VectorType, bool_, float32, int32
+from .types import ArrayType, MatrixType, ScalarType, VectorType, bool_, float32, int32, matrix, vector
 
 PY_CASTS = {int: int32, float: float32, bool: bool_}
 
@@ -26,6 +26,9 @@ class CallLowering:
 
     def expr_Call(self, node):
         callee = self._resolve_attr(node.func, quiet=True) if self._is_python_path(node.func) else None
+        if isinstance(node.func, ast.Call) and self._is_python_path(node.func.func) \
+                and self._resolve_attr(node.func.func, quiet=True) in (vector, matrix):
+            callee = self.python_value(node.func)          # vector(3, float64)(x, y, z) builds a type, then a value
         if callee is None:
             self.error(node, f"'{ast.unparse(node.func)}' is not something kernels can call",
                        "call builtins, types such as vec3(...), or @func functions")

@@ -628,6 +628,41 @@ def test_vec3_float32_constructors():
     assert out.numpy().dtype == np.float32
 
 
+@sp.kernel
+def inline_types(x: sp.array(dtype=sp.float64), v: sp.array(dtype=sp.vector(3, sp.float64)),
+                 m: sp.array(dtype=sp.matrix((2, 2), sp.float64))):
+    i = sp.tid()
+    s = x[i]
+    v[i] = sp.vector(3, sp.float64)(s, 2.0, -s) + sp.vector(3, sp.float64)()
+    m[i] = sp.matrix((2, 2), sp.float64)(s) + mat22d(1.0, 2.0, 3.0, 4.0)
+
+
+def test_vector_and_matrix_type_constructors_inside_kernels():
+    x = np.array([0.5, -2.0])
+    v = sp.zeros(2, dtype=vec3d)
+    m = sp.zeros(2, dtype=mat22d)
+    sp.launch(inline_types, 2, inputs=[sp.array(x)], outputs=[v, m])
+    np.testing.assert_array_equal(v.numpy(), [[0.5, 2.0, -0.5], [-2.0, 2.0, 2.0]])
+    np.testing.assert_array_equal(m.numpy(), x[:, None, None] + np.array([[1.0, 2.0], [3.0, 4.0]]))
+
+
+@sp.kernel
+def literal_expressions(c: sp.array(dtype=int), out: sp.array(dtype=sp.float64, ndim=2)):
+    i = sp.tid()
+    out[i, 0] = 2.0 * 0.1
+    out[i, 1] = 1.0 if c[i] > 0 else 2.0
+    out[i, 2] = sp.select(c[i] > 0, -1.0, 1.0)
+
+
+@pytest.mark.xfail(strict=True, reason="design: only literals themselves are weakly typed; an expression of "
+                                       "literals (2.0 * 0.1, 1.0 if c else 2.0) becomes float32, so storing it "
+                                       "into a float64 array is a CompileError (JAX keeps such results weak)")
+def test_expressions_of_literals_stay_weakly_typed():
+    out = sp.zeros((2, 3), dtype=sp.float64)
+    sp.launch(literal_expressions, 2, inputs=[sp.array(np.array([1, 0], np.int32))], outputs=[out])
+    np.testing.assert_array_equal(out.numpy(), [[2.0 * 0.1, 1.0, 1.0], [2.0 * 0.1, 2.0, -1.0]])
+
+
 # ---- gradients against float64 central finite differences ------------------------------------------
 def tape_and_fd_gradients(kernel, dim, inputs, outputs, seeds, eps=1e-6):
     """d(sum(seed * output)) / d(input) for every float64 input array with requires_grad, twice: from
