@@ -187,20 +187,33 @@ def _pick(b, cond, g):
 def _min_max(name, first_wins):
     @adjoint(name)
     def _(b, g, out, x, y):
-        if not isinstance(x.type, ScalarType):
-            b.unsupported(f"{name}() of vectors")
         # Ties send the gradient to the first argument, as NumPy's and Warp's rules do.
+        if not isinstance(x.type, ScalarType):             # per component
+            gx = b.op("pick_" + first_wins, x, y, g)
+            b.accum(x, gx)
+            b.accum(y, b.op("sub", g, gx))
+            return
         first = b.op(first_wins, x, y)
         b.accum(x, _pick(b, first, g))
         b.accum(y, _pick(b, b.op("not", first), g))
 
 
+defop("pick_le", tr.same_shape_elementwise)      # adjoint helpers: g where a <= b (a >= b), else 0
+defop("pick_ge", tr.same_shape_elementwise)
 _min_max("min", "le")
 _min_max("max", "ge")
 
 
 @adjoint("clamp")
 def _(b, g, out, x, lo, hi):
+    if not isinstance(x.type, ScalarType):                 # clamp = min(max(x, lo), hi), per component
+        m = b.op("max", x, lo)
+        gm = b.op("pick_le", m, hi, g)
+        b.accum(hi, b.op("sub", g, gm))
+        gx = b.op("pick_ge", x, lo, gm)
+        b.accum(x, gx)
+        b.accum(lo, b.op("sub", gm, gx))
+        return
     inside = b.op("and", b.op("ge", x, lo), b.op("le", x, hi))
     below = b.op("lt", x, lo)
     b.accum(x, _pick(b, inside, g))

@@ -779,6 +779,29 @@ def test_small_matrix_adjoint():
     assert_gradients_match(*tape_and_fd_gradients(small_matrices, 3, [a, b], outs, seeds))
 
 
+@sp.kernel
+def vector_min_max_clamp(a: sp.array(dtype=vec3d), b: sp.array(dtype=vec3d), c: sp.array(dtype=vec3d),
+                         out: sp.array(dtype=vec3d, ndim=2)):
+    i = sp.tid()
+    out[i, 0] = sp.min(a[i], b[i])
+    out[i, 1] = sp.max(a[i], b[i])
+    out[i, 2] = sp.clamp(a[i], b[i], c[i])
+
+
+def test_vector_min_max_clamp_forward_and_adjoint():
+    rng = np.random.default_rng(11)
+    lo = rng.uniform(-1, 0, (4, 3))
+    a, b, c = rng.uniform(-1.5, 1.5, (4, 3)), lo, lo + rng.uniform(0.5, 1.5, (4, 3))
+    ins = [sp.array(v, dtype=vec3d, requires_grad=True) for v in (a, b, c)]
+    out = sp.zeros((4, 3), dtype=vec3d, requires_grad=True)
+    sp.launch(vector_min_max_clamp, 4, inputs=ins, outputs=[out])
+    np.testing.assert_array_equal(out.numpy()[:, 0], np.minimum(a, b))
+    np.testing.assert_array_equal(out.numpy()[:, 1], np.maximum(a, b))
+    np.testing.assert_array_equal(out.numpy()[:, 2], np.clip(a, b, c))
+    seed = rng.standard_normal((4, 3, 3))
+    assert_gradients_match(*tape_and_fd_gradients(vector_min_max_clamp, 4, ins, [out], [seed]))
+
+
 # ---- atomics, stores and accumulation ---------------------------------------------------------------
 @sp.kernel
 def atomic_grads(x: sp.array(dtype=sp.float64), acc: sp.array(dtype=sp.float64)):

@@ -188,8 +188,22 @@ SP_FUNC int64_t abs(int64_t x) { return x < 0 ? -x : x; }
 template <typename T> SP_FUNC T sign(T x) { return T((x > T(0)) - (x < T(0))); }
 template <typename T> SP_FUNC T min(T a, T b) { return b < a ? b : a; }
 template <typename T> SP_FUNC T max(T a, T b) { return a < b ? b : a; }
-template <typename T> SP_FUNC T clamp(T x, T lo, T hi) { return min(max(x, lo), hi); }
 SP_MAP2(min, 0) SP_MAP2(max, 0) SP_MAP1(abs) SP_MAP1(sign)
+// After the vector overloads of min/max, so that clamp of vectors finds them.
+template <typename T> SP_FUNC T clamp(T x, T lo, T hi) { return min(max(x, lo), hi); }
+// Adjoint helpers of min/max/clamp on vectors and matrices: per component, g where a <= b (pick_le)
+// or a >= b (pick_ge), else 0.
+#define SP_PICK(T) SP_FUNC T pick_le(T a, T b, T g) { return a <= b ? g : T(0); } \
+                   SP_FUNC T pick_ge(T a, T b, T g) { return a >= b ? g : T(0); }
+SP_PICK(float) SP_PICK(double)
+#define SP_MAP3(NAME)                                                                                \
+    template <int N, typename T>                                                                     \
+    SP_FUNC vec_t<N, T> NAME(const vec_t<N, T>& a, const vec_t<N, T>& b, const vec_t<N, T>& c) {    \
+        vec_t<N, T> o; for (int i = 0; i < N; ++i) o[i] = NAME(a[i], b[i], c[i]); return o; }       \
+    template <int R, int C, typename T>                                                              \
+    SP_FUNC mat_t<R, C, T> NAME(const mat_t<R, C, T>& a, const mat_t<R, C, T>& b, const mat_t<R, C, T>& c) { \
+        mat_t<R, C, T> o; for (int i = 0; i < R; ++i) o[i] = NAME(a[i], b[i], c[i]); return o; }
+SP_MAP3(pick_le) SP_MAP3(pick_ge)
 #ifdef SP_CUDA
 SP_FUNC float inf_f32() { return __int_as_float(0x7f800000); }
 SP_FUNC double inf_f64() { return __longlong_as_double(0x7ff0000000000000ll); }
