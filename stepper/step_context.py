@@ -27,6 +27,7 @@ class StepTape(Tape):
     def __init__(self, protected: dict[int, str], deterministic: bool):
         super().__init__(deterministic=deterministic)
         self._protected = protected          # id(storage) -> "s.prev.x" / "s.params.k"
+        self.labels: dict[int, str] = {}     # id(storage) -> "s.next.x" / "s.scratch('force')"
         self.written: set[int] = set()       # id(storage) of everything written or accumulated
 
     def check_writes(self, op) -> None:
@@ -40,7 +41,13 @@ class StepTape(Tape):
                 else:
                     fix = ("Parameters are inputs of every step; compute into s.scratch(...) instead.")
                 raise OverwriteError(f"{op.name}{where} writes argument '{arg}', which is {label}. {fix}")
-        super().check_writes(op)
+        try:
+            super().check_writes(op)
+        except OverwriteError as exc:
+            names = [self.labels[id(a._storage)] for a in op.writes.values() if id(a._storage) in self.labels]
+            hint = (f"\nThat buffer is {names[0]}; inside a step, ask for a fresh one instead, e.g. "
+                    f"s.scratch('another_name', ...).") if names else ""
+            raise OverwriteError(f"{exc}{hint}") from None
         for arr in (*op.writes.values(), *op.accumulates.values()):
             self.written.add(id(arr._storage))
 
@@ -56,6 +63,7 @@ class StepContext:
         self.prev, self.next, self.params = prev, next, params
         self._pool = pool
         self._grads = grads
+        self._tape: StepTape | None = None
         self._scratch: dict[str, array] = {}
 
     def scratch(self, name: str, shape, dtype=float) -> array:
@@ -72,6 +80,8 @@ class StepContext:
                                  f"earlier in this step and now with shape {dims} of {dt}; use another name")
             return arr
         arr = self._scratch[name] = self._pool.acquire(dims, dt)
+        if self._tape is not None:
+            self._tape.labels[id(arr._storage)] = f"s.scratch('{name}')"
         if self._grads is not None:
             self._grads.attach(arr)
         return arr
@@ -94,30 +104,34 @@ class RecordedStep:
 
 
 class GradSlots:
-    """Gradients attached from the pool while a step records or reverses, detached afterwards.
+    """Stand-in gradients for a step while it records.
 
-    A recorded step carries gradients while it records, so that what decides at record time whether
-    an operation is differentiable (copies, clones, the compiler's check for kernels without an
-    adjoint) sees the arrays as differentiable; between recording and its adjoint the step holds
-    no gradient memory."""
+    What decides at record time whether an operation is differentiable (copies, clones, the
+    compiler's check for kernels without an adjoint) asks ``requires_grad``, so the arrays a
+    recorded step touches must carry gradients while it runs. Nothing writes a gradient before the
+    adjoint, so one zero array per (shape, dtype) stands in for all of them; the executor attaches
+    real gradients only while the step's adjoint runs."""
 
     def __init__(self, pool: BufferPool):
         self.pool = pool
         self.attached: list[array] = []
+        self._shared: dict[tuple, array] = {}
 
-    def attach(self, arr: array, grad: array | None = None) -> None:
+    def attach(self, arr: array) -> None:
         if arr.grad is None and arr.dtype.is_float:
-            arr.grad = grad if grad is not None else self.pool.acquire_like(arr)
+            key = (arr.shape, arr.dtype)
+            grad = self._shared.get(key)
+            if grad is None:
+                grad = self._shared[key] = self.pool.acquire_like(arr, zero=False)
+            arr.grad = grad
             self.attached.append(arr)
 
-    def detach(self, keep=()) -> None:
-        """Release every attached gradient except those of the arrays in `keep` (by identity)."""
-        keep_ids = {id(a) for a in keep}
+    def detach(self) -> None:
         for arr in self.attached:
-            if id(arr) not in keep_ids:
-                grad, arr.grad = arr.grad, None
-                self.pool.release(grad)
-        self.attached = [a for a in self.attached if id(a) in keep_ids]
+            arr.grad = None
+        for grad in self._shared.values():
+            self.pool.release(grad)
+        self.attached, self._shared = [], {}
 
 
 def _where(fn) -> str:
@@ -152,6 +166,8 @@ def run_step(model, n: int, prev: State, pool: BufferPool, *, deterministic: boo
     protected = {id(a._storage): f"s.prev.{name}" for name, a in prev.items()}
     protected.update({id(a._storage): f"s.params.{name}" for name, a in model.params.items()})
     tape = StepTape(protected, deterministic)
+    tape.labels.update({id(a._storage): f"s.next.{name}" for name, a in nxt.items()})
+    ctx._tape = tape
     loss = None
     try:
         with tape:

@@ -1,0 +1,95 @@
+"""Every schedule gives the same gradient, to the last bit, and runs exactly its own step count."""
+import numpy as np
+import pytest
+
+import stepper as sp
+from stepper_models import energy_rate, height, particle_initial, particle_model
+
+STEPS = 200
+
+
+@pytest.fixture(scope="module")
+def reference():
+    model, initial = particle_model(), particle_initial()
+    result = model.gradient(initial, STEPS, loss=height, running_loss=energy_rate, schedule=sp.StoreAll(STEPS))
+    return model, initial, result
+
+
+def same_bits(a, b):
+    assert a.loss == b.loss
+    assert set(a.grads) == set(b.grads)
+    for name in a.grads:
+        np.testing.assert_array_equal(a.grads[name].numpy(), b.grads[name].numpy(), err_msg=name)
+
+
+SCHEDULES = {
+    "store-all in RAM": lambda: sp.StoreAll(STEPS, sp.StorageType.RAM),
+    "revolve 2": lambda: sp.Revolve(STEPS, 2),
+    "revolve 5": lambda: sp.Revolve(STEPS, 5),
+    "revolve 20": lambda: sp.Revolve(STEPS, 20),
+    "online 8": lambda: sp.Online(8),
+}
+
+
+@pytest.mark.parametrize("name", SCHEDULES)
+def test_schedules_agree_bit_for_bit(reference, name):
+    model, initial, ref = reference
+    result = model.gradient(initial, STEPS, loss=height, running_loss=energy_rate, schedule=SCHEDULES[name]())
+    same_bits(ref, result)
+    assert result.stats.forward_steps == sp.validate(SCHEDULES[name](), STEPS).forward_steps
+    assert result.stats.recorded_steps == STEPS and result.stats.reverse_steps == STEPS
+
+
+def test_multilevel_with_hdf5_agrees_and_counts_disk_traffic(reference, tmp_path):
+    model, initial, ref = reference
+    result = model.gradient(initial, STEPS, loss=height, running_loss=energy_rate,
+                            schedule=sp.MultiLevel(STEPS, 2, 5), storage=tmp_path / "snapshots.h5")
+    same_bits(ref, result)
+    cost = sp.validate(sp.MultiLevel(STEPS, 2, 5), STEPS)
+    stats = result.stats
+    assert stats.forward_steps == cost.forward_steps
+    assert stats.snapshots_written(sp.StorageType.DISK) == cost.disk_writes
+    assert stats.snapshots_read(sp.StorageType.DISK) == cost.disk_reads
+    assert stats.snapshots_written(sp.StorageType.RAM) == cost.ram_writes
+    assert stats.snapshots_read(sp.StorageType.RAM) == cost.ram_reads
+    state_bytes = model.state_bytes
+    assert stats.snapshots[sp.StorageType.DISK].bytes_written == cost.disk_writes * state_bytes
+    assert stats.peak_ram_snapshot_bytes <= 2 * state_bytes
+
+
+def test_checkpoint_schedules_peer_schedules_work(reference, tmp_path):
+    cs = pytest.importorskip("checkpoint_schedules")
+    model, initial, ref = reference
+    result = model.gradient(initial, STEPS, loss=height, running_loss=energy_rate,
+                            schedule=cs.Revolve(STEPS, 6))
+    same_bits(ref, result)
+    assert result.stats.forward_steps == sp.validate(cs.Revolve(STEPS, 6), STEPS).forward_steps
+    result = model.gradient(initial, STEPS, loss=height, running_loss=energy_rate,
+                            schedule=cs.MultistageCheckpointSchedule(STEPS, 2, 3), storage=tmp_path / "s.h5")
+    same_bits(ref, result)
+
+
+def test_online_schedule_stops_when_the_condition_holds(reference):
+    model, initial, _ = reference
+
+    def fallen(state):
+        return float(state.x.numpy()[:, 1].mean()) < -0.5
+    plain = model.rollout(initial, 1000, until=fallen, deterministic=True)
+    n = plain.steps
+    assert 10 < n < 1000
+    online = model.gradient(initial, loss=height, schedule=sp.Online(4), until=fallen)
+    assert online.stats.steps == n
+    np.testing.assert_array_equal(online.final.x.numpy(), plain.x.numpy())
+    same_bits(model.gradient(initial, n, loss=height, schedule=sp.StoreAll(n)), online)
+
+
+def test_revolve_memory_is_bounded_by_its_snapshots(reference):
+    model, initial, ref = reference
+    result = model.gradient(initial, STEPS, loss=height, running_loss=energy_rate, schedule=sp.Revolve(STEPS, 5))
+    state = model.state_bytes
+    scratch = 64 * 12 + 4 * 2              # force (vec3) and the running loss, for one step
+    assert result.stats.peak_ram_snapshot_bytes == 5 * state
+    # live: snapshots, the step's input and output with their adjoints (4 states), its scratch with
+    # gradients, and the loss seeds
+    assert result.stats.peak_memory_bytes <= (5 + 4) * state + 2 * scratch + 64
+    assert ref.stats.peak_memory_bytes >= STEPS * state     # store-all keeps every step

@@ -1,0 +1,140 @@
+"""Per-step buffer versioning: the seed's overwrite bug cannot happen inside a step function, and
+the writes that would corrupt a gradient are refused with the kernel, argument and line."""
+import inspect
+
+import numpy as np
+import pytest
+
+import stepper as sp
+from step_kernels import add_into, double, scale_in_place_target
+from stepper_models import (chain_force, chain_initial, chain_integrate, chain_model, particle_initial,
+                            particle_model, sum_squares64)
+
+N = 16
+
+
+def final_x_squared(state):
+    out = sp.zeros(1, dtype=sp.float64)
+    sp.launch(sum_squares64, N, inputs=[state.x], outputs=[out])
+    return out
+
+
+def unrolled_gradient(model, initial, steps, fresh_force: bool):
+    """The seed's example outside the stepper: one Tape over all steps, with a force buffer per step
+    (right) or one reused force buffer (the classic bug)."""
+    k, c = model.params.k, model.params.c
+    xs = [sp.array(initial["x"].numpy(), dtype=sp.float64, requires_grad=True)]
+    vs = [sp.array(initial["v"].numpy(), dtype=sp.float64, requires_grad=True)]
+    shared = sp.zeros(N, dtype=sp.float64, requires_grad=True)
+    tape = sp.Tape(deterministic=True)
+    with tape:
+        for n in range(steps):
+            force = sp.zeros(N, dtype=sp.float64, requires_grad=True) if fresh_force else shared
+            sp.launch(chain_force, N, inputs=[xs[-1], k, 1.0, N], outputs=[force])
+            xs.append(sp.zeros(N, dtype=sp.float64, requires_grad=True))
+            vs.append(sp.zeros(N, dtype=sp.float64, requires_grad=True))
+            sp.launch(chain_integrate, N, inputs=[xs[-2], vs[-2], force, c, model.dt], outputs=[xs[-1], vs[-1]])
+        loss = final_x_squared(type("S", (), {"x": xs[-1]}))
+    loss.requires_grad = True
+    k.grad.zero_()
+    c.grad.zero_()
+    tape.backward(grads={loss: 1.0})
+    return xs[0].grad.numpy(), vs[0].grad.numpy(), k.grad.numpy().copy(), c.grad.numpy().copy()
+
+
+def test_force_scratch_buffer_gives_the_unrolled_gradient_bit_for_bit():
+    model, initial = chain_model(N), chain_initial(N)
+    result = model.gradient(initial, 25, loss=final_x_squared, schedule=sp.Revolve(25, 3))
+    gx, gv, gk, gc = unrolled_gradient(model, initial, 25, fresh_force=True)
+    np.testing.assert_array_equal(result.grads["x"].numpy(), gx)
+    np.testing.assert_array_equal(result.grads["v"].numpy(), gv)
+    np.testing.assert_array_equal(result.grads["k"].numpy(), gk)
+    np.testing.assert_array_equal(result.grads["c"].numpy(), gc)
+
+
+def test_reused_force_buffer_outside_the_stepper_is_refused():
+    model, initial = chain_model(N), chain_initial(N)
+    with pytest.raises(sp.OverwriteError) as info:
+        unrolled_gradient(model, initial, 3, fresh_force=False)
+    message = str(info.value)
+    assert "kernel 'chain_force'" in message and "'f'" in message and "chain_integrate" in message
+    assert "test_versions.py:" in message
+
+
+def test_forward_rollout_keeps_two_versions_of_the_state():
+    model, initial = particle_model(), particle_initial()
+    result = model.rollout(initial, 100)
+    force = 64 * 12
+    assert result.stats.peak_buffer_bytes == 2 * model.state_bytes + force
+
+
+def _one_state_model(step):
+    model = sp.Model()
+    model.state("x", 4)
+    model.state("y", 4)
+    model.step(step)
+    return model, {"x": sp.array([1.0, 2.0, 3.0, 4.0]), "y": sp.zeros(4)}
+
+
+def test_writing_into_s_prev_names_kernel_argument_and_line():
+    def step(s):
+        sp.launch(double, 4, inputs=[s.next.x], outputs=[s.prev.y])   # wrong: writes the input
+    line = inspect.getsourcelines(step)[1] + 1
+    model, initial = _one_state_model(step)
+    with pytest.raises(sp.OverwriteError) as info:
+        model.rollout(initial, 3)
+    message = str(info.value)
+    assert "kernel 'double'" in message and "argument 'y'" in message and "s.prev.y" in message
+    assert f"test_versions.py:{line}" in message and "s.next.y instead" in message
+
+
+def test_host_writes_into_s_prev_are_refused_too():
+    def step(s):
+        s.prev.x.zero_()
+    model, initial = _one_state_model(step)
+    with pytest.raises(sp.OverwriteError, match=r"s\.prev\.x"):
+        model.rollout(initial, 1)
+
+
+def test_overwriting_within_a_step_what_an_earlier_launch_read_is_refused():
+    def step(s):
+        tmp = s.scratch("tmp", 4)
+        sp.launch(double, 4, inputs=[s.prev.x], outputs=[tmp])
+        sp.launch(double, 4, inputs=[tmp], outputs=[s.next.x])
+        sp.launch(scale_in_place_target, 4, inputs=[s.prev.y, 3.0], outputs=[tmp])   # tmp was read
+        sp.launch(double, 4, inputs=[tmp], outputs=[s.next.y])
+    line = inspect.getsourcelines(step)[1] + 4
+    model, initial = _one_state_model(step)
+    with pytest.raises(sp.OverwriteError) as info:
+        model.rollout(initial, 2)
+    message = str(info.value)
+    assert "kernel 'scale_in_place_target'" in message and "argument 'y'" in message
+    assert f"test_versions.py:{line}" in message and "kernel 'double'" in message
+
+
+def test_a_state_the_step_never_writes_is_named():
+    def step(s):
+        sp.launch(double, 4, inputs=[s.prev.x], outputs=[s.next.x])
+    model, initial = _one_state_model(step)
+    with pytest.raises(sp.ModelError, match=r"never wrote s\.next\.y .*copy\(s\.next\.y, s\.prev\.y\)"):
+        model.rollout(initial, 1)
+
+
+def test_copy_keeps_a_state_unchanged_and_is_differentiable():
+    def step(s):
+        sp.launch(double, 4, inputs=[s.prev.x], outputs=[s.next.x])
+        sp.copy(s.next.y, s.prev.y)
+        sp.launch(add_into, 4, inputs=[s.prev.x], outputs=[s.next.y])
+    model, initial = _one_state_model(step)
+    final = model.rollout(initial, 3)
+    np.testing.assert_array_equal(final.x.numpy(), [8.0, 16.0, 24.0, 32.0])
+    np.testing.assert_array_equal(final.y.numpy(), [7.0, 14.0, 21.0, 28.0])     # x + 2x + 4x
+
+    def loss(state):
+        from step_kernels import total
+        out = sp.zeros(1)
+        sp.launch(total, 4, inputs=[state.y], outputs=[out])
+        return out
+    grads = model.gradient(initial, 3, loss=loss, schedule=sp.Revolve(3, 2)).grads
+    np.testing.assert_array_equal(grads["x"].numpy(), [7.0] * 4)
+    np.testing.assert_array_equal(grads["y"].numpy(), [1.0] * 4)
