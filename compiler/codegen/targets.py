@@ -92,7 +92,8 @@ CPU = Target(
     int overflow = 0;
     #pragma omp parallel for schedule(static) reduction(|:overflow) if (L.n >= {threshold} && !serial)
     for (int64_t t = 0; t < L.n; ++t) {{
-        sp::tape_t tp = {{tape + t, L.n, 0, capacity, count_only, 0}};
+        // Thread-major on the CPU: a thread's words are contiguous, as its core walks them in order.
+        sp::tape_t tp = {{tape + t * capacity, 1, 0, capacity, count_only, 0}};
         {name}_thread(t, L, args, adj_args + sizeof(launch_t), tp);
         if (count_only) counts[t] = tp.pos;
         overflow |= tp.overflow;
