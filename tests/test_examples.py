@@ -31,3 +31,9 @@ def test_cloth_gradients_match_finite_differences():
     results = load("cloth").main(size=6, steps=120)
     for name, (ours, fd) in results.items():
         assert ours == pytest.approx(fd, rel=1e-5), name
+
+
+def test_wave_inverse_problem_reduces_the_misfit(tmp_path):
+    losses, error = load("wave_inverse").main(size=16, steps=300, iterations=3, ram=4, disk=8,
+                                              png=str(tmp_path / "wave.png"))
+    assert losses[-1] < 0.6 * losses[0]
