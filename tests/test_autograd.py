@@ -302,3 +302,12 @@ def test_jacobian_plot(tmp_path):
     fig = autograd.jacobian_plot(autograd.jacobian(square, 2, [x], [y]), title="square",
                                  filename=tmp_path / "j.png")
     assert fig is not None and (tmp_path / "j.png").stat().st_size > 0
+
+
+def test_jacobian_plot_without_matplotlib_warns_and_returns_none(monkeypatch):
+    import sys
+    monkeypatch.setitem(sys.modules, "matplotlib", None)          # makes `import matplotlib...` fail
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
+    monkeypatch.setitem(sys.modules, "matplotlib.colors", None)
+    with pytest.warns(UserWarning, match="needs matplotlib"):
+        assert autograd.jacobian_plot({("x", "y"): np.eye(2)}) is None

@@ -438,6 +438,8 @@ def test_a_constant_range_too_long_to_unroll():
     backward_ones(product_of_1000, 1, [x], out)
     np.testing.assert_allclose(out.numpy(), [np.prod(xs)], rtol=1e-13)
     np.testing.assert_allclose(x.grad.numpy(), np.prod(xs) / xs, rtol=1e-12)
+    # a real loop, not 1000 unrolled copies: its carried product goes on the loop tape
+    np.testing.assert_array_equal(autograd.loop_tape_words(product_of_1000, 1, [x], [out]), [1000])
 
 
 # -- what the loop tape holds ----------------------------------------------------------------------------
