@@ -37,3 +37,9 @@ def test_wave_inverse_problem_reduces_the_misfit(tmp_path):
     losses, error = load("wave_inverse").main(size=16, steps=300, iterations=3, ram=4, disk=8,
                                               png=str(tmp_path / "wave.png"))
     assert losses[-1] < 0.6 * losses[0]
+
+
+def test_online_run_stops_on_energy_and_matches_offline_bit_for_bit():
+    steps, forward, optimum, same = load("online_energy").main(n=8, threshold=1e-1, snapshots=6)
+    assert same
+    assert optimum <= forward <= 1.1 * optimum
