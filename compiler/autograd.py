@@ -133,12 +133,7 @@ class _FunctionProblem(_Problem):
         self.function = function
         self.inputs_list = list(inputs or [])
         self.label = f"function '{getattr(function, '__name__', 'function')}'"
-        try:
-            names = list(inspect.signature(function).parameters)
-        except (TypeError, ValueError):
-            names = []
-        names = [n if i < len(names) else f"input_{i}" for i, n in enumerate(names + [""] * len(self.inputs_list))]
-        self.inputs = [_Var(names[i], i, a) for i, a in enumerate(self.inputs_list)
+        self.inputs = [_Var(_parameter_name(function, i), i, a) for i, a in enumerate(self.inputs_list)
                        if isinstance(a, array) and a.requires_grad and a.dtype.is_float]
         self.given = None if outputs is None else list(outputs)
         self._baseline = [(a, a.numpy().copy()) for a in self.given or () if isinstance(a, array)]
@@ -159,6 +154,20 @@ class _FunctionProblem(_Problem):
                 raise TypeError(f"{self.label} returned {type(result).__name__}; without outputs=[...] it must "
                                 "return its output array(s)")
             self._set_outputs(result)
+
+
+def _parameter_name(function, i: int) -> str:
+    """The name of `function`'s i-th positional parameter (``args[k]`` for ``*args``), else ``input_i``."""
+    try:
+        params = list(inspect.signature(function).parameters.values())
+    except (TypeError, ValueError):
+        return f"input_{i}"
+    for k, p in enumerate(params):
+        if p.kind == p.VAR_POSITIONAL:
+            return f"{p.name}[{i - k}]"
+        if k == i and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            return p.name
+    return f"input_{i}"
 
 
 def _problem(function, dim, inputs, outputs, device) -> _Problem:
@@ -391,7 +400,7 @@ def gradcheck(function, dim=None, inputs=None, outputs=None, *, eps: float = 1e-
     return not failed
 
 
-def gradcheck_tape(tape: Tape, *, eps: float = 1e-4, atol: float = 1e-3, rtol: float = 1e-2,
+def gradcheck_tape(tape: Tape, eps: float = 1e-4, atol: float = 1e-3, rtol: float = 1e-2, *,
                    raise_exception: bool = True, input_output_masks: dict | None = None, blacklist_kernels=None,
                    whitelist_kernels=None, max_inputs_per_var: int = -1, max_outputs_per_var: int = -1,
                    plot_relative_error: bool = False, plot_absolute_error: bool = False,

@@ -311,3 +311,17 @@ def test_jacobian_plot_without_matplotlib_warns_and_returns_none(monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib.colors", None)
     with pytest.warns(UserWarning, match="needs matplotlib"):
         assert autograd.jacobian_plot({("x", "y"): np.eye(2)}) is None
+
+
+def test_python_function_inputs_are_named_by_its_parameters():
+    a = sp.array([1.0], requires_grad=True)
+    b = sp.array([2.0], requires_grad=True)
+
+    def product(*factors):
+        y = sp.zeros(1, requires_grad=True)
+        sp.launch(square, 1, inputs=[factors[0]], outputs=[y])
+        return y
+    assert set(autograd.jacobian(product, inputs=[a, b])) == {("factors[0]", "output_0"), ("factors[1]", "output_0")}
+    jac = autograd.jacobian(lambda x, y: product(x, y), inputs=[a, b])
+    np.testing.assert_array_equal(jac["x", "output_0"], [[2.0]])
+    np.testing.assert_array_equal(jac["y", "output_0"], [[0.0]])
