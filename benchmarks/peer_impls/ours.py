@@ -1,0 +1,131 @@
+"""Ours: the same step as a stepper kernel, reversed with a checkpointing schedule.
+
+The state is (up, u); each step writes both next.up (= prev.u) and next.u in one kernel, so a
+snapshot is the same two arrays a peer's carry holds. `schedule` is "storeall", "revolve" (with
+`snapshots` in RAM) or "multilevel" (`snapshots` in RAM plus `disk` on disk, HDF5 in a temporary
+directory). ``deterministic=False`` lets the adjoint's atomics run on all cores (the default, True,
+runs every kernel serially so that every schedule gives the same bits).
+"""
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+
+import numpy as np
+
+from .problem import B, C, initial
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+import stepper as sp                               # noqa: E402
+
+F2 = sp.array(dtype=float, ndim=2)
+F1 = sp.array(dtype=float)
+
+
+@sp.kernel
+def wave_step(up: F2, u: F2, c: float, b: float, up_next: F2, u_next: F2):
+    i, j = sp.tid()
+    n = u.shape[0]
+    m = u.shape[1]
+    x = u[i, j]
+    lap = -4.0 * x
+    if i > 0:
+        lap += u[i - 1, j]
+    if i < n - 1:
+        lap += u[i + 1, j]
+    if j > 0:
+        lap += u[i, j - 1]
+    if j < m - 1:
+        lap += u[i, j + 1]
+    up_next[i, j] = x
+    u_next[i, j] = 2.0 * x - up[i, j] + c * lap - b * x * x * x
+
+
+@sp.kernel
+def half_sum_sq(u: F2, out: F1):
+    i, j = sp.tid()
+    sp.atomic_add(out, 0, 0.5 * u[i, j] * u[i, j])
+
+
+def make_model(n: int) -> "sp.Model":
+    # zero_buffers=False (skip zero-filling s.next, which the kernel overwrites entirely) gives wrong
+    # gradients for more than one step in the current stepper, so the default zero-filling stays on.
+    model = sp.Model()
+    model.state("up", (n, n), sp.float32)
+    model.state("u", (n, n), sp.float32)
+
+    @model.step
+    def step(s):
+        sp.launch(wave_step, (n, n), inputs=[s.prev.up, s.prev.u, C, B], outputs=[s.next.up, s.next.u])
+    return model
+
+
+def loss(state):
+    out = sp.zeros(1, requires_grad=True)
+    sp.launch(half_sum_sq, state.u.shape, inputs=[state.u], outputs=[out])
+    return out
+
+
+class OursRunner:
+    def __init__(self, n: int, steps: int, schedule: str, snapshots: int | None = None, disk: int = 0,
+                 deterministic: bool = False, count: bool = False):
+        self.n, self.steps, self.kind = n, steps, schedule
+        self.snapshots, self.disk, self.deterministic = snapshots, disk, deterministic
+        self.model = make_model(n)
+        self.u0 = initial(n)
+        self.stats = None
+        self._tmp = tempfile.TemporaryDirectory(prefix="peers-ours-")
+
+    def _initial(self):
+        return {"up": sp.array(self.u0.copy(), dtype=sp.float32), "u": sp.array(self.u0.copy(), dtype=sp.float32)}
+
+    def _schedule(self, steps):
+        if self.kind == "storeall":
+            return sp.StoreAll(steps)
+        if self.kind == "revolve":
+            return sp.Revolve(steps, min(self.snapshots, steps))
+        if self.kind == "multilevel":
+            return sp.MultiLevel(steps, self.snapshots, self.disk)
+        raise ValueError(f"unknown schedule {self.kind!r}")
+
+    def _storage(self):
+        return os.path.join(self._tmp.name, "snapshots.h5") if self.kind == "multilevel" else None
+
+    def warmup(self) -> None:
+        # compile (or load from the kernel cache) and touch every code path once, on 4 steps
+        self.model.rollout(self._initial(), steps=4)
+        self.model.gradient(self._initial(), steps=4, loss=loss, schedule=self._schedule(4),
+                            storage=self._storage(), deterministic=self.deterministic)
+
+    def forward(self) -> np.ndarray:
+        final = self.model.rollout(self._initial(), steps=self.steps, deterministic=self.deterministic)
+        return final.u.numpy().copy()
+
+    def gradient(self) -> tuple[float, np.ndarray, dict]:
+        result = self.model.gradient(self._initial(), steps=self.steps, loss=loss,
+                                     schedule=self._schedule(self.steps), storage=self._storage(),
+                                     deterministic=self.deterministic)
+        self.stats = result.stats
+        g = result.grads["u"].numpy() + result.grads["up"].numpy()   # u_prev = u = u0
+        st = result.stats
+        stats = {"forward_steps": st.forward_steps, "recorded_steps": st.recorded_steps,
+                 "peak_memory_bytes_reported": st.peak_memory_bytes,
+                 "io_seconds": st.io_seconds,
+                 "snapshots_ram": st.snapshots_written(sp.StorageType.RAM),
+                 "snapshots_disk": st.snapshots_written(sp.StorageType.DISK)}
+        return float(result.loss), g, stats
+
+    def forward_steps(self) -> int | None:
+        return None                                # reported by result.stats
+
+    def stored_states(self) -> str:
+        if self.kind == "storeall":
+            return f"{self.steps} steps recorded"
+        if self.kind == "revolve":
+            return f"{self.snapshots} snapshots"
+        return f"{self.snapshots} RAM + {self.disk} disk snapshots"
+
+
+def describe() -> dict:
+    return {"stepper": sp.__version__, "device": f"cpu (OpenMP, {os.cpu_count()} cores)"}

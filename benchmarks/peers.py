@@ -1,0 +1,332 @@
+"""Peer comparison (issue 6): the gradient of a nonlinear wave rollout, ours against Warp, JAX and
+equinox, in one run on one machine.
+
+    python benchmarks/peers.py                       # 256 x 256, 10,000 steps (minutes; GiBs of RAM)
+    python benchmarks/peers.py --quick               # 64 x 64, 500 steps (about a minute)
+    python benchmarks/peers.py --only 'jax-*' ours-storeall --out results.json
+
+The problem (peer_impls/problem.py): u_next = 2u - u_prev + C lap(u) - B u^3, C = 0.25, B = 1e-3,
+zero Dirichlet boundaries, u_prev = u = u0 (a Gaussian bump), loss 0.5 sum(u_final^2), gradient
+with respect to u0. Each configuration runs in a fresh process, so its peak resident memory is its
+own (the parent reads it with os.wait4), and libraries never share an allocator. Per configuration:
+
+- forward time (a rollout, no gradient) and gradient time (loss and dloss/du0), compilation excluded;
+- peak RSS of the process, the RSS after importing the library (the idle baseline), their
+  difference, and the peak above the RSS just before the gradient (what the gradient itself held,
+  measured by resetting the kernel's high-water mark through /proc/self/clear_refs);
+- forward step evaluations in one gradient: ours from result.stats, JAX and equinox counted with a
+  jax.debug.callback in the step on an 8 x 8 grid with the same number of steps (the count does not
+  depend on the grid), Warp's store-all Tape by construction (one per step);
+- correctness: every configuration's gradient against a float64 NumPy reference on a small problem
+  (24 x 24, 60 steps), and against each other at the benchmark size.
+
+The table goes to stdout and to benchmarks/results/peers.md (with the command, machine and date);
+everything measured goes to benchmarks/results/peers.json (or --out).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import fnmatch
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from peer_impls import Config, budgets, configs  # noqa: E402
+
+RESULTS = os.path.join(HERE, "results")
+CHECK_N, CHECK_STEPS = 24, 60          # the float64 reference check
+COUNT_N = 8                            # the grid of the step-counting runs
+MiB = 1024 * 1024
+
+
+# -- the worker: one configuration, in its own process ---------------------------------------------------
+def _status_kib(key: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def _reset_peak() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")                    # resets VmHWM to the current RSS (Linux >= 4.0)
+        return True
+    except OSError:
+        return False
+
+
+def worker(cfg: Config, n: int, steps: int, repeat: int, count: bool, grad_path: str | None) -> dict:
+    import importlib
+    t0 = time.perf_counter()
+    module = importlib.import_module(f"peer_impls.{cfg.module}")
+    out = {"config": cfg.name, "n": n, "steps": steps, "import_s": time.perf_counter() - t0,
+           "rss_import_mib": _status_kib("VmRSS") / 1024, "versions": module.describe(),
+           "loadavg_start": os.getloadavg()[0]}
+    t0 = time.perf_counter()
+    runner = getattr(module, cfg.runner)(n, steps, count=count, **cfg.kwargs)
+    runner.warmup()
+    out["setup_s"] = time.perf_counter() - t0
+    out["rss_ready_mib"] = _status_kib("VmRSS") / 1024
+    out["stored"] = runner.stored_states()
+    if not count:
+        times = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            u_final = runner.forward()
+            times.append(time.perf_counter() - t0)
+        out["forward_s"] = min(times)
+        out["u_final_abs_max"] = float(np.abs(u_final).max())
+        del u_final
+    times, peaks = [], []
+    for _ in range(repeat if not count else 1):
+        out["peak_reset"] = _reset_peak()
+        before = _status_kib("VmRSS")
+        t0 = time.perf_counter()
+        loss, grad, stats = runner.gradient()
+        times.append(time.perf_counter() - t0)
+        peaks.append((_status_kib("VmHWM") - before) / 1024)
+    out["gradient_s"] = min(times)
+    out["gradient_peak_above_start_mib"] = max(peaks)
+    out["loss"] = loss
+    out["stats"] = stats
+    out["forward_steps_closed_form"] = runner.forward_steps()
+    out["grad_abs_max"] = float(np.abs(grad).max())
+    out["finite"] = bool(np.all(np.isfinite(grad)))
+    out["loadavg_end"] = os.getloadavg()[0]
+    if grad_path:
+        np.save(grad_path, grad)
+    return out
+
+
+# -- the parent ------------------------------------------------------------------------------------------
+def run_worker(cfg: Config, n: int, steps: int, repeat: int, count: bool, grad_path: str | None,
+               timeout: float) -> dict:
+    """Run one configuration in a fresh process; returns its report plus its peak RSS (ru_maxrss)."""
+    with tempfile.NamedTemporaryFile("r", suffix=".json", delete=False) as f:
+        result_path = f.name
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", cfg.name, "--n", str(n), "--steps", str(steps),
+           "--repeat", str(repeat), "--result", result_path]
+    if count:
+        cmd.append("--count")
+    if grad_path:
+        cmd += ["--grad-out", grad_path]
+    log = tempfile.TemporaryFile("w+")
+    started = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    deadline = started + timeout
+    status, rusage = 0, None
+    while True:
+        pid, status, rusage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            break
+        if time.perf_counter() > deadline:
+            proc.kill()
+            _, status, rusage = os.wait4(proc.pid, 0)
+            break
+        time.sleep(0.05)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    wall = time.perf_counter() - started
+    try:
+        with open(result_path) as f:
+            report = json.load(f)
+    except (OSError, json.JSONDecodeError):
+        log.seek(0)
+        tail = log.read()[-3000:]
+        timed_out = wall >= timeout
+        report = {"config": cfg.name, "error": f"{'timed out after ' + str(int(timeout)) + ' s' if timed_out else 'exit ' + str(proc.returncode)}",
+                  "log_tail": tail}
+    finally:
+        if os.path.exists(result_path):
+            os.unlink(result_path)
+    report["peak_rss_mib"] = rusage.ru_maxrss / 1024       # KiB on Linux
+    report["wall_s"] = wall
+    return report
+
+
+def machine_info() -> dict:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+        cpu = names[0] if names else cpu
+    except OSError:
+        pass
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1024**3
+    return {"cpu": cpu, "cores": os.cpu_count(), "ram_gib": round(mem, 1), "os": platform.platform(),
+            "python": platform.python_version()}
+
+
+def rel_err(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
+
+
+def fmt(x, spec=".2f", missing="-"):
+    return missing if x is None else format(x, spec)
+
+
+def markdown(results: list[dict], meta: dict) -> str:
+    lines = [
+        f"# Peer comparison: nonlinear wave, {meta['n']} x {meta['n']}, {meta['steps']:,} steps",
+        "",
+        f"- command: `{meta['command']}`",
+        f"- date: {meta['date']}",
+        f"- machine: {meta['machine']['cpu']}, {meta['machine']['cores']} cores, "
+        f"{meta['machine']['ram_gib']} GiB RAM, {meta['machine']['os']}, Python {meta['machine']['python']}",
+        f"- versions: {meta['versions']}",
+        f"- one state (u_prev, u) = {2 * 4 * meta['n'] ** 2 / MiB:.2f} MiB; float32 everywhere",
+        "",
+        "| configuration | stores | forward s | gradient s | gradient / forward | peak RSS MiB | "
+        "idle baseline MiB | peak - baseline MiB | gradient's own peak MiB | forward step evals | "
+        "vs float64 ref (small) | vs " + meta["cross_ref"] + " |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        if "error" in r:
+            lines.append(f"| {r['config']} | {r['error']} | | | | | | | | | | |")
+            continue
+        ratio = r["gradient_s"] / r["forward_s"] if r.get("forward_s") else None
+        evals = r.get("forward_steps")
+        lines.append(
+            f"| {r['config']} | {r['stored']} | {fmt(r.get('forward_s'))} | {fmt(r['gradient_s'])} | "
+            f"{fmt(ratio, '.1f')} | {r['peak_rss_mib']:.0f} | {r['rss_import_mib']:.0f} | "
+            f"{r['peak_rss_mib'] - r['rss_import_mib']:.0f} | {r['gradient_peak_above_start_mib']:.0f} | "
+            f"{fmt(evals, ',d')}{'' if r.get('forward_steps_source') != 'closed form' else '*'} | "
+            f"{fmt(r.get('check_rel_err'), '.1e')} | {fmt(r.get('cross_rel_err'), '.1e')} |")
+    lines += ["", "\\* closed form (not counted). Load average (1 min) at the start of each run: " +
+              ", ".join(f"{r['config']} {r['loadavg_start']:.1f}" for r in results if "loadavg_start" in r) + "."]
+    lines += ["", *meta.get("notes", [])]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--n", type=int, default=None, help="grid side (default 256; 64 with --quick)")
+    ap.add_argument("--steps", type=int, default=None, help="time steps (default 10,000; 500 with --quick)")
+    ap.add_argument("--quick", action="store_true", help="64 x 64, 500 steps")
+    ap.add_argument("--only", nargs="*", default=None, help="configuration names or glob patterns")
+    ap.add_argument("--repeat", type=int, default=1, help="time each phase this many times, keep the best")
+    ap.add_argument("--no-check", action="store_true", help="skip the float64 reference check")
+    ap.add_argument("--timeout", type=float, default=1800, help="seconds per configuration")
+    ap.add_argument("--out", default=None, help="JSON results (default benchmarks/results/peers[-quick].json)")
+    ap.add_argument("--md", default=None, help="Markdown table (default benchmarks/results/peers[-quick].md)")
+    ap.add_argument("--list", action="store_true", help="list the configurations and exit")
+    # worker mode (internal)
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--result", help=argparse.SUPPRESS)
+    ap.add_argument("--grad-out", help=argparse.SUPPRESS)
+    ap.add_argument("--count", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    n = args.n or (64 if args.quick else 256)
+    steps = args.steps or (500 if args.quick else 10_000)
+    all_cfgs = configs(steps)
+
+    if args.worker:
+        cfg = next(c for c in all_cfgs if c.name == args.worker)
+        report = worker(cfg, n, steps, args.repeat, args.count, args.grad_out)
+        with open(args.result, "w") as f:
+            json.dump(report, f)
+        return 0
+
+    cfgs = all_cfgs if not args.only else [c for c in all_cfgs if any(fnmatch.fnmatch(c.name, p) for p in args.only)]
+    if args.list or not cfgs:
+        for c in all_cfgs:
+            print(c.name, c.kwargs)
+        return 0 if args.list else 1
+    suffix = "-quick" if args.quick and args.n is None and args.steps is None else ""
+    out_json = args.out or os.path.join(RESULTS, f"peers{suffix}.json")
+    out_md = args.md or os.path.join(RESULTS, f"peers{suffix}.md")
+    command = "python benchmarks/peers.py" + ("" if not sys.argv[1:] else " " + shlex.join(sys.argv[1:]))
+    seg, small, large = budgets(steps)
+    print(f"# {n} x {n}, {steps} steps; budgets: segment {seg}, small {small}, large {large}", flush=True)
+
+    # 1. correctness against float64 on a small problem (names and budgets of the benchmark size)
+    check = {}
+    if not args.no_check:
+        from peer_impls.problem import initial, reference_gradient
+        _, g_ref = reference_gradient(initial(CHECK_N), CHECK_STEPS)
+        small_cfgs = configs(CHECK_STEPS)        # the same list, budgets scaled to the check's length
+        for cfg in cfgs:
+            small_cfg = small_cfgs[all_cfgs.index(cfg)]
+            with tempfile.TemporaryDirectory() as tmp:
+                path = os.path.join(tmp, "g.npy")
+                r = run_worker(small_cfg, CHECK_N, CHECK_STEPS, 1, False, path, args.timeout)
+                check[cfg.name] = rel_err(np.load(path), g_ref) if "error" not in r else None
+            print(f"check {cfg.name}: rel err vs float64 {check[cfg.name]}", flush=True)
+
+    # 2. the benchmark, one fresh process per configuration
+    results, grads = [], {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for cfg in cfgs:
+            path = os.path.join(tmp, cfg.name + ".npy")
+            r = run_worker(cfg, n, steps, args.repeat, False, path, args.timeout)
+            if "error" not in r:
+                grads[cfg.name] = np.load(path)
+                if cfg.countable:
+                    c = run_worker(cfg, COUNT_N, steps, 1, True, None, args.timeout)
+                    counted = c.get("stats", {}).get("forward_steps_counted")
+                    r["forward_steps"], r["forward_steps_source"] = counted, "counted (jax.debug.callback, 8 x 8)"
+                elif "forward_steps" in r.get("stats", {}):
+                    r["forward_steps"], r["forward_steps_source"] = r["stats"]["forward_steps"], "result.stats"
+                else:
+                    r["forward_steps"], r["forward_steps_source"] = r["forward_steps_closed_form"], "closed form"
+            r["check_rel_err"] = check.get(cfg.name)
+            results.append(r)
+            brief = {k: r.get(k) for k in ("forward_s", "gradient_s", "peak_rss_mib", "forward_steps", "error")}
+            print(f"{cfg.name}: {brief}", flush=True)
+    cross_ref = "jax-scan" if "jax-scan" in grads else (next(iter(grads)) if grads else "-")
+    for r in results:
+        if r["config"] in grads and cross_ref in grads:
+            r["cross_rel_err"] = rel_err(grads[r["config"]], grads[cross_ref])
+
+    versions = {}
+    for r in results:
+        versions.update({k: v for k, v in r.get("versions", {}).items() if k != "devices"})
+    meta = {"n": n, "steps": steps, "command": command,
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "machine": machine_info(), "versions": versions, "cross_ref": cross_ref,
+            "budgets": {"segment": seg, "small": small, "large": large}, "notes": NOTES}
+    os.makedirs(os.path.dirname(os.path.abspath(out_json)), exist_ok=True)
+    with open(out_json, "w") as f:
+        json.dump({"meta": meta, "results": results}, f, indent=1, default=str)
+    md = markdown(results, meta)
+    with open(out_md, "w") as f:
+        f.write(md)
+    print(md)
+    return 0
+
+
+NOTES = [
+    "Notes:",
+    "- forward: a rollout without gradient; gradient: loss and dloss/du0 (forward sweep, reverse sweep, "
+    "recomputations). Compilation is excluded everywhere (JAX is compiled ahead of time, Warp and ours "
+    "compile or load their kernels in a warm-up run).",
+    "- peak RSS: ru_maxrss of the configuration's own process; idle baseline: RSS after importing the "
+    "library; gradient's own peak: the high-water mark above the RSS just before the gradient.",
+    "- jax-scan: lax.scan differentiated as is (autodiff keeps each step's residuals); "
+    "jax-remat-per-step: jax.checkpoint around the step (the carry of every step is kept, the step "
+    "recomputed); jax-nested-remat-S: segments of S steps, each segment and each step checkpointed "
+    "(two-level, sqrt(n) x sqrt(n)); equinox-kK: equinox.internal.while_loop(kind='checkpointed', "
+    "checkpoints=K), the online Stumm-Walther schedule diffrax uses.",
+    "- warp-tape: one Warp kernel per step on device='cpu' (Warp's CPU launches are single-threaded), "
+    "a fresh output array per step, one wp.Tape over the rollout (store-all).",
+    "- ours: stepper.Model with the same kernel; StoreAll, Revolve(steps, K) and MultiLevel(steps, K RAM, "
+    "L disk; HDF5 in a temporary directory), deterministic=False (atomics in the adjoint run on all "
+    "cores).",
+]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
