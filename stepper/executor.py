@@ -45,6 +45,11 @@ def check_finite_state(state: State, step: int) -> None:
                                  step, name, index)
 
 
+def _reads_any(tape, arrays) -> bool:
+    ids = {id(a._storage) for a in arrays}
+    return any(id(a._storage) in ids for op in tape.ops for a in op.reads.values())
+
+
 class Sweep:
     """One execution of `schedule` (an iterable of our actions) for `model` from `initial`
     (``{name: ndarray}``). See the module docstring for what each action does."""
@@ -196,7 +201,8 @@ class Sweep:
         start = time.perf_counter()
         prev = self.work
         nxt, ctx, tape, loss = run_step(self.model, n, prev, self.pool, deterministic=self.deterministic,
-                                        record=record, running_loss=self.running_loss)
+                                        record=record, running_loss=self.running_loss,
+                                        donors=self.carry.values() if self.carry else ())
         if n >= self.seen:      # first time this step runs: its loss, finiteness, progress
             if loss is not None:
                 self.step_losses.append(float(loss.numpy().reshape(-1)[0]))
@@ -279,6 +285,8 @@ class Sweep:
     def _reverse(self, a: Reverse) -> None:
         if a.n1 != self.adj:
             raise ModelError(f"the schedule asks for {a!r} but the adjoint is at step {self.adj}")
+        if self.work is not None and self.pos > a.n0:
+            self._set_work(None)     # nothing may run forward past the adjoint: the state is dead
         for k in range(a.n1 - 1, a.n0 - 1, -1):
             rec = self.recorded.get(k)
             if rec is None:
@@ -288,12 +296,16 @@ class Sweep:
                 del self.recorded[k]
                 self._drop(rec)
             self.adj = k
-        if self.work is not None and self.pos > self.adj:
-            self._set_work(None)     # nothing may run forward past the adjoint: the state is dead
 
     def _reverse_step(self, rec: RecordedStep) -> None:
         start = time.perf_counter()
         pool, carry = self.pool, self.carry
+        if rec.next_held and not _reads_any(rec.tape, rec.next.values()):
+            # Adjoints replay the forward from the step's inputs and never touch the primal values of
+            # what the step only wrote, so s.next's memory can serve the previous state's gradient.
+            for a in rec.next.values():
+                pool.release(a)
+            rec.next_held = False
         for name, a in rec.next.items():
             if name in carry:
                 a.grad = carry[name]
@@ -322,7 +334,7 @@ class Sweep:
         self.bar.update(1)
 
     def _drop(self, rec: RecordedStep) -> None:
-        for a in (*rec.prev.values(), *rec.next.values(), *rec.scratch.values()):
+        for a in (*rec.prev.values(), *(rec.next.values() if rec.next_held else ()), *rec.scratch.values()):
             self.pool.release(a)
 
     def _load_initial(self, initial: dict) -> State:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import inspect
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from compiler import OverwriteError, Tape, array
 
@@ -100,7 +100,7 @@ class RecordedStep:
     next: State
     scratch: dict[str, array]
     loss: array | None = None
-    held: list = field(default_factory=list)
+    next_held: bool = True            # False once the executor let s.next's memory go (see executor)
 
 
 class GradSlots:
@@ -112,15 +112,18 @@ class GradSlots:
     adjoint, so one zero array per (shape, dtype) stands in for all of them; the executor attaches
     real gradients only while the step's adjoint runs."""
 
-    def __init__(self, pool: BufferPool):
+    def __init__(self, pool: BufferPool, donors=()):
         self.pool = pool
         self.attached: list[array] = []
         self._shared: dict[tuple, array] = {}
+        # Arrays that live through the step anyway and that nothing writes during it (the adjoint
+        # being carried) can stand in too, saving the allocation.
+        self._donated = {(d.shape, d.dtype): d for d in donors}
 
     def attach(self, arr: array) -> None:
         if arr.grad is None and arr.dtype.is_float:
             key = (arr.shape, arr.dtype)
-            grad = self._shared.get(key)
+            grad = self._shared.get(key) or self._donated.get(key)
             if grad is None:
                 grad = self._shared[key] = self.pool.acquire_like(arr, zero=False)
             arr.grad = grad
@@ -152,14 +155,14 @@ def check_scalar_loss(value, what: str) -> array:
 
 
 def run_step(model, n: int, prev: State, pool: BufferPool, *, deterministic: bool, record: bool = False,
-             running_loss=None):
+             running_loss=None, donors=()):
     """Run step n of `model` from `prev`; return (next State, its StepContext, the tape, the loss array
     or None). The caller owns one hold on every next and scratch array. With `record`, the arrays
     carry gradients while the step runs (see GradSlots); none are left attached."""
     nxt = State({name: pool.acquire(spec.shape, spec.dtype) for name, spec in model.states.items()})
     grads = None
     if record:
-        grads = GradSlots(pool)
+        grads = GradSlots(pool, donors)
         for a in (*prev.values(), *nxt.values()):
             grads.attach(a)
     ctx = StepContext(n, model.t0 + n * model.dt, model.dt, prev, nxt, model.params, pool, grads)
