@@ -314,7 +314,7 @@ class Frontend(CallLowering):
         if op is None:
             self.error(st, f"operator {type(st.op).__name__} is not supported")
         t = st.target
-        if isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name) and op == "add" \
+        if isinstance(t, ast.Subscript) and isinstance(t.value, (ast.Name, ast.Attribute)) and op == "add" \
                 and self._is_python_path(t.value) and self._resolve_attr(t.value, quiet=True) is adjoint_marker:
             self.accumulate_adjoint(t, st.value, st)
             return

@@ -52,7 +52,7 @@ def polar(r: sp.float64, theta: sp.float64):
 @sp.func_grad(polar)
 def adj_polar(r: sp.float64, theta: sp.float64, adj_x: sp.float64, adj_y: sp.float64):
     adjoint[r] += adj_x * sp.cos(theta) + adj_y * sp.sin(theta)
-    adjoint[theta] += -adj_x * r * sp.sin(theta) + adj_y * r * sp.cos(theta)
+    sp.adjoint[theta] += -adj_x * r * sp.sin(theta) + adj_y * r * sp.cos(theta)   # Warp's spelling works too
 
 
 @sp.kernel

@@ -86,3 +86,19 @@ def test_changing_a_recorded_input_on_the_host_is_caught_at_backward():
     a.fill_(5.0)
     with pytest.raises(sp.OverwriteError, match="square"):
         tape.backward(grads={b: np.ones(4, np.float32)})
+
+
+@sp.kernel
+def bump(x: sp.array(dtype=float)):
+    i = sp.tid()
+    sp.atomic_add(x, i, 1.0)
+
+
+def test_accumulating_into_an_array_an_earlier_launch_read_is_refused():
+    # y = x * x needs the old x in its backward; adding to x afterwards would silently change the
+    # gradient ([4, 6] instead of [2, 4]), so it is an error that names both launches.
+    x = sp.array([1.0, 2.0], requires_grad=True)
+    y = sp.zeros(2, requires_grad=True)
+    with pytest.raises(sp.OverwriteError, match=r"bump.*accumulates into.*'x'.*square"), sp.Tape():
+        sp.launch(square, 2, inputs=[x], outputs=[y])
+        sp.launch(bump, 2, inputs=[], outputs=[x])

@@ -157,14 +157,18 @@ class Tape:
                         f"'{arg}' ({_describe_array(arr)}) in the same operation; its backward pass "
                         f"would replay with the overwritten values and give a wrong gradient.\n"
                         + _FIX_OVERWRITE)
-            record = self._reads.get(id(arr._storage))
-            if record is not None:
-                reader, read_arg = record.readers[0]
-                raise OverwriteError(
-                    f"{_describe(op)} overwrites argument '{arg}' ({_describe_array(arr)}), which the "
-                    f"earlier recorded {_describe(reader)} read as argument '{read_arg}'. Its backward "
-                    f"pass needs the values it read, so overwriting them would give a wrong gradient.\n"
-                    + _FIX_OVERWRITE)
+        # Accumulating (+=, atomics) into an array an earlier op read changes the values that op's
+        # backward replays with, just as an overwrite does; only a write before any read is free.
+        for kind, targets in (("overwrites", op.writes), ("accumulates into", op.accumulates)):
+            for arg, arr in targets.items():
+                record = self._reads.get(id(arr._storage))
+                if record is not None:
+                    reader, read_arg = record.readers[0]
+                    raise OverwriteError(
+                        f"{_describe(op)} {kind} argument '{arg}' ({_describe_array(arr)}), which the "
+                        f"earlier recorded {_describe(reader)} read as argument '{read_arg}'. Its backward "
+                        f"pass needs the values it read, so changing them would give a wrong gradient.\n"
+                        + _FIX_OVERWRITE)
 
     def record(self, op: RecordedOp) -> None:
         """Append `op` to the tape after `check_writes`; remembers the version of every array it reads."""
