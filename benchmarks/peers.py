@@ -335,7 +335,8 @@ NOTES = [
     "a fresh output array per step, one wp.Tape over the rollout (store-all).",
     "- ours: stepper.Model with the same kernel; StoreAll, Revolve(steps, K) and MultiLevel(steps, K RAM, "
     "L disk; HDF5 in a temporary directory), deterministic=False (atomics in the adjoint run on all "
-    "cores).",
+    "cores), new state versions zero-filled (the Model default). Workers run with "
+    "OMP_WAIT_POLICY=passive unless the environment sets it: only ours uses OpenMP.",
 ]
 
 
