@@ -38,8 +38,10 @@ class StepTape(Tape):
                 if label.startswith("s.prev."):
                     fix = (f"A step reads s.prev and writes s.next: write to s.next.{label[7:]} instead "
                            f"(s.prev is the previous step's result, which its gradient still needs).")
+                elif label.startswith("s.params."):
+                    fix = "Parameters are inputs of every step; compute into s.scratch(...) instead."
                 else:
-                    fix = ("Parameters are inputs of every step; compute into s.scratch(...) instead.")
+                    fix = "The loss reads the final state; compute into a new array instead."
                 raise OverwriteError(f"{op.name}{where} writes argument '{arg}', which is {label}. {fix}")
         try:
             super().check_writes(op)

@@ -93,3 +93,14 @@ def test_revolve_memory_is_bounded_by_its_snapshots(reference):
     # gradients, and the loss seeds
     assert result.stats.peak_memory_bytes <= (5 + 4) * state + 2 * scratch + 64
     assert ref.stats.peak_memory_bytes >= STEPS * state     # store-all keeps every step
+
+
+def test_revolve_peak_memory_is_its_snapshots_plus_three_states():
+    """With a terminal loss, a step's s.next memory is reused for the previous state's gradient: the
+    snapshots, the step's input, the carried adjoint and the new adjoint, plus one step's scratch
+    (the force and its gradient)."""
+    model, initial = particle_model(), particle_initial()
+    for snapshots in (2, 5, 12):
+        result = model.gradient(initial, STEPS, loss=height, schedule=sp.Revolve(STEPS, snapshots))
+        force = 64 * 12
+        assert result.stats.peak_memory_bytes <= (snapshots + 3) * model.state_bytes + 2 * force
