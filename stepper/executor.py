@@ -258,7 +258,7 @@ class Sweep:
     def _seed(self, loss, seeds) -> None:
         start = time.perf_counter()
         work = self.work
-        carry = {name: self.pool.acquire_like(a) for name, a in work.items() if a.dtype.is_float}
+        carry = {name: self.pool.acquire_like(a, zero=True) for name, a in work.items() if a.dtype.is_float}
         if seeds:
             for name, values in seeds.items():
                 if name in carry:
@@ -312,7 +312,7 @@ class Sweep:
         prev_grads = [a for a in rec.prev.values() if a.dtype.is_float]
         scratch_grads = [a for a in rec.scratch.values() if a.dtype.is_float and a.grad is None]
         for a in (*prev_grads, *scratch_grads):
-            a.grad = pool.acquire_like(a)
+            a.grad = pool.acquire_like(a, zero=True)
         seeds = {}
         if rec.loss is not None:
             if rec.loss.grad is None:

@@ -68,10 +68,10 @@ class StepContext:
         self._tape: StepTape | None = None
         self._scratch: dict[str, array] = {}
 
-    def scratch(self, name: str, shape, dtype=float) -> array:
-        """A buffer for this step only, zero-filled: a fresh version every step, so a later step never
-        overwrites what this step's gradient needs. Asking twice for `name` in one step gives the
-        same buffer."""
+    def scratch(self, name: str, shape, dtype=float, zero: bool | None = None) -> array:
+        """A buffer for this step only: a fresh version every step, so a later step never overwrites
+        what this step's gradient needs. Zero-filled unless ``zero=False`` (default: the model's
+        ``zero_buffers``). Asking twice for `name` in one step gives the same buffer."""
         from compiler.types import as_dtype
         dt = as_dtype(dtype)
         dims = (int(shape),) if isinstance(shape, int) else tuple(int(d) for d in shape)
@@ -81,7 +81,7 @@ class StepContext:
                 raise ModelError(f"s.scratch('{name}') was asked for with shape {arr.shape} of {arr.dtype} "
                                  f"earlier in this step and now with shape {dims} of {dt}; use another name")
             return arr
-        arr = self._scratch[name] = self._pool.acquire(dims, dt)
+        arr = self._scratch[name] = self._pool.acquire(dims, dt, zero)
         if self._tape is not None:
             self._tape.labels[id(arr._storage)] = f"s.scratch('{name}')"
         if self._grads is not None:

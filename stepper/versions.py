@@ -37,14 +37,13 @@ class BufferPool:
         free = self._free[key]
         if free:
             arr = free.pop()
-            if self.zero if zero is None else zero:
-                arr.numpy().fill(0)
         else:
             arr = empty(shape, dtype=dtype, device=self.device)
-            arr.numpy().fill(0)
             self.allocations += 1
             self.allocated_bytes += arr.numpy().nbytes
             self.peak_allocated_bytes = max(self.peak_allocated_bytes, self.allocated_bytes)
+        if self.zero if zero is None else zero:
+            arr.numpy().fill(0)
         self._refs[id(arr)] = 1
         self._arrays[id(arr)] = arr
         self.live_bytes += arr.numpy().nbytes

@@ -131,3 +131,10 @@ def energy_rate(s):
     out = s.scratch("kinetic", 1)
     sp.launch(kinetic, s.next.v.shape[0], inputs=[s.next.v], outputs=[out])
     return out
+
+
+def chain_final_x_squared(state):
+    """A terminal loss for the chain: sum of the final positions squared."""
+    out = sp.zeros(1, dtype=sp.float64)
+    sp.launch(sum_squares64, state.x.shape[0], inputs=[state.x], outputs=[out])
+    return out

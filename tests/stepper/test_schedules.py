@@ -104,3 +104,14 @@ def test_revolve_peak_memory_is_its_snapshots_plus_three_states():
         result = model.gradient(initial, STEPS, loss=height, schedule=sp.Revolve(STEPS, snapshots))
         force = 64 * 12
         assert result.stats.peak_memory_bytes <= (snapshots + 3) * model.state_bytes + 2 * force
+
+
+def test_models_that_skip_zero_filling_still_get_zeroed_gradients():
+    """zero_buffers=False skips filling new state and scratch versions (the chain's kernels store
+    every element), never the gradients."""
+    from stepper_models import chain_final_x_squared as final_x_squared, chain_initial, chain_model
+    model, initial = chain_model(), chain_initial()
+    reference = model.gradient(initial, 60, loss=final_x_squared, schedule=sp.Revolve(60, 4))
+    model.zero_buffers = False
+    again = model.gradient(initial, 60, loss=final_x_squared, schedule=sp.Revolve(60, 4))
+    same_bits(reference, again)
