@@ -129,7 +129,9 @@ class _Sweep:
         adj = self.adjoint_of(x)
         g = ir.Temp(x.type)
         self.emit(ir.ReadVar(g, adj, self.loc))
-        self.emit(ir.Assign(adj, ir.Const(0, x.type), self.loc))
+        # Reset to -0.0, not +0.0: -0.0 + g == g for every g, so the C++ compiler may drop the add
+        # that starts the next accumulation; with +0.0 it may not (+0.0 + -0.0 is +0.0).
+        self.emit(ir.Assign(adj, ir.Const(-0.0 if differentiable(x.type) else 0, x.type), self.loc))
         return g
 
     # builder interface used by the adjoint rules in builtins.py

@@ -35,7 +35,8 @@ def arg_offsets(params) -> list[int]:
 
 def literal(value, t) -> str:
     if isinstance(t, (VectorType, MatrixType)):
-        return f"{t.ctype}()" if value == 0 else f"{t.ctype}({literal(value, t.scalar)})"
+        plain_zero = value == 0 and not math.copysign(1.0, value) < 0
+        return f"{t.ctype}()" if plain_zero else f"{t.ctype}({literal(value, t.scalar)})"
     if t.name == "bool":
         return "true" if value else "false"
     if t.is_float:
@@ -176,7 +177,7 @@ class FunctionEmitter:
     def s_AccumGrad(self, s):
         idx = ", ".join(self.x(i) for i in s.indices)
         grad = "adj_" + s.array.param.name
-        self.line(f"if ({grad}.data) sp::atomic_add_at(sp::address({grad}, {idx}), {self.x(s.value)});")
+        self.line(f"if ({grad}.data) sp::accum_grad(sp::address({grad}, {idx}), {self.x(s.value)}, tp.serial);")
 
     def s_ReadGrad(self, s):
         idx = ", ".join(self.x(i) for i in s.indices)

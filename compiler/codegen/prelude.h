@@ -324,7 +324,12 @@ struct tape_t {
     int64_t capacity;
     int count_only;
     int overflow;
+    int serial;        // deterministic launch: threads run one after another, so no atomics needed
 };
+// Adjoints scatter into gradient arrays: atomically, or with a plain add when threads run serially
+// (the compare-and-swap loop costs far more than the add, and the order is then fixed anyway).
+template <typename T> SP_FUNC void accum_grad(T* p, const T& v, int serial) {
+    if (serial) *p = add(*p, v); else atomic_add_at(p, v); }
 template <typename T> SP_FUNC void push(tape_t& tp, const T& v) {
     const int W = (sizeof(T) + 7) / 8;
     if (tp.count_only) { tp.pos += W; return; }

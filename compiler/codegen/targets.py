@@ -89,11 +89,12 @@ CPU = Target(
                       int64_t* counts, int serial) {{
     const launch_t& L = *(const launch_t*)buf;
     const char* args = buf + sizeof(launch_t);
+    const int in_order = serial || L.n < {threshold};   // no other thread runs: plain adds suffice
     int overflow = 0;
     #pragma omp parallel for schedule(static) reduction(|:overflow) if (L.n >= {threshold} && !serial)
     for (int64_t t = 0; t < L.n; ++t) {{
         // Thread-major on the CPU: a thread's words are contiguous, as its core walks them in order.
-        sp::tape_t tp = {{tape + t * capacity, 1, 0, capacity, count_only, 0}};
+        sp::tape_t tp = {{tape + t * capacity, 1, 0, capacity, count_only, 0, in_order}};
         {name}_thread(t, L, args, adj_args + sizeof(launch_t), tp);
         if (count_only) counts[t] = tp.pos;
         overflow |= tp.overflow;
@@ -128,7 +129,7 @@ extern "C" __global__ void __launch_bounds__({block}) {name}(const __grid_consta
     const char* args = buf.bytes + sizeof(launch_t);
     const char* adj_args = adj_buf.bytes + sizeof(launch_t);
     """ + _GRID_STRIDE + """ {{
-        sp::tape_t tp = {{tape + t, L.n, 0, capacity, count_only, 0}};
+        sp::tape_t tp = {{tape + t, L.n, 0, capacity, count_only, 0, 0}};
         {name}_thread(t, L, args, adj_args, tp);
         if (count_only) {{
             if (counts) counts[t] = tp.pos;
