@@ -431,6 +431,9 @@ class Frontend(CallLowering):
         return self.emit_value(ir.ReadVar, var.type, var=var, loc=loc)
 
     def op(self, name, args, node) -> ir.Temp:
+        folded = _fold_literals(name, args)
+        if folded is not None:
+            return folded
         opdef = OPS[name]
         try:
             param_types, result = opdef.typing([a.type for a in args],
@@ -646,6 +649,24 @@ class Frontend(CallLowering):
         if isinstance(base.type, ScalarType):
             self.error(node, f"cannot index a {base.type}")
         return self.op("extract", [base, *indices], node)
+
+
+_FOLDABLE = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
+             "div": lambda a, b: a / b, "neg": lambda a: -a}
+
+
+def _fold_literals(name, args):
+    """An expression of untyped number literals (`2.0 * 0.1`) is itself an untyped literal, as in
+    JAX: it is computed here, in double precision, and adopts its context's type like a literal."""
+    if name not in _FOLDABLE or not all(isinstance(a, ir.Const) and a.weak for a in args):
+        return None
+    values = [a.value for a in args]
+    if name == "div" and values[1] == 0:
+        return None
+    result = _FOLDABLE[name](*values)
+    if name == "div" or any(isinstance(v, float) for v in values):
+        return ir.Const(float(result), float32, True)
+    return ir.Const(result, int64 if abs(result) >= 2**31 else int32, True)
 
 
 def _assigned_names(node) -> set[str]:
