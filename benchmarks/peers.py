@@ -18,7 +18,8 @@ own (the parent reads it with os.wait4), and libraries never share an allocator.
   jax.debug.callback in the step on an 8 x 8 grid with the same number of steps (the count does not
   depend on the grid), Warp's store-all Tape by construction (one per step);
 - correctness: every configuration's gradient against a float64 NumPy reference on a small problem
-  (24 x 24, 60 steps), and against each other at the benchmark size.
+  (24 x 24, 60 steps), against a float64 JAX run (x64, nested remat) at the benchmark size, and
+  against each other (relative max-norm errors).
 
 The table goes to stdout and to benchmarks/results/peers.md (with the command, machine and date);
 everything measured goes to benchmarks/results/peers.json (or --out).
@@ -42,7 +43,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from peer_impls import Config, budgets, configs  # noqa: E402
+from peer_impls import Config, budgets, configs, reference  # noqa: E402
 
 RESULTS = os.path.join(HERE, "results")
 CHECK_N, CHECK_STEPS = 24, 60          # the float64 reference check
@@ -200,12 +201,12 @@ def markdown(results: list[dict], meta: dict) -> str:
         "",
         "| configuration | stores | forward s | gradient s | gradient / forward | peak RSS MiB | "
         "idle baseline MiB | peak - baseline MiB | gradient's own peak MiB | forward step evals | "
-        "vs float64 ref (small) | vs " + meta["cross_ref"] + " |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "vs float64, 24 x 24 x 60 | vs float64, this size | vs " + meta["cross_ref"] + " |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         if "error" in r:
-            lines.append(f"| {r['config']} | {r['error']} | | | | | | | | | | |")
+            lines.append(f"| {r['config']} | {r['error']} | | | | | | | | | | | |")
             continue
         ratio = r["gradient_s"] / r["forward_s"] if r.get("forward_s") else None
         evals = r.get("forward_steps")
@@ -214,7 +215,8 @@ def markdown(results: list[dict], meta: dict) -> str:
             f"{fmt(ratio, '.1f')} | {r['peak_rss_mib']:.0f} | {r['rss_import_mib']:.0f} | "
             f"{r['peak_rss_mib'] - r['rss_import_mib']:.0f} | {r['gradient_peak_above_start_mib']:.0f} | "
             f"{fmt(evals, ',d')}{'' if r.get('forward_steps_source') != 'closed form' else '*'} | "
-            f"{fmt(r.get('check_rel_err'), '.1e')} | {fmt(r.get('cross_rel_err'), '.1e')} |")
+            f"{fmt(r.get('check_rel_err'), '.1e')} | {fmt(r.get('ref64_rel_err'), '.1e')} | "
+            f"{fmt(r.get('cross_rel_err'), '.1e')} |")
     lines += ["", "\\* closed form (not counted). Load average (1 min) at the start of each run: " +
               ", ".join(f"{r['config']} {r['loadavg_start']:.1f}" for r in results if "loadavg_start" in r) + "."]
     lines += ["", *meta.get("notes", [])]
@@ -244,7 +246,7 @@ def main(argv=None) -> int:
     all_cfgs = configs(steps)
 
     if args.worker:
-        cfg = next(c for c in all_cfgs if c.name == args.worker)
+        cfg = next(c for c in [*all_cfgs, reference(steps)] if c.name == args.worker)
         report = worker(cfg, n, steps, args.repeat, args.count, args.grad_out)
         with open(args.result, "w") as f:
             json.dump(report, f)
@@ -296,10 +298,18 @@ def main(argv=None) -> int:
             results.append(r)
             brief = {k: r.get(k) for k in ("forward_s", "gradient_s", "peak_rss_mib", "forward_steps", "error")}
             print(f"{cfg.name}: {brief}", flush=True)
+        # 3. the float64 reference at this size (JAX, x64, nested remat), unless JAX is missing
+        ref_path, ref = os.path.join(tmp, "float64.npy"), None
+        if not args.no_check:
+            r = run_worker(reference(steps), n, steps, 1, False, ref_path, args.timeout)
+            ref = np.load(ref_path) if "error" not in r else None
+            print(f"float64 reference: {r.get('error') or 'ok'} ({r.get('gradient_s', 0):.1f} s)", flush=True)
     cross_ref = "jax-scan" if "jax-scan" in grads else (next(iter(grads)) if grads else "-")
     for r in results:
         if r["config"] in grads and cross_ref in grads:
             r["cross_rel_err"] = rel_err(grads[r["config"]], grads[cross_ref])
+        if r["config"] in grads and ref is not None:
+            r["ref64_rel_err"] = rel_err(grads[r["config"]], ref)
 
     versions = {}
     for r in results:

@@ -30,6 +30,14 @@ def budgets(steps: int) -> tuple[int, int, int]:
     return seg, small, large
 
 
+def reference(steps: int) -> Config:
+    """The float64 reference at any size: nested remat in JAX with x64 enabled (fast, little memory),
+    from the same float32 initial condition."""
+    seg, _, _ = budgets(steps)
+    return Config("float64-reference", "jax_peers", "JaxRunner", {"mode": "nested", "segment": seg, "x64": True},
+                  False, "jax")
+
+
 def configs(steps: int) -> list[Config]:
     seg, small, large = budgets(steps)
     return [

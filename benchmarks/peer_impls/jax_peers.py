@@ -51,11 +51,13 @@ class JaxRunner:
     "equinox" (equinox.internal.while_loop(kind="checkpointed", checkpoints=k))."""
 
     def __init__(self, n: int, steps: int, mode: str, k: int | None = None, segment: int | None = None,
-                 count: bool = False):
+                 count: bool = False, x64: bool = False):
+        if x64:                                   # the float64 reference at the benchmark size
+            jax.config.update("jax_enable_x64", True)
         self.n, self.steps, self.mode, self.k = n, steps, mode, k
         self.segment = segment or max(1, round(math.sqrt(steps)))
         self.count = count
-        self.u0 = jnp.asarray(initial(n))
+        self.u0 = jnp.asarray(initial(n).astype(np.float64) if x64 else initial(n))
         step = make_step(count)
         rollout = self._rollout_fn(step)
         self._fwd = jax.jit(lambda u0: rollout(u0)[1]).lower(self.u0).compile()
