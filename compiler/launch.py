@@ -19,6 +19,7 @@ from .types import ArrayType, ScalarType, VectorType
 
 _HEADER = "q4q"
 _ONES = (1, 1, 1, 1)
+_MAX_THREADS = 2**31
 _SCALAR_FORMATS = {"float32": "f4x", "float64": "d", "int32": "i4x", "int64": "q", "bool": "?7x"}
 _PYTHON_KINDS = {"float32": (float, int), "float64": (float, int), "int32": (int,), "int64": (int,), "bool": (bool,)}
 
@@ -55,7 +56,7 @@ def _signature(kernel: Kernel) -> _Signature:
 
 
 def _dims(kernel: Kernel, dim, tid_ndim: int) -> tuple[int, ...]:
-    if type(dim) is int and dim >= 0 and tid_ndim == 1:
+    if type(dim) is int and 0 <= dim < _MAX_THREADS and tid_ndim == 1:
         return (dim,)
     dims = (dim,) if isinstance(dim, (int, np.integer)) else tuple(dim)
     if not 1 <= len(dims) <= 4 or not all(isinstance(d, (int, np.integer)) and d >= 0 for d in dims):
@@ -65,6 +66,9 @@ def _dims(kernel: Kernel, dim, tid_ndim: int) -> tuple[int, ...]:
     if len(dims) < ndim:
         raise LaunchError(f"launch of kernel '{kernel.__name__}': the kernel unpacks {ndim} indices from tid() but "
                           f"dim={dim!r} has {len(dims)}; pass a {ndim}-tuple")
+    if math.prod(dims) >= _MAX_THREADS:
+        raise LaunchError(f"launch of kernel '{kernel.__name__}': dim={dim!r} is {math.prod(dims)} threads; thread "
+                          f"indices are int32, so a launch has fewer than 2**31 threads: loop inside the kernel")
     return tuple(int(d) for d in dims)
 
 
@@ -76,6 +80,10 @@ def _array_values(a: array | None, like: array | None = None) -> list:
     abi = a.__dict__.get("_launch_abi")
     if abi is None:
         shape, strides = list(a.shape), list(a.strides)
+        contiguous = [a.dtype.size * math.prod(shape[k + 1:]) for k in range(len(shape))]
+        if strides != contiguous and a.size > 1:
+            raise LaunchError(f"array {a!r} is not C-contiguous (strides {tuple(strides)}); kernels index "
+                              "contiguous memory: pass stepper.clone(a)")
         abi = a._launch_abi = [a.ptr] + shape + [0] * (4 - len(shape)) + strides + [0] * (4 - len(strides))
     return abi
 

@@ -77,13 +77,18 @@ class FunctionEmitter:
         out += [f"    {v.type.ctype} {v.name} = {literal(0, v.type)};" for v in vars_.values()]
         return out
 
+    def args_struct(self, name: str) -> str:
+        """The packed argument buffer as a struct: every slot starts on 8 bytes (emit.arg_offsets)."""
+        fields = "".join(f"    alignas(8) {_param_ctype(p)} {p.name};\n" for p in self.fn.params)
+        fields = fields or "    char unused;\n"
+        return f"struct alignas(8) {name} {{\n{fields}}};"
+
     def params(self, adjoint: bool) -> list[str]:
         out = []
-        for p, off in zip(self.fn.params, arg_offsets(self.fn.params)):
-            ctype = f"array_t<{p.type.dtype.ctype}>" if isinstance(p.type, ArrayType) else p.type.ctype
-            out.append(f"    const {ctype}& {p.name} = *(const {ctype}*)(args + {off});")
+        for p in self.fn.params:
+            out.append(f"    const {_param_ctype(p)}& {p.name} = A.{p.name};")
             if adjoint and isinstance(p.type, ArrayType):
-                out.append(f"    const {ctype}& adj_{p.name} = *(const {ctype}*)(adj_args + {off});")
+                out.append(f"    const {_param_ctype(p)}& adj_{p.name} = G.{p.name};")
         return out
 
     def thread_indices(self) -> list[str]:
@@ -229,6 +234,10 @@ class FunctionEmitter:
     def s_Pop(self, s):
         for v in reversed(s.vars):
             self.line(f"sp::pop(tp, {v.name});")
+
+
+def _param_ctype(p) -> str:
+    return f"array_t<{p.type.dtype.ctype}>" if isinstance(p.type, ArrayType) else p.type.ctype
 
 
 def _vars_of(s):

@@ -261,14 +261,15 @@ template <int R, int C, typename T> SP_FUNC mat_t<R, C, T> insert(mat_t<R, C, T>
 template <int R, int C, typename T> SP_FUNC mat_t<R, C, T> insert(mat_t<R, C, T> m, int64_t i, int64_t j, T x) { m[i][j] = x; return m; }
 
 // ---- arrays -------------------------------------------------------------------------------------
-template <typename T> SP_FUNC T* address(const array_t<T>& a, int64_t i) {
-    return (T*)((char*)a.data + i * a.strides[0]); }
+// Arrays are C-contiguous (launch checks it), so addresses come from the shape alone: a unit-stride
+// innermost index is what lets the compiler vectorise streaming kernels.
+template <typename T> SP_FUNC T* address(const array_t<T>& a, int64_t i) { return a.data + i; }
 template <typename T> SP_FUNC T* address(const array_t<T>& a, int64_t i, int64_t j) {
-    return (T*)((char*)a.data + i * a.strides[0] + j * a.strides[1]); }
+    return a.data + (i * a.shape[1] + j); }
 template <typename T> SP_FUNC T* address(const array_t<T>& a, int64_t i, int64_t j, int64_t k) {
-    return (T*)((char*)a.data + i * a.strides[0] + j * a.strides[1] + k * a.strides[2]); }
+    return a.data + ((i * a.shape[1] + j) * a.shape[2] + k); }
 template <typename T> SP_FUNC T* address(const array_t<T>& a, int64_t i, int64_t j, int64_t k, int64_t l) {
-    return (T*)((char*)a.data + i * a.strides[0] + j * a.strides[1] + k * a.strides[2] + l * a.strides[3]); }
+    return a.data + (((i * a.shape[1] + j) * a.shape[2] + k) * a.shape[3] + l); }
 template <typename T, typename... I> SP_FUNC bool in_bounds(const array_t<T>& a, I... idx) {
     int64_t v[] = {int64_t(idx)...}; for (int d = 0; d < int(sizeof...(I)); ++d) if (v[d] < 0 || v[d] >= a.shape[d]) return false;
     return true; }

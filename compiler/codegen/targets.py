@@ -79,23 +79,29 @@ CPU = Target(
     header=CPU_HEADER,
     thread_qualifier="static",
     forward_entry="""extern "C" void {name}_forward(const char* buf, int serial) {{
-    const launch_t& L = *(const launch_t*)buf;
-    const char* args = buf + sizeof(launch_t);
-    #pragma omp parallel for schedule(static) if (L.n >= {threshold} && !serial)
-    for (int64_t t = 0; t < L.n; ++t) {name}_thread(t, L, args);
+    const launch_t L = *(const launch_t*)buf;
+    // A local copy of the arguments: stores through array pointers cannot alias it, so the
+    // compiler keeps scalars and array descriptors in registers across the loop.
+    const {name}_args_t A = *(const {name}_args_t*)(buf + sizeof(launch_t));
+    const int32_t n = (int32_t)L.n;               // launch checks that thread indices fit int32
+    // firstprivate: each thread's own copy, so no store can alias it (a shared one would be
+    // reached through a pointer and reloaded after every store).
+    #pragma omp parallel for schedule(static) firstprivate(A) if (n >= {threshold} && !serial)
+    for (int32_t t = 0; t < n; ++t) {name}_thread(t, L, A);
 }}
 """,
     adjoint_entry="""extern "C" int {name}(const char* buf, const char* adj_args, uint64_t* tape, int64_t capacity, int count_only,
                       int64_t* counts, int serial) {{
-    const launch_t& L = *(const launch_t*)buf;
-    const char* args = buf + sizeof(launch_t);
+    const launch_t L = *(const launch_t*)buf;
+    const {name}_args_t A = *(const {name}_args_t*)(buf + sizeof(launch_t));
+    const {name}_args_t G = *(const {name}_args_t*)(adj_args + sizeof(launch_t));
     const int in_order = serial || L.n < {threshold};   // no other thread runs: plain adds suffice
     int overflow = 0;
-    #pragma omp parallel for schedule(static) reduction(|:overflow) if (L.n >= {threshold} && !serial)
+    #pragma omp parallel for schedule(static) firstprivate(A, G) reduction(|:overflow) if (L.n >= {threshold} && !serial)
     for (int64_t t = 0; t < L.n; ++t) {{
         // Thread-major on the CPU: a thread's words are contiguous, as its core walks them in order.
         sp::tape_t tp = {{tape + t * capacity, 1, 0, capacity, count_only, 0, in_order}};
-        {name}_thread(t, L, args, adj_args + sizeof(launch_t), tp);
+        {name}_thread(t, L, A, G, tp);
         if (count_only) counts[t] = tp.pos;
         overflow |= tp.overflow;
     }}
@@ -115,8 +121,8 @@ CUDA = Target(
     forward_entry="""struct __align__(8) {name}_buf_t {{ char bytes[{size}]; }};
 extern "C" __global__ void __launch_bounds__({block}) {name}_forward(const __grid_constant__ {name}_buf_t buf) {{
     const launch_t& L = *(const launch_t*)buf.bytes;
-    const char* args = buf.bytes + sizeof(launch_t);
-    """ + _GRID_STRIDE + """ {name}_thread(t, L, args);
+    const {name}_args_t& A = *(const {name}_args_t*)(buf.bytes + sizeof(launch_t));
+    """ + _GRID_STRIDE + """ {name}_thread(t, L, A);
 }}
 """,
     # counts (optional, device memory) gets each thread's words in the counting pass; the maximum
@@ -126,11 +132,11 @@ extern "C" __global__ void __launch_bounds__({block}) {name}(const __grid_consta
         const __grid_constant__ {name}_buf_t adj_buf, uint64_t* tape, int64_t capacity, int count_only,
         int64_t* counts) {{
     const launch_t& L = *(const launch_t*)buf.bytes;
-    const char* args = buf.bytes + sizeof(launch_t);
-    const char* adj_args = adj_buf.bytes + sizeof(launch_t);
+    const {name}_args_t& A = *(const {name}_args_t*)(buf.bytes + sizeof(launch_t));
+    const {name}_args_t& G = *(const {name}_args_t*)(adj_buf.bytes + sizeof(launch_t));
     """ + _GRID_STRIDE + """ {{
         sp::tape_t tp = {{tape + t, L.n, 0, capacity, count_only, 0, 0}};
-        {name}_thread(t, L, args, adj_args, tp);
+        {name}_thread(t, L, A, G, tp);
         if (count_only) {{
             if (counts) counts[t] = tp.pos;
             atomicMax(&sp_tape_words, (unsigned long long)tp.pos);
@@ -181,9 +187,9 @@ def buffer_size(params) -> int:
 
 def _kernel(fn: ir.Function, debug, sites, target: Target, adjoint: bool) -> str:
     signature = (f"{target.thread_qualifier} void {fn.name}_thread(int64_t flat_, const launch_t& L, "
-                 f"const char* args{', const char* adj_args, sp::tape_t& tp' if adjoint else ''})")
+                 f"const {fn.name}_args_t& A{f', const {fn.name}_args_t& G, sp::tape_t& tp' if adjoint else ''})")
     em = FunctionEmitter(fn, debug=debug, sites=sites)
-    lines = [signature + " {"]
+    lines = [em.args_struct(f"{fn.name}_args_t"), signature + " {"]
     lines += em.params(adjoint)
     lines += em.thread_indices()
     lines += em.declarations()
