@@ -30,6 +30,7 @@ class ArgumentUse:
     stores: bool = False          # plain `a[i] = v`
     accumulates: bool = False     # `a[i] += v`, atomics
     adjoint_reads: bool = False   # read by @func_replay / @func_grad code only
+    overwrites_read: ir.Loc | None = None   # a store that may overwrite a value the kernel read
     first_store: ir.Loc | None = None
 
 
@@ -64,7 +65,35 @@ def argument_uses(fn: ir.Function) -> dict[str, ArgumentUse]:
             u.accumulates = True
             if s.kind in ("min", "max") or (s.out is not None and s.out.id in used):
                 u.reads = True
+    for name, loc in _overwrites_of_read_values(fn.body).items():
+        uses[name].overwrites_read = loc
     return uses
+
+
+def _overwrites_of_read_values(body) -> dict[str, ir.Loc]:
+    """Arrays whose stores may overwrite values the kernel read: a load before a store, or a store
+    in a loop (a later iteration's load would see it). A load that only follows stores outside loops
+    reads back what this thread wrote, which the adjoint's replay (it skips stores) sees as well."""
+    stored: dict[str, ir.Loc] = {}
+    loaded: set[str] = set()
+    conflicts: dict[str, ir.Loc] = {}
+
+    def visit(stmts, in_loop):
+        for s in stmts:
+            if isinstance(s, ir.Load):
+                loaded.add(s.array.param.name)
+            elif isinstance(s, ir.Store):
+                name = s.array.param.name
+                if name in loaded or in_loop:
+                    conflicts.setdefault(name, s.loc)
+                stored.setdefault(name, s.loc)
+            elif isinstance(s, ir.If):
+                visit(s.then, in_loop)
+                visit(s.orelse, in_loop)
+            elif isinstance(s, (ir.Loop, ir.CustomAdjoint, ir.CustomReplay)):
+                visit(s.body, in_loop or isinstance(s, ir.Loop))
+    visit(body, False)
+    return {n: loc for n, loc in conflicts.items() if n in loaded}
 
 
 @dataclass

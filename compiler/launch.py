@@ -201,10 +201,10 @@ def _record(tape, kernel, compiled, sig, args, dims, buffer, debug, deterministi
     named = {p.name: a for p, a in zip(sig.params, args) if isinstance(a, array)}
     uses = compiled.uses
     for name, use in uses.items():
-        if use.reads and use.stores:
+        if use.overwrites_read is not None:
             raise OverwriteError(
-                f"{use.first_store}: kernel '{kernel.__name__}' reads array argument '{name}' and also overwrites it "
-                f"(a[i] = ...) while a Tape records; the adjoint would read the overwritten values. "
+                f"{use.overwrites_read}: kernel '{kernel.__name__}' reads array argument '{name}' and also overwrites "
+                f"it (a[i] = ...) while a Tape records; the adjoint would read the overwritten values. "
                 f"Fix: write the result into a separate output array, or accumulate with a[i] += ... if that is meant.")
     differentiable = [a for a in named.values() if a.requires_grad]
     if compiled.adjoint_error is not None and differentiable:
@@ -214,7 +214,9 @@ def _record(tape, kernel, compiled, sig, args, dims, buffer, debug, deterministi
     op = RecordedOp(
         name=f"launch of kernel '{kernel.__name__}'",
         # A @func_replay reading back what this launch stored is the intended pattern, not a conflict.
-        reads={n: named[n] for n, u in uses.items() if (u.reads or u.adjoint_reads and not u.stores) and n in named},
+        # Values a kernel reads back after storing them are its own output, not a dependency.
+        reads={n: named[n] for n, u in uses.items()
+               if (u.reads and (not u.stores or u.overwrites_read) or u.adjoint_reads and not u.stores) and n in named},
         writes={n: named[n] for n, u in uses.items() if u.stores and n in named},
         accumulates={n: named[n] for n, u in uses.items() if u.accumulates and n in named},
         backward=lambda: _run_adjoint(kernel, compiled, sig, args, dims, buffer, debug, deterministic),

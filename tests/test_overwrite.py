@@ -102,3 +102,34 @@ def test_accumulating_into_an_array_an_earlier_launch_read_is_refused():
     with pytest.raises(sp.OverwriteError, match=r"bump.*accumulates into.*'x'.*square"), sp.Tape():
         sp.launch(square, 2, inputs=[x], outputs=[y])
         sp.launch(bump, 2, inputs=[], outputs=[x])
+
+
+@sp.kernel
+def store_then_read_back(a: sp.array(dtype=float), v: sp.array(dtype=float), x: sp.array(dtype=float)):
+    i = sp.tid()
+    v[i] = 2.0 * a[i]
+    x[i] = v[i] * v[i]          # reads back this thread's own store: not an overwrite of read data
+
+
+@sp.kernel
+def store_in_a_loop_then_read(a: sp.array(dtype=float), v: sp.array(dtype=float), n: int):
+    i = sp.tid()
+    for k in range(n):
+        v[i] = a[i] * v[i]
+
+
+def test_reading_back_a_value_the_kernel_stored_is_allowed_and_differentiates():
+    a = sp.array([1.0, 3.0], requires_grad=True)
+    v, x = sp.zeros(2, requires_grad=True), sp.zeros(2, requires_grad=True)
+    tape = sp.Tape()
+    with tape:
+        sp.launch(store_then_read_back, 2, inputs=[a], outputs=[v, x])
+    tape.backward(grads={x: np.ones(2, np.float32)})
+    np.testing.assert_array_equal(a.grad.numpy(), [8.0, 24.0])      # d(4 a^2)/da
+
+
+def test_a_store_in_a_loop_that_is_read_again_is_refused():
+    a = sp.array([1.0, 3.0], requires_grad=True)
+    v = sp.ones(2, requires_grad=True)
+    with pytest.raises(sp.OverwriteError, match=r"store_in_a_loop_then_read.*'v'"), sp.Tape():
+        sp.launch(store_in_a_loop_then_read, 2, inputs=[a, v, 3])
