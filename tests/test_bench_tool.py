@@ -1,0 +1,77 @@
+"""`python -m stepper.bench tradeoff` in a tiny configuration: it runs every configuration, writes the
+table with the store-all row, and its memory-limit advice picks a configuration under the limit."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from stepper.bench import Costs, Row, advise
+from stepper.bench.__main__ import parse_budgets
+
+REPO = Path(__file__).resolve().parents[1]
+STATE = 2 * 16 * 16 * 4          # the 16 x 16 wave: u and u_prev, float32
+LIMIT_MIB = 0.05                 # Revolve with 2 or 4 snapshots fits; store-all (60 states) does not
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tradeoff")
+    cmd = [sys.executable, "-m", "stepper.bench", "tradeoff", "--example", "wave", "--size", "16", "--steps", "60",
+           "--budgets", "2,4", "--disk", "--disk-snapshots", "4", "--memory-limit", str(LIMIT_MIB),
+           "--probe", "10", "--threads", "1", "--out", str(out)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=out, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return out, done.stdout
+
+
+def test_writes_every_configuration_and_the_store_all_row(run):
+    out, stdout = run
+    data = json.loads((out / "tradeoff.json").read_text())
+    assert [r["config"] for r in data["rows"]] == [
+        "Revolve s=2", "MultiLevel 2+4", "Revolve s=4", "MultiLevel 4+4", "store-all"]
+    store = data["rows"][-1]
+    assert store["kind"] == "storeall" and store["forward_steps"] == 60 and store["slowdown"] == 1.0
+    for row in data["rows"]:
+        assert row["forward_steps"] == row["schedule_forward_steps"]     # the schedule's own count
+        assert row["wall_s"] > 0 and row["theory_s"] > 0
+    table = (out / "tradeoff.md").read_text()
+    assert "| store-all | all |" in table
+    assert (out / "tradeoff.csv").read_text().count("\n") == 1 + len(data["rows"])
+    assert "| store-all |" in stdout
+
+
+def test_memory_limit_advice_picks_a_configuration_under_the_limit(run):
+    out, stdout = run
+    data = json.loads((out / "tradeoff.json").read_text())
+    chosen = data["advice"]["config"]
+    row = next(r for r in data["rows"] if r["config"] == chosen)
+    assert row["kind"] != "storeall"
+    assert row["peak_mib"] <= LIMIT_MIB
+    assert f"within {LIMIT_MIB:g} MiB: {chosen}" in stdout
+
+
+def _row(config, kind, ram, peak_mib, wall):
+    return Row(config=config, kind=kind, ram_snapshots=ram, disk_snapshots=0, forward_steps=100,
+               schedule_forward_steps=100, disk_writes=0, disk_reads=0, peak_mib=peak_mib, rss_peak_mib=None,
+               rss_growth_mib=None, wall_s=wall, io_s=0.0, theory_s=wall, slowdown=wall, theory_slowdown=wall)
+
+
+def test_advice_takes_the_fastest_that_fits_and_says_when_nothing_does():
+    rows = [_row("Revolve s=2", "revolve", 2, 1.0, 3.0), _row("Revolve s=8", "revolve", 8, 2.0, 2.0),
+            _row("store-all", "storeall", 100, 50.0, 1.0)]
+    assert advise(rows, 2.5 * 2**20, 2**17).row.config == "Revolve s=8"
+    assert advise(rows, 100 * 2**20, 2**17).row.config == "store-all"
+    nothing = advise(rows, 0.5 * 2**20, 2**17)
+    assert nothing.row is None and "nothing measured fits in 0.5 MiB" in nothing.text
+    # Between the measured budgets' memory and the limit: a larger, unmeasured budget is suggested.
+    costs = Costs(forward_s=1e-3, recorded_s=1e-3, adjoint_s=1e-3)
+    assert "not measured: Revolve s=" in advise(rows, 4 * 2**20, 2**17, costs, steps=100).text
+
+
+def test_budget_lists():
+    assert parse_budgets(["4..64"]) == [4, 8, 16, 32, 64]
+    assert parse_budgets(["4,8", "12"]) == [4, 8, 12]
