@@ -57,7 +57,7 @@ def test_memory_limit_advice_picks_a_configuration_under_the_limit(run):
 def _row(config, kind, ram, peak_mib, wall):
     return Row(config=config, kind=kind, ram_snapshots=ram, disk_snapshots=0, forward_steps=100,
                schedule_forward_steps=100, disk_writes=0, disk_reads=0, peak_mib=peak_mib, rss_peak_mib=None,
-               rss_growth_mib=None, wall_s=wall, io_s=0.0, theory_s=wall, slowdown=wall, theory_slowdown=wall)
+               rss_growth_mib=None, wall_s=wall, cpu_s=wall, io_s=0.0, theory_s=wall, slowdown=wall, theory_slowdown=wall)
 
 
 def test_advice_takes_the_fastest_that_fits_and_says_when_nothing_does():
@@ -68,7 +68,7 @@ def test_advice_takes_the_fastest_that_fits_and_says_when_nothing_does():
     nothing = advise(rows, 0.5 * 2**20, 2**17)
     assert nothing.row is None and "nothing measured fits in 0.5 MiB" in nothing.text
     # Between the measured budgets' memory and the limit: a larger, unmeasured budget is suggested.
-    costs = Costs(forward_s=1e-3, recorded_s=1e-3, adjoint_s=1e-3)
+    costs = Costs(forward_s=1e-3, adjoint_s=1e-3, storeall_step_s=1e-3)
     assert "not measured: Revolve s=" in advise(rows, 4 * 2**20, 2**17, costs, steps=100).text
 
 

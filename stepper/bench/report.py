@@ -20,6 +20,7 @@ _COLUMNS = [  # (header, formatter of a row)
     ("peak MiB", lambda r: f"{r.peak_mib:.2f}"),
     ("RSS growth MiB", lambda r: "-" if r.rss_growth_mib is None else f"{r.rss_growth_mib:.1f}"),
     ("wall s", lambda r: f"{r.wall_s:.2f}"),
+    ("CPU s", lambda r: f"{r.cpu_s:.2f}"),
     ("theory s", lambda r: f"{r.theory_s:.2f}"),
     ("slowdown", lambda r: f"{r.slowdown:.2f}x"),
     ("theory slowdown", lambda r: f"{r.theory_slowdown:.2f}x"),

@@ -54,20 +54,24 @@ class Config:
 
 @dataclass(frozen=True)
 class Costs:
-    """Per-step times measured on this machine, in seconds: a plain forward step, a recorded
-    forward step (kept for its adjoint), one step's adjoint, and one disk snapshot write/read."""
+    """Per-step times measured on this machine, in seconds: a forward step of a checkpointed sweep
+    (recorded or not: recording reuses pooled buffers), one step's adjoint, a recorded step of
+    store-all (which touches fresh memory every step), and one disk snapshot write/read."""
     forward_s: float
-    recorded_s: float
     adjoint_s: float
+    storeall_step_s: float
     write_s: float = 0.0
     read_s: float = 0.0
 
-    def predict(self, summary) -> float:
+    def predict(self, summary, store_all: bool = False) -> float:
         """Seconds a schedule should take, from its `checkpoint.validate` summary."""
-        plain = summary.forward_steps - summary.recorded_steps
-        return (plain * self.forward_s + summary.recorded_steps * self.recorded_s
-                + summary.reverse_steps * self.adjoint_s
+        if store_all:
+            return summary.forward_steps * self.storeall_step_s + summary.reverse_steps * self.adjoint_s
+        return (summary.forward_steps * self.forward_s + summary.reverse_steps * self.adjoint_s
                 + summary.disk_writes * self.write_s + summary.disk_reads * self.read_s)
+
+    def storeall_s(self, steps: int) -> float:
+        return steps * (self.storeall_step_s + self.adjoint_s)
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,8 @@ class Row:
     """One measured configuration. Memory in MiB; ``peak_mib`` is the stepper's own count (states,
     scratch, gradients, RAM snapshots), ``rss_peak_mib`` the whole process's peak during the run and
     ``rss_growth_mib`` that peak less the process's size when the run started (None off Linux).
+    ``cpu_s`` is the process's CPU time during the run (all threads): with one thread it shows the
+    work done even when other processes share the cores and stretch ``wall_s``.
     ``slowdown`` and ``theory_slowdown`` are relative to store-all (measured, and predicted)."""
     config: str
     kind: str
@@ -88,6 +94,7 @@ class Row:
     rss_peak_mib: float | None
     rss_growth_mib: float | None
     wall_s: float
+    cpu_s: float
     io_s: float
     theory_s: float
     slowdown: float = math.nan
@@ -104,17 +111,22 @@ def _best(fn, repeats: int) -> float:
 
 
 def calibrate(problem: Problem, probe: int = 50, *, deterministic: bool = True, repeats: int = 3) -> Costs:
-    """Per-step forward, recorded-forward and adjoint times of `problem`, each the best of `repeats`
-    runs of `probe` steps (a plain rollout; a store-all gradient's own forward/adjoint split)."""
+    """Per-step times of `problem`, each the best of `repeats` gradients over `probe` steps: forward
+    and adjoint from Revolve(probe, 2) (mostly recomputation), store-all's recorded step from
+    StoreAll(probe)."""
     model, initial = problem.model, problem.initial
     model.rollout(initial, 2, deterministic=deterministic, progress=False)      # compile, warm up
-    forward = _best(lambda: model.rollout(initial, probe, deterministic=deterministic, progress=False), repeats)
-    recorded = adjoint = math.inf
+    forward = adjoint = storeall = math.inf
+
+    def stats(schedule):
+        return model.gradient(initial, probe, loss=problem.loss, schedule=schedule, deterministic=deterministic,
+                              progress=False).stats
     for _ in range(repeats):
-        st = model.gradient(initial, probe, loss=problem.loss, schedule=sp.StoreAll(probe),
-                            deterministic=deterministic, progress=False).stats
-        recorded, adjoint = min(recorded, st.forward_seconds), min(adjoint, st.adjoint_seconds)
-    return Costs(forward / probe, recorded / probe, adjoint / probe)
+        st = stats(sp.Revolve(probe, 2) if probe > 2 else sp.StoreAll(probe))
+        forward, adjoint = min(forward, st.forward_seconds / st.forward_steps), min(adjoint, st.adjoint_seconds / probe)
+        st = stats(sp.StoreAll(probe))
+        storeall = min(storeall, st.forward_seconds / probe)
+    return Costs(forward, adjoint, storeall)
 
 
 def measure_disk(problem: Problem, costs: Costs, directory: str) -> Costs:
@@ -123,7 +135,7 @@ def measure_disk(problem: Problem, costs: Costs, directory: str) -> Costs:
     with sp.HDF5Storage(os.path.join(directory, "measure.h5")) as store:
         write_s, read_s = store.measure_costs(example, repeats=5)
     os.remove(os.path.join(directory, "measure.h5"))
-    return Costs(costs.forward_s, costs.recorded_s, costs.adjoint_s, write_s, read_s)
+    return Costs(costs.forward_s, costs.adjoint_s, costs.storeall_step_s, write_s, read_s)
 
 
 def configurations(steps: int, budgets, disk_snapshots=(), storeall: bool = True) -> list[Config]:
@@ -140,40 +152,50 @@ def configurations(steps: int, budgets, disk_snapshots=(), storeall: bool = True
     return configs
 
 
+def _gradient(problem: Problem, steps: int, config: Config, costs: Costs, path, deterministic: bool):
+    """One run: (result, seconds of process CPU time, peak RSS growth in bytes or None)."""
+    rss.trim()
+    have_rss = rss.reset_peak()
+    before = rss.current_bytes()
+    cpu = time.process_time()
+    result = problem.model.gradient(problem.initial, steps, loss=problem.loss, schedule=config.schedule(steps, costs),
+                                    storage=path, deterministic=deterministic, progress=False)
+    cpu = time.process_time() - cpu
+    peak = rss.peak_bytes() if have_rss and before is not None else None
+    if path and os.path.exists(path):
+        os.remove(path)
+    return result, cpu, None if peak is None else (peak, peak - before)
+
+
 def _run_one(problem: Problem, steps: int, config: Config, costs: Costs, directory: str,
-             deterministic: bool) -> Row:
-    schedule = config.schedule(steps, costs)
+             deterministic: bool, repeats: int) -> Row:
     summary = sp.validate(config.schedule(steps, costs), steps)
     disk = config.kind == "multilevel"
     path = os.path.join(directory, "snapshots.h5") if disk else None
-    rss.trim()
-    have_rss = rss.reset_peak()
-    rss_before = rss.current_bytes()
-    result = problem.model.gradient(problem.initial, steps, loss=problem.loss, schedule=schedule, storage=path,
-                                    deterministic=deterministic, progress=False)
-    peak_rss = rss.peak_bytes() if have_rss else None
-    if path and os.path.exists(path):
-        os.remove(path)
+    runs = [_gradient(problem, steps, config, costs, path, deterministic) for _ in range(repeats)]
+    result, cpu, memory = min(runs, key=lambda run: run[0].stats.total_seconds)
     st = result.stats
     return Row(
         config=config.label, kind=config.kind,
         ram_snapshots=config.ram if config.kind != "storeall" else steps,
-        disk_snapshots=getattr(schedule, "disk_used", 0) if disk else 0,
+        disk_snapshots=config.schedule(steps, costs).disk_used if disk else 0,
         forward_steps=st.forward_steps, schedule_forward_steps=summary.forward_steps,
         disk_writes=st.snapshots_written(sp.StorageType.DISK), disk_reads=st.snapshots_read(sp.StorageType.DISK),
-        peak_mib=st.peak_memory_bytes / 2**20, rss_peak_mib=None if peak_rss is None else peak_rss / 2**20,
-        rss_growth_mib=None if peak_rss is None else (peak_rss - rss_before) / 2**20,
-        wall_s=st.total_seconds, io_s=st.io_seconds, theory_s=costs.predict(summary))
+        peak_mib=st.peak_memory_bytes / 2**20, rss_peak_mib=None if memory is None else memory[0] / 2**20,
+        rss_growth_mib=None if memory is None else memory[1] / 2**20,
+        wall_s=st.total_seconds, cpu_s=cpu, io_s=st.io_seconds,
+        theory_s=costs.predict(summary, config.kind == "storeall"))
 
 
 def sweep(problem: Problem, steps: int, configs, costs: Costs, *, deterministic: bool = True,
-          directory: str | None = None, log=None) -> list[Row]:
-    """Run the gradient of `problem` over `steps` steps once per configuration; HDF5 snapshots go
-    to `directory` (default: a temporary one). `log(row)` is called after each run."""
+          directory: str | None = None, repeats: int = 1, log=None) -> list[Row]:
+    """Run the gradient of `problem` over `steps` steps for each configuration, `repeats` times
+    (the fastest run counts; shared machines are noisy); HDF5 snapshots go to `directory`
+    (default: a temporary one). `log(row)` is called after each configuration."""
     rows = []
     with tempfile.TemporaryDirectory(dir=directory) as tmp:
         for config in configs:
-            row = _run_one(problem, steps, config, costs, tmp, deterministic)
+            row = _run_one(problem, steps, config, costs, tmp, deterministic, repeats)
             rows.append(row)
             if log:
                 log(row)
@@ -182,7 +204,7 @@ def sweep(problem: Problem, steps: int, configs, costs: Costs, *, deterministic:
 
 def relative_to_storeall(rows: list[Row], steps: int, costs: Costs) -> list[Row]:
     """Fill in the slowdowns: against the measured store-all row, or its prediction if none ran."""
-    theory = steps * (costs.recorded_s + costs.adjoint_s)
+    theory = costs.storeall_s(steps)
     measured = next((r.wall_s for r in rows if r.kind == "storeall"), theory)
     return [Row(**{**asdict(r), "slowdown": r.wall_s / measured, "theory_slowdown": r.theory_s / theory})
             for r in rows]
@@ -215,8 +237,8 @@ def advise(rows: list[Row], limit_bytes: float, state_bytes: int, costs: Costs |
         base = float(np.median([r.peak_mib * 2**20 - r.ram_snapshots * state_bytes for r in revolves]))
         s = min(int((limit_bytes - base) // state_bytes), steps - 1)
         if s > best.ram_snapshots and s not in {r.ram_snapshots for r in revolves}:
-            theory = steps * (costs.recorded_s + costs.adjoint_s)
-            predicted = (sp.optimal_steps(steps, s) - steps) * costs.forward_s + theory
+            theory = costs.storeall_s(steps)
+            predicted = sp.optimal_steps(steps, s) * costs.forward_s + steps * costs.adjoint_s
             text += (f"\nnot measured: Revolve s={s} should fit too (about {(base + s * state_bytes) / 2**20:.2f} MiB), "
                      f"predicted {predicted / theory:.2f}x store-all's time")
     return Advice(best, text)
