@@ -91,16 +91,6 @@ class FunctionEmitter:
                 out.append(f"    const {_param_ctype(p)}& adj_{p.name} = G.{p.name};")
         return out
 
-    def thread_indices(self) -> list[str]:
-        n = self.fn.tid_ndim
-        out = ["    int64_t rest_ = flat_;"]
-        for k in reversed(range(n)):
-            if k == 0:
-                out.append("    const int64_t tid_0 = rest_;")
-            else:
-                out.append(f"    const int64_t tid_{k} = rest_ % L.dim[{k}]; rest_ /= L.dim[{k}];")
-        return out
-
     # ---- statements -----------------------------------------------------------------------------
     def body(self) -> list[str]:
         self.block(self.fn.body)

@@ -83,12 +83,13 @@ CPU = Target(
     // A local copy of the arguments: stores through array pointers cannot alias it, so the
     // compiler keeps scalars and array descriptors in registers across the loop.
     const {name}_args_t A = *(const {name}_args_t*)(buf + sizeof(launch_t));
-    const int32_t n = (int32_t)L.n;               // launch checks that thread indices fit int32
+{extents}
     // firstprivate: each thread's own copy, so no store can alias it (a shared one would be
-    // reached through a pointer and reloaded after every store).
-    #pragma omp parallel for schedule(static) firstprivate(A) if (n >= {threshold} && !serial)
-    for (int32_t t = 0; t < n; ++t) {name}_thread(t, L, A);
-}}
+    // reached through a pointer and reloaded after every store). One loop per index of tid():
+    // no division per thread to recover the indices.
+    #pragma omp parallel for {collapse}schedule(static) firstprivate(A) if (L.n >= {threshold} && !serial)
+{loops}        {name}_thread({tids}, L, A);
+{closing}}}
 """,
     adjoint_entry="""extern "C" int {name}(const char* buf, const char* adj_args, uint64_t* tape, int64_t capacity, int count_only,
                       int64_t* counts, int serial) {{
@@ -97,15 +98,15 @@ CPU = Target(
     const {name}_args_t G = *(const {name}_args_t*)(adj_args + sizeof(launch_t));
     const int in_order = serial || L.n < {threshold};   // no other thread runs: plain adds suffice
     int overflow = 0;
-    #pragma omp parallel for schedule(static) firstprivate(A, G) reduction(|:overflow) if (L.n >= {threshold} && !serial)
-    for (int64_t t = 0; t < L.n; ++t) {{
+{extents}
+    #pragma omp parallel for {collapse}schedule(static) firstprivate(A, G) reduction(|:overflow) if (L.n >= {threshold} && !serial)
+{loops}        const int64_t t = {flat};
         // Thread-major on the CPU: a thread's words are contiguous, as its core walks them in order.
         sp::tape_t tp = {{tape + t * capacity, 1, 0, capacity, count_only, 0, in_order}};
-        {name}_thread(t, L, A, G, tp);
+        {name}_thread({tids}, L, A, G, tp);
         if (count_only) counts[t] = tp.pos;
         overflow |= tp.overflow;
-    }}
-    return overflow;
+{closing}    return overflow;
 }}
 """,
 )
@@ -122,7 +123,10 @@ CUDA = Target(
 extern "C" __global__ void __launch_bounds__({block}) {name}_forward(const __grid_constant__ {name}_buf_t buf) {{
     const launch_t& L = *(const launch_t*)buf.bytes;
     const {name}_args_t& A = *(const {name}_args_t*)(buf.bytes + sizeof(launch_t));
-    """ + _GRID_STRIDE + """ {name}_thread(t, L, A);
+    """ + _GRID_STRIDE + """ {{
+{decompose}
+        {name}_thread({tids}, L, A);
+    }}
 }}
 """,
     # counts (optional, device memory) gets each thread's words in the counting pass; the maximum
@@ -135,8 +139,9 @@ extern "C" __global__ void __launch_bounds__({block}) {name}(const __grid_consta
     const {name}_args_t& A = *(const {name}_args_t*)(buf.bytes + sizeof(launch_t));
     const {name}_args_t& G = *(const {name}_args_t*)(adj_buf.bytes + sizeof(launch_t));
     """ + _GRID_STRIDE + """ {{
+{decompose}
         sp::tape_t tp = {{tape + t, L.n, 0, capacity, count_only, 0, 0}};
-        {name}_thread(t, L, A, G, tp);
+        {name}_thread({tids}, L, A, G, tp);
         if (count_only) {{
             if (counts) counts[t] = tp.pos;
             atomicMax(&sp_tape_words, (unsigned long long)tp.pos);
@@ -146,6 +151,27 @@ extern "C" __global__ void __launch_bounds__({block}) {name}(const __grid_consta
 }}
 """,
 )
+
+
+def _index_space(ndim: int) -> dict:
+    """Template pieces that walk a launch as `ndim` indices (what the kernel's tid() unpacks): the
+    extents (the first index spans any launch dimensions beyond the kernel's), a CPU loop nest, the
+    flat index for the tape, and the CUDA decomposition of a grid-stride index."""
+    rest = " * ".join(f"L.dim[{k}]" for k in range(1, ndim)) or "1"
+    extents = [f"    const int32_t e0 = (int32_t)(L.n / ({rest}));"]
+    extents += [f"    const int32_t e{k} = (int32_t)L.dim[{k}];" for k in range(1, ndim)]
+    loops = "".join(f"{'    ' * (k + 1)}for (int32_t i{k} = 0; i{k} < e{k}; ++i{k}) {{\n" for k in range(ndim))
+    closing = "".join(f"{'    ' * (k + 1)}}}\n" for k in reversed(range(ndim)))
+    flat = "(int64_t)i0"
+    for k in range(1, ndim):
+        flat = f"({flat} * e{k} + i{k})"
+    decompose = ["        int64_t r_ = t;"]
+    for k in reversed(range(1, ndim)):
+        decompose.append(f"        const int32_t i{k} = (int32_t)(r_ % L.dim[{k}]); r_ /= L.dim[{k}];")
+    decompose.append("        const int32_t i0 = (int32_t)r_;")
+    return {"extents": "\n".join(extents), "loops": loops, "closing": closing, "flat": flat,
+            "collapse": f"collapse({ndim}) " if ndim > 1 else "", "decompose": "\n".join(decompose),
+            "tids": ", ".join(f"i{k}" if k < ndim else "0" for k in range(4))}
 
 
 def native_definitions(functions) -> str:
@@ -186,15 +212,16 @@ def buffer_size(params) -> int:
 
 
 def _kernel(fn: ir.Function, debug, sites, target: Target, adjoint: bool) -> str:
-    signature = (f"{target.thread_qualifier} void {fn.name}_thread(int64_t flat_, const launch_t& L, "
+    signature = (f"{target.thread_qualifier} void {fn.name}_thread(int32_t tid_0, int32_t tid_1, int32_t tid_2, "
+                 f"int32_t tid_3, const launch_t& L, "
                  f"const {fn.name}_args_t& A{f', const {fn.name}_args_t& G, sp::tape_t& tp' if adjoint else ''})")
     em = FunctionEmitter(fn, debug=debug, sites=sites)
     lines = [em.args_struct(f"{fn.name}_args_t"), signature + " {"]
     lines += em.params(adjoint)
-    lines += em.thread_indices()
     lines += em.declarations()
     lines += em.body()
     lines.append("}")
     entry = (target.adjoint_entry if adjoint else target.forward_entry).format(
-        name=fn.name, size=buffer_size(fn.params), threshold=PARALLEL_THRESHOLD, block=CUDA_BLOCK_SIZE)
+        name=fn.name, size=buffer_size(fn.params), threshold=PARALLEL_THRESHOLD, block=CUDA_BLOCK_SIZE,
+        **_index_space(fn.tid_ndim))
     return "\n".join(lines) + "\n" + entry
