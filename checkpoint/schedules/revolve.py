@@ -21,7 +21,7 @@ class Revolve(Schedule):
 
     >>> from checkpoint import Revolve, validate
     >>> validate(Revolve(100, 5), 100).forward_steps
-    253
+    416
     """
 
     def __init__(self, max_n: int, snapshots_in_ram: int, *, storage=StorageType.RAM):
