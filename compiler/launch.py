@@ -43,8 +43,12 @@ class _Signature:
     """Per-kernel packing plan, built once."""
 
     def __init__(self, kernel: Kernel):
+        compiled = kernel.compiled()
         self.params = kernel.params
-        self.tid_ndim = kernel.compiled().forward.tid_ndim
+        self.tid_ndim = compiled.forward.tid_ndim
+        uses = [compiled.uses.get(p.name) for p in self.params]
+        self.written = [k for k, u in enumerate(uses) if u is not None and (u.stores or u.accumulates)]
+        self.has_atomics = any(u is not None and u.accumulates for u in uses)
         self.packer = struct.Struct("<" + _HEADER + "".join(_slot_format(p.type) for p in self.params))
 
 
@@ -162,13 +166,12 @@ def launch(kernel: Kernel, dim, inputs=(), outputs=(), device=None, debug: bool 
         return
     module = kernel.entry(debug)
     # Without atomics a forward's result does not depend on thread order: only atomics need serial.
-    serial = deterministic and any(u.accumulates for u in compiled.uses.values())
+    serial = deterministic and sig.has_atomics
     module.function(compiled.forward.name, adjoint=False)(buffer, int(serial))
-    _raise_if_out_of_bounds(module, kernel)
-    for p, a in zip(sig.params, args):
-        use = compiled.uses.get(p.name)
-        if use is not None and (use.stores or use.accumulates):
-            a._mark_written()
+    if debug:
+        _raise_if_out_of_bounds(module, kernel)
+    for k in sig.written:
+        args[k]._mark_written()
 
 
 def _gpu(device: str) -> str:
@@ -180,10 +183,8 @@ def _gpu(device: str) -> str:
 
 
 def _mark_written(compiled, sig, args):
-    for p, a in zip(sig.params, args):
-        use = compiled.uses.get(p.name)
-        if use is not None and (use.stores or use.accumulates):
-            a._mark_written()
+    for k in sig.written:
+        args[k]._mark_written()
 
 
 def _raise_if_out_of_bounds(module, kernel):
@@ -257,7 +258,8 @@ def _run_adjoint(kernel, compiled, sig, args, dims, buffer, debug, serial):
                               f"({capacity} words per thread x {n} threads) and could not allocate it") from None
     overflow = fn(buffer, adj_buffer, tape_memory.ctypes.data if tape_memory is not None else None, capacity, 0, None,
                   int(serial))
-    _raise_if_out_of_bounds(module, kernel)
+    if debug:
+        _raise_if_out_of_bounds(module, kernel)
     if overflow:
         raise RuntimeError(f"internal error: the adjoint of kernel '{kernel.__name__}' overflowed its measured tape "
                            f"({capacity} words per thread); please report this with the kernel's source")
