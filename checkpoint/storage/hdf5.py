@@ -63,6 +63,7 @@ class HDF5Storage(Storage):
         self.mode, self.chunk_bytes, self.max_pending = mode, int(chunk_bytes), max_pending
         self._file = _open(self.path, mode)
         try:
+            layout.tune_cache(self._file)
             if mode == "r":
                 _check_format_readonly(self._file)
             else:
@@ -206,9 +207,9 @@ class HDF5Storage(Storage):
     def _write_task(self, step: int, entry: tuple[dict, dict]) -> None:
         start = time.perf_counter()
         try:
-            layout.write_snapshot(self._file, step, entry[0], entry[1], self.compression,
-                                  self.compression_opts, self.chunk_bytes)
-            layout.commit(self._file, step)
+            group = layout.write_snapshot(self._file, step, entry[0], entry[1], self.compression,
+                                          self.compression_opts, self.chunk_bytes)
+            layout.commit(self._file, step, group)
         except Exception as exc:
             with self._lock:
                 if self._pending.get(step) is entry:
@@ -288,7 +289,7 @@ def _open(path: str, mode: str) -> h5py.File:
         if not os.access(target, os.W_OK):
             raise StorageError(f"cannot write snapshot file {path}: no write permission on {target}")
     try:
-        return h5py.File(path, mode)
+        return h5py.File(path, mode, libver=layout.LIBVER)
     except (OSError, ValueError) as exc:
         raise StorageError(f"cannot open snapshot file {path} with mode={mode!r}: {exc}") from exc
 

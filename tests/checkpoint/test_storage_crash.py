@@ -46,10 +46,10 @@ CHILD = textwrap.dedent("""
         layout.chunk_shape = chunk_shape
     elif where == "before_marker":
         real_mark = layout.mark_complete
-        def mark_complete(f, step):
+        def mark_complete(f, step, group=None):
             if step == %(big)d:
                 announce_and_wait()
-            real_mark(f, step)
+            real_mark(f, step, group)
         layout.mark_complete = mark_complete
 
     store = HDF5Storage(path)

@@ -17,13 +17,12 @@ def test_layout_is_readable_with_plain_h5py(tmp_path):
     with HDF5Storage(path, compression="gzip") as store:
         store.write(42, {"x": x, "n": np.array(5)}, {"time": 0.5, "dt": 0.01})
     with h5py.File(path, "r") as f:
-        assert f.attrs["format"] == "checkpoint-snapshots" and f.attrs["format_version"] == 1
+        assert f.attrs["format"] == "checkpoint-snapshots" and f.attrs["format_version"] == 2
         group = f["/snapshots/000000000042"]
         assert group.attrs["complete"] == 1
-        assert group.attrs["step"] == 42 and group.attrs["time"] == 0.5
-        assert json.loads(group.attrs["shapes"]) == {"x": [4, 3], "n": []}
-        assert json.loads(group.attrs["dtypes"]) == {"x": "<f4", "n": "<i8"}
-        assert json.loads(group.attrs["metadata"]) == {"dt": 0.01}
+        assert json.loads(group.attrs["manifest"]) == {
+            "step": 42, "time": 0.5, "shapes": {"x": [4, 3], "n": []}, "dtypes": {"x": "<f4", "n": "<i8"},
+            "dt": 0.01}
         assert group["x"][...].tobytes() == x.tobytes()
         assert group["x"].fletcher32 and group["x"].compression == "gzip"
         assert group["n"][...].tolist() == [5]  # 0-d arrays are stored with shape (1,)
@@ -68,7 +67,9 @@ def test_shape_or_dtype_that_disagree_with_metadata_are_refused(tmp_path):
     with HDF5Storage(path) as store:
         store.write(1, {"x": np.zeros(4)})
     with h5py.File(path, "a") as f:
-        f["snapshots/000000000001"].attrs["dtypes"] = json.dumps({"x": "<f4"})
+        group = f["snapshots/000000000001"]
+        manifest = json.loads(group.attrs["manifest"])
+        group.attrs["manifest"] = json.dumps({**manifest, "dtypes": {"x": "<f4"}})
     with HDF5Storage(path, mode="r") as store:
         with pytest.raises(SnapshotCorruptError, match=r"'x' of the snapshot of step 1 in .*m\.h5 is <f8\[4\]"):
             store.read(1)
@@ -89,7 +90,7 @@ def test_reopening_lists_complete_snapshots_and_reports_incomplete(tmp_path, mon
     with HDF5Storage(path, background=False) as store:
         store.write(1, {"x": np.arange(3.0)})
         # A writer that dies before its marker: simulated by a marker that never gets set.
-        monkeypatch.setattr(layout, "mark_complete", lambda f, step: None)
+        monkeypatch.setattr(layout, "mark_complete", lambda f, step, group=None: None)
         store.write(2, {"x": np.arange(4.0)})
         monkeypatch.undo()
     with HDF5Storage(path, mode="a") as store:
@@ -161,3 +162,22 @@ def test_missing_step_lists_what_is_stored(tmp_path):
         with pytest.raises(SnapshotMissingError, match=r"no snapshot of step 99; stored steps: 0, 1, 2, 3, \.\.\., 16, "
                                                        r"17, 18, 19 \(20 in all\)"):
             store.read(99)
+
+
+def test_unicode_array_names_read_back_with_plain_h5py(tmp_path):
+    path = tmp_path / "u.h5"
+    with HDF5Storage(path) as store:
+        store.write(1, {"température": np.arange(3.0)})
+    with h5py.File(path, "r") as f:
+        assert list(f["snapshots/000000000001"]) == ["température"]
+    with HDF5Storage(path, mode="r") as store:
+        assert store.read(1).arrays["température"].tolist() == [0.0, 1.0, 2.0]
+
+
+def test_metadata_cache_stays_small_however_many_snapshots(tmp_path):
+    # A growing cache made every flush, hence every snapshot, slower as the file filled up.
+    with HDF5Storage(tmp_path / "c.h5", background=False) as store:
+        for step in range(50):
+            store.write(step, {"x": np.zeros(8)})
+        config = store._file.id.get_mdc_config()
+        assert config.max_size == config.initial_size <= 1 << 20 and config.incr_mode == 0
