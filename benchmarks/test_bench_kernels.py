@@ -28,6 +28,12 @@ from kernels_vs_warp import OURS_LOAD, OURS_MODULE, WARP_LOAD, WARP_MODULE, _run
 SAXPY_N = 1 << 24
 
 
+def _note(benchmark, key, stat, scale):
+    """extra_info[key] = scale(stat of the rounds); nothing under --benchmark-disable (no stats)."""
+    if not benchmark.disabled:
+        benchmark.extra_info[key] = scale(benchmark.stats[stat])
+
+
 def _warp():
     wp = pytest.importorskip("warp")
     wp.config.quiet = True
@@ -100,7 +106,7 @@ def test_launch_overhead_ours(benchmark, ours):
     x = sp.zeros(1)
     sp.launch(ours.noop, 1, inputs=[x])        # compile and load outside the measurement
     benchmark(sp.launch, ours.noop, 1, inputs=[x])
-    benchmark.extra_info["us"] = benchmark.stats["median"] * 1e6
+    _note(benchmark, "us", "median", lambda t: t * 1e6)
     benchmark.extra_info["goal"] = "<= warp's"
 
 
@@ -109,12 +115,12 @@ def test_launch_overhead_warp(benchmark, warp_kernels):
     x = wp.zeros(1, dtype=float, device="cpu")
     wp.launch(warp_kernels.noop, 1, inputs=[x], device="cpu")
     benchmark(wp.launch, warp_kernels.noop, 1, inputs=[x], device="cpu")
-    benchmark.extra_info["us"] = benchmark.stats["median"] * 1e6
+    _note(benchmark, "us", "median", lambda t: t * 1e6)
 
 
 # -- saxpy throughput ------------------------------------------------------------------------------------
 def _gbps(benchmark, bytes_moved):
-    benchmark.extra_info["GB/s"] = bytes_moved / benchmark.stats["min"] / 1e9
+    _note(benchmark, "GB/s", "min", lambda t: bytes_moved / t / 1e9)
 
 
 def test_saxpy_ours(benchmark, ours):

@@ -40,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--example", choices=list(PROBLEMS), default="wave")
     t.add_argument("--size", type=int, help="problem size: " + ", ".join(
         f"{k}: {v[2]} (default {v[1]})" for k, v in PROBLEMS.items()))
-    t.add_argument("--steps", type=int, default=2000)
+    t.add_argument("--steps", type=int, default=2000, help="steps of the rollout (default 2000)")
     t.add_argument("--budgets", nargs="+", default=["4..64"],
                    help="RAM snapshot budgets: '4 8 16', '4,8,16' or '4..64' (powers of two); default 4..64")
     t.add_argument("--disk", action="store_true", help="also MultiLevel RAM + HDF5 configurations, with disk "

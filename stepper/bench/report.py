@@ -4,6 +4,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import textwrap
 from dataclasses import asdict, fields
 
 from .tradeoff import Row
@@ -84,7 +85,7 @@ def plot(rows: list[Row], path: str, title: str, limit_mib: float | None = None)
     ax.xaxis.set_minor_formatter(ticker.NullFormatter())
     ax.set_xlabel("peak memory (MiB, counted by the stepper)")
     ax.set_ylabel("gradient wall time (s)")
-    ax.set_title(title, fontsize=10)
+    ax.set_title(textwrap.fill(title, 95), fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, title="theory: the schedule's step counts x measured per-step times",
               title_fontsize=7)

@@ -110,7 +110,7 @@ def _best(fn, repeats: int) -> float:
     return min(times)
 
 
-def calibrate(problem: Problem, probe: int = 50, *, deterministic: bool = True, repeats: int = 3) -> Costs:
+def calibrate(problem: Problem, probe: int = 50, *, deterministic: bool = True, repeats: int = 5) -> Costs:
     """Per-step times of `problem`, each the best of `repeats` gradients over `probe` steps: forward
     and adjoint from Revolve(probe, 2) (mostly recomputation), store-all's recorded step from
     StoreAll(probe)."""
