@@ -189,3 +189,12 @@ def test_validator_reports_costs():
     assert (cost.forward_steps, cost.reverse_steps, cost.recomputed_steps) == (25, 10, 15)
     assert (cost.peak_ram, cost.disk_writes, cost.disk_reads) == (3, 0, 0)
     assert cost.ram_reads == 9   # one restore before every reverse step but the first
+
+
+def test_multilevel_disk_count_is_never_worse_than_no_disk_when_cost_has_several_minima():
+    # Its cost over the disk count has several local minima; a ternary search used to pick 248 slots,
+    # costlier than using no disk at all.
+    m = MultiLevel(2000, 4, 256, write_cost=7.55, read_cost=4.88)
+    best = min(range(0, 257, 1), key=m._total_cost)
+    assert m._total_cost(m.disk_used) <= m._total_cost(0)
+    assert m._total_cost(m.disk_used) <= 1.01 * m._total_cost(best)
