@@ -464,6 +464,5 @@ for _n in ("tid", "atomic_add", "atomic_sub", "atomic_min", "atomic_max"):
 
 # Python's own builtins that mean the same inside kernels.
 PYTHON_BUILTINS = {abs: "abs", min: "min", max: "max", round: "round", pow: "pow"}
-CONSTANTS = {math.pi, math.e, math.inf, math.tau}
 
 __all__ = ["OPS", "OpDef", "Builtin", "BUILTINS", "cast_op", "construct_op", "float32"]

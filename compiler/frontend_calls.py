@@ -82,7 +82,7 @@ class CallLowering:
             self.error(node, f"{ast.unparse(node.func)}() cannot be called inside a kernel")
         if inspect.isfunction(callee) or inspect.isbuiltin(callee):
             self.error(node, f"'{ast.unparse(node.func)}' is a plain Python function, which kernels cannot call",
-                       f"decorate it with @stepper.func to make it a device function")
+                       "decorate it with @stepper.func to make it a device function")
         self.error(node, f"'{ast.unparse(node.func)}' is a {type(callee).__name__}, which kernels cannot call")
 
     def _as_bool(self, c, node):

@@ -124,7 +124,8 @@ def func_native(snippet: str, adj_snippet: str | None = None):
     """A device function written in C++ (CPU) / CUDA (GPU): `snippet` is its body, its arguments
     are the decorated function's (annotated) arguments, and it returns the annotated type.
     `adj_snippet` is the body of its adjoint: it reads the arguments and ``adj_ret`` (the output's
-    adjoint) and adds to ``adj_<arg>`` for each argument. Without it, no gradient flows through."""
+    adjoint) and adds to ``adj_<arg>`` for each argument. Without it, differentiating through the function
+    (on a Tape, with arrays that require grad) is an error naming it."""
     frame = inspect.stack()[1]
 
     def register(fn):

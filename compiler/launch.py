@@ -6,12 +6,13 @@ overwrites of data the gradient still needs, and its backward runs the generated
 """
 from __future__ import annotations
 
+import linecache
 import math
 import struct
 
 import numpy as np
 
-from .errors import OverwriteError
+from .errors import CompileError, OverwriteError
 from .kernel import Kernel
 from .runtime.array import array
 from .runtime.tape import RecordedOp, active_tape, caller_location
@@ -210,8 +211,10 @@ def _record(tape, kernel, compiled, sig, args, dims, buffer, debug, deterministi
     differentiable = [a for a in named.values() if a.requires_grad]
     if compiled.adjoint_error is not None and differentiable:
         e = compiled.adjoint_error
-        raise OverwriteError(f"{e.loc}: kernel '{kernel.__name__}' cannot be differentiated: {e}. "
-                             "Launch it outside the Tape, or give the function a custom replay.")
+        line = linecache.getline(e.loc.filename, e.loc.lineno).rstrip("\n")
+        raise CompileError(f"kernel '{kernel.__name__}' cannot be differentiated: {e}", e.loc.filename,
+                           e.loc.lineno, e.loc.col, line,
+                           "launch it outside the Tape, or give the function a @func_replay / @func_grad / adj_snippet")
     op = RecordedOp(
         name=f"launch of kernel '{kernel.__name__}'",
         # A @func_replay reading back what this launch stored is the intended pattern, not a conflict.

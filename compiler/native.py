@@ -57,21 +57,25 @@ def native_op(func: Func) -> str:
 
     here = f'#line {src.lineno} "{src.filename}"\n'
     definition = f"SP_FUNC {ret.ctype} {name}({args}) {{\n{here}{src.snippet}\n}}\n"
-    rule = None
-    if src.adj_snippet is not None:
-        locals_ = "".join(f"    {t.ctype} adj_{n} = {t.ctype}();\n" for n, t in params)
-        for k, (pname, ptype) in enumerate(params):
-            if not scalar_of(ptype).is_float:
-                continue
-            adj_name = f"{name}_adj{k}"
-            definition += (f"SP_FUNC {ptype.ctype} {adj_name}({args}, {ret.ctype} adj_ret) {{\n{locals_}"
-                           f"{{\n{here}{src.adj_snippet}\n}}\n    return adj_{pname};\n}}\n")
-            OPS[adj_name] = OpDef(adj_name, lambda ts, ws, t=ptype: ([p for _, p in params] + [ret], t), adj_name,
-                                  definition="")   # defined with the main op
-
+    if src.adj_snippet is None:
         def rule(b, g, out, *xs):
-            for k, (pname, ptype) in enumerate(params):
-                if scalar_of(ptype).is_float:
-                    b.accum(xs[k], b.op(f"{name}_adj{k}", *xs, g))
+            # A gradient would have to flow through code we cannot differentiate: say so.
+            b.unsupported(f"@func_native {func.__name__} (it has no adj_snippet)")
+        OPS[name] = OpDef(name, typing, name, rule, definition)
+        return name
+    locals_ = "".join(f"    {t.ctype} adj_{n} = {t.ctype}();\n" for n, t in params)
+    for k, (pname, ptype) in enumerate(params):
+        if not scalar_of(ptype).is_float:
+            continue
+        adj_name = f"{name}_adj{k}"
+        definition += (f"SP_FUNC {ptype.ctype} {adj_name}({args}, {ret.ctype} adj_ret) {{\n{locals_}"
+                       f"{{\n{here}{src.adj_snippet}\n}}\n    return adj_{pname};\n}}\n")
+        OPS[adj_name] = OpDef(adj_name, lambda ts, ws, t=ptype: ([p for _, p in params] + [ret], t), adj_name,
+                              definition="")   # defined with the main op
+
+    def rule(b, g, out, *xs):
+        for k, (pname, ptype) in enumerate(params):
+            if scalar_of(ptype).is_float:
+                b.accum(xs[k], b.op(f"{name}_adj{k}", *xs, g))
     OPS[name] = OpDef(name, typing, name, rule, definition)
     return name

@@ -21,7 +21,7 @@ from collections import deque
 import numpy as np
 
 from checkpoint import Copy, EndForward, EndReverse, Forward, Move, Reverse, StorageType
-from compiler import Tape, array
+from compiler import array
 
 from .errors import ModelError, NonFiniteError
 from .state import State

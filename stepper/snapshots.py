@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from checkpoint import HDF5Storage, MemoryStorage, StorageType
-from checkpoint.storage import Storage, StorageStats
+from checkpoint.storage import Storage
 
 from .errors import ModelError
 from .state import State

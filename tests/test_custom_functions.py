@@ -113,7 +113,7 @@ def test_using_an_atomics_result_without_a_replay_is_refused_on_a_tape():
     counter = sp.zeros(1, dtype=int)
     inp = sp.array(np.ones(4, np.float32), requires_grad=True)
     out = sp.zeros(4, requires_grad=True)
-    with pytest.raises(sp.OverwriteError, match=r"test_custom_functions.py:\d+.*atomic_add.*replay"):
+    with pytest.raises(sp.CompileError, match=r"(?s)test_custom_functions.py:\d+.*atomic_add.*replay"):
         _grad(compact_sqrt_unreplayed, 4, [counter, inp], out)
     sp.launch(compact_sqrt_unreplayed, 4, inputs=[counter, inp], outputs=[out])   # fine outside a tape
 
@@ -157,3 +157,23 @@ def test_a_native_snippet_that_does_not_compile_points_at_the_decorator(tmp_path
     r = subprocess.run([sys.executable, str(user)], capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode != 0
     assert f"{user}:4" in r.stderr       # the decorator's line
+
+
+@sp.func_native("return a * a;")
+def square_without_adjoint(a: float) -> float:
+    ...
+
+
+@sp.kernel
+def native_no_adjoint(x: sp.array(dtype=float), out: sp.array(dtype=float)):
+    i = sp.tid()
+    out[i] = square_without_adjoint(x[i])
+
+
+def test_differentiating_through_a_native_function_without_adjoint_is_an_error():
+    x = sp.array([1.0, 3.0], requires_grad=True)
+    out = sp.zeros(2, requires_grad=True)
+    with pytest.raises(sp.CompileError, match="square_without_adjoint.*adj_snippet"):
+        _grad(native_no_adjoint, 2, [x], out)
+    sp.launch(native_no_adjoint, 2, inputs=[x], outputs=[out])      # the forward alone is fine
+    np.testing.assert_array_equal(out.numpy(), [1.0, 9.0])
