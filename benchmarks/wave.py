@@ -55,11 +55,10 @@ def current_rss() -> int:
 
 def one(name: str, n: int, steps: int, deterministic: bool) -> dict:
     import stepper as sp
-    from wave_kernels import energy, wave_model, wave_step
-    model = wave_model(n)
-    x = np.linspace(-1, 1, n, dtype=np.float32)
-    u0 = np.exp(-20 * (x[:, None] ** 2 + x[None, :] ** 2)).astype(np.float32)
-    initial = {"u": sp.array(u0), "u_prev": sp.array(u0)}
+    from stepper.bench.problems.wave import make, wave_step
+    problem = make(n)            # the trade-off tool's wave: the same kernel, model and loss
+    model, initial, energy = problem.model, problem.initial, problem.loss
+    u0 = initial["u"].numpy().copy()
     model.rollout(initial, 3, deterministic=deterministic)          # compile and warm up
 
     probe = min(steps, 50)
