@@ -24,6 +24,12 @@ def _counter():
     return lambda: next(count)
 
 
+def _report(benchmark, key, from_median):
+    """Record a figure derived from the median time (there is none under --benchmark-disable)."""
+    if not benchmark.disabled:
+        benchmark.extra_info[key] = from_median(benchmark.stats["median"])
+
+
 # -- 64 MiB throughput, HDF5 against raw file I/O -------------------------------
 def test_raw_write_64mib(benchmark, tmp_path):
     data, nxt = BIG["x"], _counter()
@@ -33,7 +39,7 @@ def test_raw_write_64mib(benchmark, tmp_path):
             fh.write(data.data)
 
     benchmark.pedantic(write, rounds=8, warmup_rounds=1)
-    benchmark.extra_info["MiB/s"] = 64 / benchmark.stats["median"]
+    _report(benchmark, "MiB/s", lambda median: 64 / median)
 
 
 @pytest.mark.parametrize("compression", [None, "lzf"])
@@ -42,7 +48,7 @@ def test_hdf5_write_64mib(benchmark, tmp_path, compression):
     with HDF5Storage(tmp_path / "big.h5", compression=compression, background=False) as store:
         # Four steps in turn, as a schedule would reuse slots: steady-state file size.
         benchmark.pedantic(lambda: store.write(nxt() % 4, BIG), rounds=8, warmup_rounds=1)
-    benchmark.extra_info["MiB/s"] = 64 / benchmark.stats["median"]
+    _report(benchmark, "MiB/s", lambda median: 64 / median)
 
 
 def test_raw_read_64mib(benchmark, tmp_path):
@@ -55,7 +61,7 @@ def test_raw_read_64mib(benchmark, tmp_path):
             fh.readinto(out.data)
 
     benchmark.pedantic(read, rounds=8, warmup_rounds=1)
-    benchmark.extra_info["MiB/s"] = 64 / benchmark.stats["median"]
+    _report(benchmark, "MiB/s", lambda median: 64 / median)
 
 
 @pytest.mark.parametrize("compression", [None, "lzf"])
@@ -63,7 +69,7 @@ def test_hdf5_read_64mib(benchmark, tmp_path, compression):
     with HDF5Storage(tmp_path / "big.h5", compression=compression, background=False) as store:
         store.write(0, BIG)
         benchmark.pedantic(lambda: store.read(0), rounds=8, warmup_rounds=1)
-    benchmark.extra_info["MiB/s"] = 64 / benchmark.stats["median"]
+    _report(benchmark, "MiB/s", lambda median: 64 / median)
 
 
 # -- per-snapshot overhead for 40 KiB snapshots -------------------------------------
@@ -81,7 +87,7 @@ def test_hdf5_write_40kib_per_snapshot(benchmark, tmp_path, background):
         benchmark.extra_info["flush after the rounds, s"] = end - flush_start
         # The rate the disk side keeps up: all writes from the first to the end of the final flush.
         benchmark.extra_info["sustained us per snapshot"] = (end - start) / nxt() * 1e6
-    benchmark.extra_info["us per snapshot"] = benchmark.stats["median"] * 1e6
+    _report(benchmark, "us per snapshot", lambda median: median * 1e6)
 
 
 def test_plain_h5py_40kib_one_dataset_per_snapshot(benchmark, tmp_path):
@@ -90,7 +96,7 @@ def test_plain_h5py_40kib_one_dataset_per_snapshot(benchmark, tmp_path):
     nxt = _counter()
     with h5py.File(tmp_path / "plain.h5", "w") as f:
         benchmark.pedantic(lambda: f.create_dataset(str(nxt()), data=SMALL["x"]), rounds=500, warmup_rounds=10)
-    benchmark.extra_info["us per snapshot"] = benchmark.stats["median"] * 1e6
+    _report(benchmark, "us per snapshot", lambda median: median * 1e6)
 
 
 # -- fraction of disk time hidden behind compute ------------------------------------
@@ -132,6 +138,8 @@ def test_disk_time_hidden_behind_compute(benchmark, tmp_path, background):
 
         benchmark.pedantic(run, rounds=3, warmup_rounds=1)
         stats = store.stats
+    if benchmark.disabled:          # --benchmark-disable: ran once for correctness, nothing timed
+        return
     exposed = benchmark.stats["median"] - steps * step_seconds
     benchmark.extra_info["io alone, s"] = io_alone
     benchmark.extra_info["exposed io, s"] = exposed
