@@ -478,3 +478,19 @@ def test_linear_accumulation_needs_no_tape_and_nonlinear_values_do():
     x.grad.zero_()
     backward_ones(two_carried, 1, [x, 4], sp.zeros(1, requires_grad=True))
     np.testing.assert_array_equal(x.grad.numpy(), [1.0, 0.5, 0.25, 0.125, 0.0])
+
+
+def test_a_loop_tape_that_cannot_be_allocated_is_an_error_naming_kernel_line_and_size(monkeypatch):
+    import sys
+    launch_module = sys.modules["compiler.launch"]
+    x = sp.array(np.full(8, 1.01, np.float32), requires_grad=True)
+    out = sp.zeros(1, requires_grad=True)
+    tape = sp.Tape()
+    with tape:
+        sp.launch(prod_loop, 1, inputs=[x, 8], outputs=[out])
+
+    def no_memory(*args, **kwargs):
+        raise MemoryError
+    monkeypatch.setattr(launch_module.np, "empty", no_memory)
+    with pytest.raises(MemoryError, match=r"test_dynamic_loops.py:\d+.*prod_loop.*MiB"):
+        tape.backward(grads={out: np.ones(1, np.float32)})
