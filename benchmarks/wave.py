@@ -32,7 +32,9 @@ sys.path.insert(0, HERE)
 CONFIGS = ["storeall", "revolve10", "revolve20", "revolve50", "multilevel"]
 
 
-def make_schedule(name, steps, tmp):
+def make_schedule(name, steps, tmp, disk_costs=(0.0, 0.0)):
+    """The schedule, its storage and its RAM snapshot count; `disk_costs` prices a disk snapshot's
+    write and read in forward steps (measured in `one`), so MultiLevel trades I/O for recomputation."""
     import stepper as sp
     if name == "storeall":
         return sp.StoreAll(steps), None, 0
@@ -40,7 +42,9 @@ def make_schedule(name, steps, tmp):
         s = int(name[len("revolve"):])
         return sp.Revolve(steps, s), None, s
     if name == "multilevel":
-        return sp.MultiLevel(steps, 10, 40), os.path.join(tmp, "wave_snapshots.h5"), 10
+        write_cost, read_cost = disk_costs
+        return (sp.MultiLevel(steps, 10, 40, write_cost=write_cost, read_cost=read_cost),
+                os.path.join(tmp, "wave_snapshots.h5"), 10)
     raise SystemExit(f"unknown config {name}")
 
 
@@ -77,8 +81,13 @@ def one(name: str, n: int, steps: int, deterministic: bool) -> dict:
     t_a = (time.perf_counter() - start) / reps
 
     with tempfile.TemporaryDirectory() as tmp:
-        schedule, storage, ram = make_schedule(name, steps, tmp)
-        expected = sp.validate(make_schedule(name, steps, tmp)[0], steps)
+        costs = (0.0, 0.0)
+        if name == "multilevel":
+            with sp.HDF5Storage(os.path.join(tmp, "probe.h5")) as probe_store:
+                write_s, read_s = probe_store.measure_costs({"u": u0, "u_prev": u0})
+            costs = (write_s / t_f, read_s / t_f)
+        schedule, storage, ram = make_schedule(name, steps, tmp, costs)
+        expected = sp.validate(make_schedule(name, steps, tmp, costs)[0], steps)
         rss_before = current_rss()
         start = time.perf_counter()
         result = model.gradient(initial, steps, loss=energy, schedule=schedule, storage=storage,
