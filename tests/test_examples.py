@@ -48,4 +48,8 @@ def test_online_run_stops_on_energy_and_matches_offline_bit_for_bit():
 def test_main_demo_loss_falls(tmp_path):
     history = load("demo").main(iterations=12, steps=300, dt=1e-2, n=16, snapshots=6, png=str(tmp_path / "demo.png"))
     assert history[-1] < 0.5 * history[0]
+    try:
+        import matplotlib  # noqa: F401   (an optional extra: the demo skips its picture without it)
+    except ImportError:
+        return
     assert (tmp_path / "demo.png").exists()
