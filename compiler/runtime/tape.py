@@ -24,6 +24,7 @@ of the two does not matter; recording first means a refused overwrite leaves the
 """
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import threading
@@ -71,13 +72,21 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 _OUR_DIRS = tuple(os.path.join(_ROOT, pkg) + os.sep for pkg in ("compiler", "checkpoint", "stepper"))
 
 
+@functools.lru_cache(maxsize=None)
+def _user_file(co_filename: str) -> str | None:
+    """The basename of a code object's file if it is the user's (not this project's packages)."""
+    filename = os.path.abspath(co_filename)
+    return None if filename.startswith(_OUR_DIRS) else os.path.basename(filename)
+
+
 def caller_location() -> str:
-    """``"file.py:42"`` of the innermost caller outside this project's packages, for messages."""
+    """``"file.py:42"`` of the innermost caller outside this project's packages, for messages.
+    Every recorded launch asks, so the per-file verdict is cached."""
     frame = sys._getframe(1)
     while frame is not None:
-        filename = os.path.abspath(frame.f_code.co_filename)
-        if not filename.startswith(_OUR_DIRS):
-            return f"{os.path.basename(filename)}:{frame.f_lineno}"
+        name = _user_file(frame.f_code.co_filename)
+        if name is not None:
+            return f"{name}:{frame.f_lineno}"
         frame = frame.f_back
     return ""
 
