@@ -39,6 +39,7 @@ class MemoryStorage(Storage):
             )
         self.device = device
         self._snapshots: dict[int, Snapshot] = {}
+        self._nbytes = 0          # kept up to date: schedules ask after every write
         self._closed = False
 
     def __repr__(self) -> str:
@@ -52,6 +53,8 @@ class MemoryStorage(Storage):
         for array in copies.values():
             array.flags.writeable = False
         snapshot = freeze(step, copies, make_metadata(step, copies, metadata))
+        replaced = self._snapshots.get(step)
+        self._nbytes += snapshot.nbytes - (replaced.nbytes if replaced is not None else 0)
         self._snapshots[step] = snapshot
         elapsed = time.perf_counter() - start
         self._counters.add(
@@ -69,7 +72,9 @@ class MemoryStorage(Storage):
 
     def delete(self, step: int) -> None:
         self._check_open()
-        del self._snapshots[self._lookup(step).step]
+        snapshot = self._lookup(step)
+        self._nbytes -= snapshot.nbytes
+        del self._snapshots[snapshot.step]
 
     def steps(self) -> list[int]:
         return sorted(self._snapshots)
@@ -79,11 +84,12 @@ class MemoryStorage(Storage):
 
     @property
     def nbytes(self) -> int:
-        return sum(s.nbytes for s in self._snapshots.values())
+        return self._nbytes
 
     def close(self) -> None:
         """Drop all snapshots; further use raises StorageClosedError."""
         self._snapshots.clear()
+        self._nbytes = 0
         self._closed = True
 
     def _lookup(self, step: int) -> Snapshot:
