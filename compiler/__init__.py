@@ -8,6 +8,7 @@ from . import autograd
 from .builtins import BUILTINS as _BUILTINS
 from .errors import CompileError, OverwriteError
 from .func import adjoint, func, func_grad, func_native, func_replay
+from .graph import Graph, capture
 from .kernel import Kernel, kernel
 from .launch import LaunchError, launch
 from .runtime.array import (array, clone, copy, empty, empty_like, full, full_like, ones, ones_like, zeros,
@@ -19,7 +20,7 @@ from .types import (bool_, float32, float64, int32, int64, mat22, mat33, mat44, 
 globals().update(_BUILTINS)
 
 __all__ = [
-    "kernel", "func", "func_grad", "func_replay", "func_native", "adjoint", "launch", "Kernel", "LaunchError", "Tape", "CompileError", "OverwriteError", "autograd",
+    "kernel", "capture", "Graph", "func", "func_grad", "func_replay", "func_native", "adjoint", "launch", "Kernel", "LaunchError", "Tape", "CompileError", "OverwriteError", "autograd",
     "array", "zeros", "ones", "full", "empty", "zeros_like", "ones_like", "full_like", "empty_like", "clone", "copy",
     "float32", "float64", "int32", "int64", "bool_", "vec2", "vec3", "vec4", "mat22", "mat33", "mat44",
     "vector", "matrix", *_BUILTINS,

@@ -13,6 +13,7 @@ import struct
 import numpy as np
 
 from .errors import CompileError, OverwriteError
+from .graph import CapturedLaunch, capturing
 from .kernel import Kernel
 from .runtime.array import array
 from .runtime.tape import RecordedOp, active_tape, caller_location
@@ -156,6 +157,11 @@ def launch(kernel: Kernel, dim, inputs=(), outputs=(), device=None, debug: bool 
     buffer = sig.packer.pack(*values)
 
     tape = active_tape()
+    graph = capturing()
+    if graph is not None and (tape is not None or debug or device != "cpu"):
+        raise LaunchError(f"launch of kernel '{kernel.__name__}' inside capture(): " + (
+            "a Tape is recording, and replays would bypass it; capture outside the Tape" if tape is not None else
+            "debug=True launches cannot be captured" if debug else "only CPU launches can be captured so far"))
     if deterministic is None:
         deterministic = tape is not None and tape.deterministic
     if tape is not None:
@@ -168,7 +174,10 @@ def launch(kernel: Kernel, dim, inputs=(), outputs=(), device=None, debug: bool 
     module = kernel.entry(debug)
     # Without atomics a forward's result does not depend on thread order: only atomics need serial.
     serial = deterministic and sig.has_atomics
-    module.function(compiled.forward.name, adjoint=False)(buffer, int(serial))
+    entry = module.function(compiled.forward.name, adjoint=False)
+    if graph is not None:
+        graph.launches.append(CapturedLaunch(entry, buffer, int(serial), tuple(args[k] for k in sig.written)))
+    entry(buffer, int(serial))
     if debug:
         _raise_if_out_of_bounds(module, kernel)
     for k in sig.written:
