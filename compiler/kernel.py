@@ -34,15 +34,16 @@ class ArgumentUse:
     first_store: ir.Loc | None = None
 
 
-def _forward_walk(body):
-    """Statements the forward executes (not the replacement code that only the adjoint runs)."""
+def _forward_walk(body, in_loop=False):
+    """(statement, inside a loop?) for the statements the forward executes, in program order (not
+    the replacement code that only the adjoint runs)."""
     for s in body:
-        yield s
+        yield s, in_loop
         if isinstance(s, ir.If):
-            yield from _forward_walk(s.then)
-            yield from _forward_walk(s.orelse)
+            yield from _forward_walk(s.then, in_loop)
+            yield from _forward_walk(s.orelse, in_loop)
         elif isinstance(s, (ir.Loop, ir.CustomAdjoint, ir.CustomReplay)):
-            yield from _forward_walk(s.body)
+            yield from _forward_walk(s.body, in_loop or isinstance(s, ir.Loop))
 
 
 def argument_uses(fn: ir.Function) -> dict[str, ArgumentUse]:
@@ -50,7 +51,7 @@ def argument_uses(fn: ir.Function) -> dict[str, ArgumentUse]:
     the adjoint's replacement code (@func_replay, @func_grad) count as reads, not as conflicts."""
     uses = {p.name: ArgumentUse() for p in fn.params if isinstance(p.type, ArrayType)}
     used = {a.id for s in ir.walk(fn.body) for a in ir.used_operands(s) if isinstance(a, ir.Temp)}
-    forward = {id(s) for s in _forward_walk(fn.body)}
+    forward = {id(s) for s, _ in _forward_walk(fn.body)}
     for s in ir.walk(fn.body):
         if isinstance(s, ir.Load) and id(s) not in forward:
             uses[s.array.param.name].adjoint_reads = True
@@ -74,25 +75,13 @@ def _overwrites_of_read_values(body) -> dict[str, ir.Loc]:
     """Arrays whose stores may overwrite values the kernel read: a load before a store, or a store
     in a loop (a later iteration's load would see it). A load that only follows stores outside loops
     reads back what this thread wrote, which the adjoint's replay (it skips stores) sees as well."""
-    stored: dict[str, ir.Loc] = {}
     loaded: set[str] = set()
     conflicts: dict[str, ir.Loc] = {}
-
-    def visit(stmts, in_loop):
-        for s in stmts:
-            if isinstance(s, ir.Load):
-                loaded.add(s.array.param.name)
-            elif isinstance(s, ir.Store):
-                name = s.array.param.name
-                if name in loaded or in_loop:
-                    conflicts.setdefault(name, s.loc)
-                stored.setdefault(name, s.loc)
-            elif isinstance(s, ir.If):
-                visit(s.then, in_loop)
-                visit(s.orelse, in_loop)
-            elif isinstance(s, (ir.Loop, ir.CustomAdjoint, ir.CustomReplay)):
-                visit(s.body, in_loop or isinstance(s, ir.Loop))
-    visit(body, False)
+    for s, in_loop in _forward_walk(body):
+        if isinstance(s, ir.Load):
+            loaded.add(s.array.param.name)
+        elif isinstance(s, ir.Store) and (s.array.param.name in loaded or in_loop):
+            conflicts.setdefault(s.array.param.name, s.loc)
     return {n: loc for n, loc in conflicts.items() if n in loaded}
 
 

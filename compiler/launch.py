@@ -169,7 +169,7 @@ def launch(kernel: Kernel, dim, inputs=(), outputs=(), device=None, debug: bool 
     if device != "cpu":
         from . import launch_cuda
         launch_cuda.forward(kernel, compiled, buffer, values[0], debug, deterministic, device)
-        _mark_written(compiled, sig, args)
+        _mark_written(sig, args)
         return
     module = kernel.entry(debug)
     # Without atomics a forward's result does not depend on thread order: only atomics need serial.
@@ -180,8 +180,7 @@ def launch(kernel: Kernel, dim, inputs=(), outputs=(), device=None, debug: bool 
     entry(buffer, int(serial))
     if debug:
         _raise_if_out_of_bounds(module, kernel)
-    for k in sig.written:
-        args[k]._mark_written()
+    _mark_written(sig, args)
 
 
 def _gpu(device: str) -> str:
@@ -192,7 +191,7 @@ def _gpu(device: str) -> str:
     return str(dev)
 
 
-def _mark_written(compiled, sig, args):
+def _mark_written(sig, args):
     for k in sig.written:
         args[k]._mark_written()
 
