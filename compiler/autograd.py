@@ -500,6 +500,6 @@ def loop_tape_words(kernel: Kernel, dim, inputs=(), outputs=(), device=None) -> 
         values += _check_argument(kernel, p, a, device)
         adjoint_values += (_array_values(None, like=a) if isinstance(a, array)
                            else _zero_values(p.type))
-    fn = kernel.entry(False).function(compiled.forward.name, adjoint=True)
+    fn = kernel.entry(False).function(compiled.adjoint.name, adjoint=True)
     fn(sig.packer.pack(*values), sig.packer.pack(*adjoint_values), None, 0, 1, counts.ctypes.data, 0)
     return counts

@@ -65,7 +65,7 @@ class LoadedCudaModule:
         key = (name, adjoint)
         if key not in self._functions:
             from .backends import cuda_driver
-            self._functions[key] = cuda_driver.get_function(self.module, name + ("_adjoint" if adjoint else "_forward"))
+            self._functions[key] = cuda_driver.get_function(self.module, name if adjoint else name + "_forward")
         return self._functions[key]
 
     def _global(self, name: str):

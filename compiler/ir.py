@@ -211,11 +211,13 @@ class Pop:
 
 @dataclass(frozen=True)
 class AccumGrad:
-    """Adjoint functions only: `adj_array[indices] += value` (atomically; no-op without a grad)."""
+    """Adjoint functions only: `adj_array[indices] += value` (no-op without a grad). Atomic unless the
+    launch is serial, or `exclusive`: no other thread of the launch touches that element."""
     array: ArrayRef
     indices: tuple[Operand, ...]
     value: Operand
     loc: Loc
+    exclusive: bool = False
 
 
 @dataclass(frozen=True)

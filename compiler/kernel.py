@@ -17,6 +17,7 @@ from .backends import build_cpu_library, load_cpu_library
 from .codegen.targets import render_cpu, render_cuda
 from .frontend import Frontend
 from .frontend_calls import namespace_of
+from .gather import GatherAdjoint, gather_adjoint
 from .types import ArrayType
 from .verify import verify
 
@@ -92,6 +93,11 @@ class Compiled:
     adjoint_error: AdjointUnsupported | None
     uses: dict[str, ArgumentUse]
     needs_tape: bool
+    gather: GatherAdjoint | None = None     # the scatter-free adjoint, where the kernel has one
+
+    def functions(self) -> tuple[ir.Function, ir.Function | None, ir.Function | None]:
+        """What the module renders for this kernel: the forward, the adjoint and its gather form."""
+        return self.forward, self.adjoint, self.gather.function if self.gather is not None else None
 
 
 class Kernel:
@@ -118,7 +124,10 @@ class Kernel:
             except AdjointUnsupported as e:
                 error = e
             needs_tape = adjoint is not None and any(isinstance(s, ir.Push) for s in ir.walk(adjoint.body))
-            self._compiled = Compiled(forward, adjoint, error, argument_uses(forward), needs_tape)
+            gather = gather_adjoint(adjoint) if adjoint is not None else None
+            if gather is not None:
+                verify(gather.function, single_definition=False)
+            self._compiled = Compiled(forward, adjoint, error, argument_uses(forward), needs_tape, gather)
         return self._compiled
 
     @property
@@ -165,7 +174,7 @@ class KernelModule:
             except Exception:
                 continue
         render = {"cpu": render_cpu, "cuda": render_cuda}[target]
-        return render([(c.forward, c.adjoint) for c in ready], debug)
+        return render([c.functions() for c in ready], debug)
 
     def library(self, debug: bool):
         if debug not in self._libraries:
@@ -186,9 +195,11 @@ class LoadedModule:
         self._functions = {}
 
     def function(self, name: str, adjoint: bool):
+        """The entry point of IR function `name`: a forward (``fn(buffer, serial)``) or an adjoint
+        entry (``fn(buffer, adj_buffer, tape, capacity, count_only, counts, serial)``)."""
         key = (name, adjoint)
         if key not in self._functions:
-            f = getattr(self.lib, name + ("_adjoint" if adjoint else "_forward"))
+            f = getattr(self.lib, name if adjoint else name + "_forward")
             if adjoint:
                 f.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int,
                               ctypes.c_void_p, ctypes.c_int]

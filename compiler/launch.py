@@ -238,6 +238,16 @@ def _record(tape, kernel, compiled, sig, args, dims, buffer, debug, deterministi
     tape.record(op)
 
 
+def _gather_fits(gather, sig, args, dims) -> bool:
+    """Whether the gather form of an adjoint serves this launch: the arrays it gathers into span
+    exactly the launch's index space (the thread indices tid() gives)."""
+    if gather is None:
+        return False
+    ndim = sig.tid_ndim
+    extents = (math.prod(dims[:len(dims) - ndim + 1]), *dims[len(dims) - ndim + 1:])
+    return all(a.shape == extents for p, a in zip(sig.params, args) if p.name in gather.arrays)
+
+
 def _run_adjoint(kernel, compiled, sig, args, dims, buffer, debug, serial):
     if compiled.adjoint is None:
         return
@@ -254,7 +264,11 @@ def _run_adjoint(kernel, compiled, sig, args, dims, buffer, debug, serial):
         launch_cuda.adjoint(kernel, compiled, buffer, adj_buffer, math.prod(dims), debug, serial, device)
         return
     module = kernel.entry(debug)
-    fn = module.function(compiled.forward.name, adjoint=True)
+    adjoint = compiled.adjoint
+    if _gather_fits(compiled.gather, sig, args, dims):
+        # Parallel and deterministic by construction; serial only for what still scatters.
+        adjoint, serial = compiled.gather.function, serial and compiled.gather.scatters
+    fn = module.function(adjoint.name, adjoint=True)
     n = math.prod(dims)
     tape_memory, capacity = None, 0
     if compiled.needs_tape and n > 0:

@@ -98,7 +98,7 @@ def adjoint(kernel, compiled, buffer: bytes, adj_buffer: bytes, n: int, debug: b
     loaded = cuda_module(kernel.module, debug, dev)
     if n == 0:
         return
-    fn = loaded.function(compiled.forward.name, adjoint=True)
+    fn = loaded.function(compiled.adjoint.name, adjoint=True)
     grid, block = _grid(n, serial, dev.ordinal)
     args, adj = _by_value(buffer), _by_value(adj_buffer)
     tape, capacity = None, 0

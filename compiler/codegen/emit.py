@@ -172,11 +172,12 @@ class FunctionEmitter:
     def s_AccumGrad(self, s):
         idx = ", ".join(self.x(i) for i in s.indices)
         grad = "adj_" + s.array.param.name
-        self.line(f"if ({grad}.data) sp::accum_grad(sp::address({grad}, {idx}), {self.x(s.value)}, tp.serial);")
+        serial = "1" if s.exclusive else "tp.serial"
+        self.line(f"if (GRADS || {grad}.data) sp::accum_grad(sp::address({grad}, {idx}), {self.x(s.value)}, {serial});")
 
     def s_ReadGrad(self, s):
         idx = ", ".join(self.x(i) for i in s.indices)
-        self.line(f"{s.out.name} = sp::read_grad(adj_{s.array.param.name}, {idx});")
+        self.line(f"{s.out.name} = sp::read_grad<GRADS>(adj_{s.array.param.name}, {idx});")
 
     def s_Print(self, s):
         values = [v for a in s.args for v in _printf(self.x(a), a.type)[1]]

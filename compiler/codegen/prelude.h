@@ -313,8 +313,10 @@ template <int R, int C, typename T> SP_FUNC mat_t<R, C, T> atomic_add_at(mat_t<R
 template <typename T> SP_FUNC T atomic_sub_at(T* p, const T& v) { return atomic_add_at(p, neg(v)); }
 
 // Gradient arrays may be absent (data == nullptr) for arguments that do not require grad.
-template <typename T, typename... I> SP_FUNC T read_grad(const array_t<T>& a, I... idx) {
-    return a.data ? *address(a, idx...) : T(); }
+// GRADS: the launcher passed a gradient for every array, so no access needs the null check (the
+// branch-free instantiation is the one whose thread loop can vectorise).
+template <bool GRADS, typename T, typename... I> SP_FUNC T read_grad(const array_t<T>& a, I... idx) {
+    return (GRADS || a.data) ? *address(a, idx...) : T(); }
 
 // ---- the per-thread tape of the dynamic-loop adjoint ---------------------------------------------
 // Word w of thread t lives at base[w * stride + t]: consecutive threads touch consecutive words.

@@ -1,0 +1,253 @@
+"""The gather form of an adjoint: an IR -> IR pass that turns a stencil's scatter into gathers.
+
+An adjoint scatters: the thread that read ``a[i - 1, j]`` adds to ``adj_a[i - 1, j]``. Neighbouring
+threads hit the same elements, so the scatter needs atomics (float sums in whatever order threads
+arrive) or a serial run. When every accumulation into an array's gradient sits at the thread's own
+index plus a constant offset (``a[i + di, j + dj]``, per axis), the same sums can be gathered
+instead: thread p, for each offset c, reruns the adjoint of thread ``p - c`` keeping only the
+accumulations made at offset c, adds them up in a local, and finally adds the total to ``adj_a[p]``
+once. No two threads write the same element, so the launch runs in parallel with plain adds, and
+the order of every sum is fixed by the offsets alone: the result is the same on any number of
+threads (deterministic without running serially).
+
+Each offset's pass is a copy of the adjoint body with fresh locals, so the C++ compiler sees what
+each pass needs and drops the rest (in a 5-point stencil, a neighbour's pass keeps a multiply).
+A pass runs thread ``p - c`` clamped into the launch (always a thread that exists, so its loads are
+the ones the forward made) and keeps its sum only when ``p - c`` was inside: no branch on the
+offset, so the thread loop still vectorises.
+
+Arrays that do not qualify (an index that is not tid + constant on its own axis, a gradient the
+kernel also reads, a rank other than the launch's) keep the scatter; it runs in the zero-offset
+pass. Kernels whose loops keep a tape are left alone (their tape belongs to one thread).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from . import ir
+from .adjoint import is_reverse_mark
+from .types import bool_, int32
+
+
+@dataclass(frozen=True)
+class GatherAdjoint:
+    """The gather form of a kernel's adjoint. Valid for a launch only when every array in `arrays`
+    that carries a gradient has exactly the launch's extents (`launch` checks; else the scatter
+    adjoint runs). `scatters`: some accumulations still scatter (atomics unless serial)."""
+    function: ir.Function
+    arrays: tuple[str, ...]
+    scatters: bool
+
+
+def gather_adjoint(adjoint: ir.Function) -> GatherAdjoint | None:
+    """The gather form of `adjoint` (the output of `adjoint.adjoint_function`), or None where no
+    array's accumulations qualify or the adjoint keeps a loop tape. Expects verified adjoint IR;
+    the result verifies with ``single_definition=False`` and has the same parameters."""
+    body = tuple(s for s in adjoint.body if not is_reverse_mark(s))
+    if any(isinstance(s, ir.Push) for s in ir.walk(body)):
+        return None
+    offsets = _tid_offsets(body, adjoint.tid_ndim)
+    sites = [s for s in ir.walk(body) if isinstance(s, ir.AccumGrad)]
+    read_grads = {s.array.param.name for s in ir.walk(body) if isinstance(s, ir.ReadGrad)}
+    site_offset: dict[int, tuple[int, ...]] = {}
+    eligible: dict[str, ir.Param] = {}
+    rejected: set[str] = set(read_grads)
+    for s in sites:
+        name = s.array.param.name
+        off = _site_offset(s, offsets, adjoint.tid_ndim)
+        if off is None:
+            rejected.add(name)
+        else:
+            site_offset[id(s)] = off
+            eligible[name] = s.array.param
+    for name in rejected:
+        eligible.pop(name, None)
+    if not eligible:
+        return None
+    scatters = any(s.array.param.name not in eligible for s in sites)
+    passes = sorted({site_offset[id(s)] for s in sites if s.array.param.name in eligible})
+    zero = (0,) * adjoint.tid_ndim
+    if scatters and zero not in passes:
+        passes.insert(0, zero)
+    return GatherAdjoint(_build(adjoint, body, eligible, site_offset, passes), tuple(eligible), scatters)
+
+
+# ---- which indices are tid + constant ------------------------------------------------------------
+def _tid_offsets(body, ndim: int) -> dict[int, tuple[int, int]]:
+    """Temp and Var ids whose value is ``tid()[axis] + offset``, as (axis, offset). A Var counts only
+    when it is assigned once, at the top level (so that assignment reaches every later read)."""
+    assigned: dict[int, int] = {}
+    for s in ir.walk(body):
+        if isinstance(s, ir.Assign):
+            assigned[s.var.id] = assigned.get(s.var.id, 0) + 1
+        for v in _other_writes(s):
+            assigned[v.id] = 2
+    top = {id(s) for s in body}
+    known: dict[int, tuple[int, int]] = {}
+    for s in ir.walk(body):
+        if isinstance(s, ir.ThreadIndex) and s.axis < ndim:
+            known[s.out.id] = (s.axis, 0)
+        elif isinstance(s, ir.ReadVar) and s.var.id in known:
+            known[s.out.id] = known[s.var.id]
+        elif isinstance(s, ir.Assign) and id(s) in top and assigned[s.var.id] == 1 \
+                and isinstance(s.value, ir.Temp) and s.value.id in known:
+            known[s.var.id] = known[s.value.id]
+        elif isinstance(s, ir.Op) and s.op in ("add", "sub") and s.out.type == int32:
+            a, b = s.args
+            if isinstance(a, ir.Temp) and a.id in known and _int_const(b) is not None:
+                axis, off = known[a.id]
+                known[s.out.id] = (axis, off + _int_const(b) * (1 if s.op == "add" else -1))
+            elif s.op == "add" and isinstance(b, ir.Temp) and b.id in known and _int_const(a) is not None:
+                axis, off = known[b.id]
+                known[s.out.id] = (axis, off + _int_const(a))
+    return known
+
+
+def _other_writes(s):
+    if isinstance(s, ir.Loop) and s.counter is not None:
+        yield s.counter
+    elif isinstance(s, ir.ReverseLoop):
+        yield s.index
+    elif isinstance(s, ir.Pop):
+        yield from s.vars
+
+
+def _int_const(x) -> int | None:
+    if isinstance(x, ir.Const) and x.type == int32 and not isinstance(x.value, bool):
+        return int(x.value)
+    return None
+
+
+def _site_offset(s: ir.AccumGrad, offsets, ndim: int) -> tuple[int, ...] | None:
+    if s.array.type.ndim != ndim:
+        return None
+    out = []
+    for axis, index in enumerate(s.indices):
+        known = offsets.get(index.id) if isinstance(index, ir.Temp) else None
+        if known is None or known[0] != axis:
+            return None
+        out.append(known[1])
+    return tuple(out)
+
+
+# ---- building the gather function ----------------------------------------------------------------
+def _build(adjoint: ir.Function, body, eligible: dict[str, ir.Param], site_offset, passes) -> ir.Function:
+    loc = adjoint.loc
+    ndim = adjoint.tid_ndim
+    out: list = []
+    p = [ir.Temp(int32) for _ in range(ndim)]
+    out += [ir.ThreadIndex(p[k], k, loc) for k in range(ndim)]
+    # Every eligible array has the launch's extents (checked at launch): read them off the first.
+    extent = [ir.Temp(int32) for _ in range(ndim)]
+    first = ir.ArrayRef(next(iter(eligible.values())))
+    out += [ir.ArrayDim(extent[k], first, k, loc) for k in range(ndim)]
+    totals = {name: ir.Var("gathered_" + name, param.type.dtype) for name, param in eligible.items()}
+    out += [ir.Assign(v, ir.Const(-0.0, v.type), loc) for v in totals.values()]
+    zero = (0,) * ndim
+    for c in passes:
+        out += _pass(body, c, p, extent, totals, site_offset, keep_scatter=c == zero, loc=loc)
+    for name, total in totals.items():
+        value = ir.Temp(total.type)
+        out.append(ir.ReadVar(value, total, loc))
+        out.append(ir.AccumGrad(ir.ArrayRef(eligible[name], adjoint=True), tuple(p), value, loc, exclusive=True))
+    return ir.Function(adjoint.name.replace("_adjoint", "") + "_gather", adjoint.params, tuple(out), loc, ndim)
+
+
+def _pass(body, c, p, extent, totals, site_offset, keep_scatter: bool, loc) -> list:
+    """Thread p's share of the pass at offset c: the adjoint of thread p - c (clamped into the
+    launch), its accumulations at offset c summed into fresh locals, added to `totals` only when
+    p - c is a thread of the launch."""
+    out: list = []
+    t, inside = [], None
+    for k, (pk, ck) in enumerate(zip(p, c)):
+        if ck == 0:
+            t.append(pk)
+            continue
+        shifted, low, last, tk = ir.Temp(int32), ir.Temp(int32), ir.Temp(int32), ir.Temp(int32)
+        ok_low, ok_high, ok = ir.Temp(bool_), ir.Temp(bool_), ir.Temp(bool_)
+        out += [ir.Op(shifted, "sub", (pk, ir.Const(ck, int32)), loc),
+                ir.Op(last, "sub", (extent[k], ir.Const(1, int32)), loc),
+                ir.Op(low, "max", (shifted, ir.Const(0, int32)), loc),
+                ir.Op(tk, "min", (low, last), loc),
+                ir.Op(ok_low, "ge", (shifted, ir.Const(0, int32)), loc),
+                ir.Op(ok_high, "lt", (shifted, extent[k]), loc),
+                ir.Op(ok, "and", (ok_low, ok_high), loc)]
+        if inside is not None:
+            both = ir.Temp(bool_)
+            out.append(ir.Op(both, "and", (inside, ok), loc))
+            ok = both
+        inside = ok
+        t.append(tk)
+    partial = {name: ir.Var(f"{v.hint}_{_label(c)}", v.type) for name, v in totals.items()}
+    out += [ir.Assign(v, ir.Const(-0.0, v.type), loc) for v in partial.values()]
+    copier = _Copier(t, c, partial, site_offset, keep_scatter)
+    out += copier.block(body)
+    for name, total in totals.items():
+        part, cur, kept, new = ir.Temp(total.type), ir.Temp(total.type), ir.Temp(total.type), ir.Temp(total.type)
+        out.append(ir.ReadVar(part, partial[name], loc))
+        if inside is not None:
+            out.append(ir.Op(kept, "where", (inside, part, ir.Const(0, total.type)), loc))
+            part = kept
+        out += [ir.ReadVar(cur, total, loc), ir.Op(new, "add", (cur, part), loc), ir.Assign(total, new, loc)]
+    return out
+
+
+def _label(c) -> str:
+    return "_".join(f"m{-x}" if x < 0 else f"p{x}" for x in c)
+
+
+class _Copier:
+    """Copies the adjoint body for one pass: fresh Temps and Vars, thread indices replaced by the
+    pass's (clamped) thread, accumulations at the pass's offset redirected into its locals, other
+    gathered accumulations dropped, scattered ones kept only in the zero-offset pass."""
+
+    def __init__(self, thread, offset, partial, site_offset, keep_scatter):
+        self.thread, self.offset, self.partial = thread, offset, partial
+        self.site_offset, self.keep_scatter = site_offset, keep_scatter
+        self.names: dict[int, object] = {}
+
+    def block(self, body) -> list:
+        out = []
+        for s in body:
+            out += self.stmt(s)
+        return out
+
+    def stmt(self, s) -> list:
+        if isinstance(s, ir.ThreadIndex):
+            self.names[s.out.id] = self.thread[s.axis]
+            return []
+        if isinstance(s, ir.AccumGrad):
+            name = s.array.param.name
+            if name in self.partial:
+                if self.site_offset[id(s)] != self.offset:
+                    return []
+                acc = self.partial[name]
+                cur, new = ir.Temp(acc.type), ir.Temp(acc.type)
+                return [ir.ReadVar(cur, acc, s.loc), ir.Op(new, "add", (cur, self.value(s.value)), s.loc),
+                        ir.Assign(acc, new, s.loc)]
+            if not self.keep_scatter:
+                return []
+        return [self.value(s)]
+
+    def value(self, x):
+        """`x` with every Temp and Var renamed and every nested block copied."""
+        if isinstance(x, (ir.Temp, ir.Var)):
+            if x.id not in self.names:
+                self.names[x.id] = ir.Temp(x.type) if isinstance(x, ir.Temp) else ir.Var(x.hint, x.type)
+            return self.names[x.id]
+        if isinstance(x, tuple):
+            if x and _is_stmt(x[0]):
+                return tuple(self.block(x))
+            return tuple(self.value(v) for v in x)
+        if _is_stmt(x):
+            return dataclasses.replace(x, **{f.name: self.value(getattr(x, f.name))
+                                             for f in dataclasses.fields(x) if f.name != "loc"})
+        return x
+
+
+def _is_stmt(x) -> bool:
+    return dataclasses.is_dataclass(x) and hasattr(x, "loc") and not isinstance(x, type)
+
+
+__all__ = ["GatherAdjoint", "gather_adjoint"]

@@ -1,0 +1,186 @@
+"""The gather form of stencil adjoints: exact sums, gathered per element, deterministic in parallel.
+
+Accumulations at tid() + a constant offset are gathered by the element that receives them instead of
+scattered by the thread that made them (compiler/gather.py). Expected values are float64 analytic
+references; the gather form must also agree with the scatter adjoint it replaces to float rounding,
+and give the same bits whether or not the launch is deterministic (it has no atomics to order).
+"""
+import numpy as np
+import pytest
+
+import compiler as sp
+from compiler import ir
+from compiler.launch import _signature, _gather_fits
+from compiler.verify import verify
+
+F2 = sp.array(dtype=float, ndim=2)
+F1 = sp.array(dtype=float)
+C, B = 0.25, 0.1
+
+
+@sp.kernel
+def wave(up: F2, u: F2, c: float, b: float, u_next: F2):
+    i, j = sp.tid()
+    n = u.shape[0]
+    m = u.shape[1]
+    x = u[i, j]
+    lap = -4.0 * x
+    if i > 0:
+        lap += u[i - 1, j]
+    if i < n - 1:
+        lap += u[i + 1, j]
+    if j > 0:
+        lap += u[i, j - 1]
+    if j < m - 1:
+        lap += u[i, j + 1]
+    u_next[i, j] = 2.0 * x - up[i, j] + c * lap - b * x * x * x
+
+
+def wave_adjoint_reference(u, w):
+    """d(sum(w * u_next))/du in float64: the transposed 5-point stencil plus the local terms."""
+    u, w = u.astype(np.float64), w.astype(np.float64)
+    g = (2.0 - 4.0 * C - 3.0 * B * u * u) * w
+    g[1:, :] += C * w[:-1, :]       # u[i, j] is the (i + 1, j) thread's u[i - 1, j]
+    g[:-1, :] += C * w[1:, :]
+    g[:, 1:] += C * w[:, :-1]
+    g[:, :-1] += C * w[:, 1:]
+    return g
+
+
+def wave_gradients(shape, deterministic, seed=0):
+    rng = np.random.default_rng(seed)
+    u = sp.array(rng.standard_normal(shape).astype(np.float32), requires_grad=True)
+    up = sp.array(rng.standard_normal(shape).astype(np.float32), requires_grad=True)
+    out = sp.zeros(shape, requires_grad=True)
+    w = rng.standard_normal(shape).astype(np.float32)
+    tape = sp.Tape(deterministic=deterministic)
+    with tape:
+        sp.launch(wave, shape, inputs=[up, u, C, B], outputs=[out])
+    tape.backward(grads={out: w})
+    return u.numpy(), w, u.grad.numpy(), up.grad.numpy()
+
+
+def test_stencil_kernel_has_a_gather_form_over_both_inputs():
+    gather = wave.compiled().gather
+    assert gather is not None and set(gather.arrays) == {"u", "up"} and not gather.scatters
+    verify(gather.function, single_definition=False)
+    assert not any(isinstance(s, ir.AccumGrad) and not s.exclusive for s in ir.walk(gather.function.body))
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (2, 3), (37, 64), (256, 129)])
+def test_gathered_stencil_adjoint_matches_the_float64_transpose(shape):
+    u, w, gu, gup = wave_gradients(shape, deterministic=False)
+    np.testing.assert_allclose(gu, wave_adjoint_reference(u, w), rtol=2e-6, atol=2e-6)
+    np.testing.assert_array_equal(gup, -w)
+
+
+def test_gather_form_gives_the_same_bits_with_and_without_deterministic():
+    a = wave_gradients((64, 80), deterministic=False, seed=3)
+    b = wave_gradients((64, 80), deterministic=True, seed=3)
+    np.testing.assert_array_equal(a[2], b[2])
+    np.testing.assert_array_equal(a[3], b[3])
+
+
+def test_gather_and_scatter_adjoints_agree_to_rounding(monkeypatch):
+    u, w, gathered, _ = wave_gradients((48, 48), deterministic=True, seed=5)
+    monkeypatch.setattr(wave.compiled(), "gather", None)
+    _, _, scattered, _ = wave_gradients((48, 48), deterministic=True, seed=5)
+    np.testing.assert_allclose(gathered, scattered, rtol=1e-6, atol=1e-6)
+
+
+# -- what does not qualify keeps the scatter ----------------------------------------------------------
+@sp.kernel
+def pair_and_shift(a: F1, b: F1, out: F1):
+    i = sp.tid()
+    out[i] = a[i // 2] * b[i + 1]          # a: index not tid + constant; b: offset +1
+
+
+def test_unqualified_arrays_scatter_in_the_zero_offset_pass():
+    gather = pair_and_shift.compiled().gather
+    assert gather is not None and gather.arrays == ("b",) and gather.scatters
+    a = sp.array(np.arange(1.0, 5.0, dtype=np.float32), requires_grad=True)
+    b = sp.array(np.arange(10.0, 19.0, dtype=np.float32), requires_grad=True)
+    out = sp.zeros(8, requires_grad=True)
+    w = np.arange(1.0, 9.0, dtype=np.float32)
+    tape = sp.Tape()
+    with tape:
+        sp.launch(pair_and_shift, 8, inputs=[a, b], outputs=[out])
+    # b (9 elements) is larger than the launch (8 threads): the gather form does not fit, so the
+    # scatter adjoint runs; both must give the reference.
+    assert not _gather_fits(gather, _signature(pair_and_shift), [a, b, out], (8,))
+    tape.backward(grads={out: w})
+    an, bn = a.numpy().astype(np.float64), b.numpy().astype(np.float64)
+    ga, gb = np.zeros(4), np.zeros(9)
+    for i in range(8):
+        ga[i // 2] += w[i] * bn[i + 1]
+        gb[i + 1] += w[i] * an[i // 2]
+    np.testing.assert_array_equal(a.grad.numpy(), ga.astype(np.float32))
+    np.testing.assert_array_equal(b.grad.numpy(), gb.astype(np.float32))
+
+
+@sp.kernel
+def shift_left(a: F1, b: F1, out: F1):
+    i = sp.tid()
+    n = a.shape[0]
+    v = a[i // 2] * 2.0
+    if i + 1 < n:
+        v += b[i + 1]
+    out[i] = v
+
+
+def test_gather_with_a_scattered_array_when_shapes_fit():
+    a = sp.array(np.ones(8, np.float32), requires_grad=True)
+    b = sp.array(np.ones(8, np.float32), requires_grad=True)
+    out = sp.zeros(8, requires_grad=True)
+    assert _gather_fits(shift_left.compiled().gather, _signature(shift_left), [a, b, out], (8,))
+    w = np.arange(1.0, 9.0, dtype=np.float32)
+    tape = sp.Tape(deterministic=True)
+    with tape:
+        sp.launch(shift_left, 8, inputs=[a, b], outputs=[out])
+    tape.backward(grads={out: w})
+    np.testing.assert_array_equal(a.grad.numpy(), [6, 14, 22, 30, 0, 0, 0, 0])
+    np.testing.assert_array_equal(b.grad.numpy(), [0, 1, 2, 3, 4, 5, 6, 7])
+
+
+@sp.kernel
+def indirect(idx: sp.array(dtype=int), x: F1, out: F1):
+    i = sp.tid()
+    out[i] = x[idx[i]]
+
+
+@sp.kernel
+def reads_its_accumulator(x: F1, acc: F1):
+    i = sp.tid()
+    acc[i] += x[i] * acc[i]
+
+
+def test_kernels_without_affine_gradients_have_no_gather_form():
+    assert indirect.compiled().gather is None
+    # acc's gradient is read (its own += ) and accumulated: gathering it would race with the reads.
+    gather = reads_its_accumulator.compiled().gather
+    assert gather is None or "acc" not in gather.arrays
+
+
+@sp.kernel
+def smooth3(x: sp.array(dtype=sp.vec3, ndim=2), out: sp.array(dtype=sp.vec3, ndim=2)):
+    i, j = sp.tid()
+    m = x.shape[1]
+    v = x[i, j]
+    if j + 2 < m:
+        v = v + 0.5 * x[i, j + 2]
+    out[i, j] = v
+
+
+def test_vector_arrays_gather_too():
+    assert smooth3.compiled().gather.arrays == ("x",)
+    rng = np.random.default_rng(1)
+    x = sp.array(rng.standard_normal((5, 7, 3)).astype(np.float32), dtype=sp.vec3, requires_grad=True)
+    out = sp.zeros((5, 7), dtype=sp.vec3, requires_grad=True)
+    w = rng.standard_normal((5, 7, 3)).astype(np.float32)
+    tape = sp.Tape()
+    with tape:
+        sp.launch(smooth3, (5, 7), inputs=[x], outputs=[out])
+    tape.backward(grads={out: w})
+    expected = w.astype(np.float64).copy()
+    expected[:, 2:] += 0.5 * w[:, :-2]
+    np.testing.assert_allclose(x.grad.numpy(), expected, rtol=1e-6)
