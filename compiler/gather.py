@@ -33,9 +33,15 @@ from .types import bool_, int32
 @dataclass(frozen=True)
 class GatherAdjoint:
     """The gather form of a kernel's adjoint. Valid for a launch only when every array in `arrays`
-    that carries a gradient has exactly the launch's extents (`launch` checks; else the scatter
-    adjoint runs). `scatters`: some accumulations still scatter (atomics unless serial)."""
+    has exactly the launch's extents (`launch` checks; else the scatter adjoint runs).
+    `scatters`: some accumulations still scatter (atomics unless serial).
+
+    `function` serves every thread; `interior` is the same for threads whose innermost index p
+    lies in [margins[0], extent - margins[1]): there no pass's thread p - c leaves the launch along
+    that axis, so it needs no clamp, and its loads stay unit-stride (what lets the loop vectorise)."""
     function: ir.Function
+    interior: ir.Function
+    margins: tuple[int, int]
     arrays: tuple[str, ...]
     scatters: bool
 
@@ -70,7 +76,11 @@ def gather_adjoint(adjoint: ir.Function) -> GatherAdjoint | None:
     zero = (0,) * adjoint.tid_ndim
     if scatters and zero not in passes:
         passes.insert(0, zero)
-    return GatherAdjoint(_build(adjoint, body, eligible, site_offset, passes), tuple(eligible), scatters)
+    inner = [c[-1] for c in passes]
+    margins = (max(0, *inner), max(0, *(-x for x in inner)))
+    return GatherAdjoint(_build(adjoint, body, eligible, site_offset, passes, clamp_inner=True),
+                         _build(adjoint, body, eligible, site_offset, passes, clamp_inner=False),
+                         margins, tuple(eligible), scatters)
 
 
 # ---- which indices are tid + constant ------------------------------------------------------------
@@ -132,7 +142,8 @@ def _site_offset(s: ir.AccumGrad, offsets, ndim: int) -> tuple[int, ...] | None:
 
 
 # ---- building the gather function ----------------------------------------------------------------
-def _build(adjoint: ir.Function, body, eligible: dict[str, ir.Param], site_offset, passes) -> ir.Function:
+def _build(adjoint: ir.Function, body, eligible: dict[str, ir.Param], site_offset, passes,
+           clamp_inner: bool) -> ir.Function:
     loc = adjoint.loc
     ndim = adjoint.tid_ndim
     out: list = []
@@ -146,23 +157,30 @@ def _build(adjoint: ir.Function, body, eligible: dict[str, ir.Param], site_offse
     out += [ir.Assign(v, ir.Const(-0.0, v.type), loc) for v in totals.values()]
     zero = (0,) * ndim
     for c in passes:
-        out += _pass(body, c, p, extent, totals, site_offset, keep_scatter=c == zero, loc=loc)
+        out += _pass(body, c, p, extent, totals, site_offset, keep_scatter=c == zero, clamp_inner=clamp_inner, loc=loc)
     for name, total in totals.items():
         value = ir.Temp(total.type)
         out.append(ir.ReadVar(value, total, loc))
         out.append(ir.AccumGrad(ir.ArrayRef(eligible[name], adjoint=True), tuple(p), value, loc, exclusive=True))
-    return ir.Function(adjoint.name.replace("_adjoint", "") + "_gather", adjoint.params, tuple(out), loc, ndim)
+    name = adjoint.name.replace("_adjoint", "") + ("_gather" if clamp_inner else "_gather_interior")
+    return ir.Function(name, adjoint.params, tuple(out), loc, ndim)
 
 
-def _pass(body, c, p, extent, totals, site_offset, keep_scatter: bool, loc) -> list:
+def _pass(body, c, p, extent, totals, site_offset, keep_scatter: bool, clamp_inner: bool, loc) -> list:
     """Thread p's share of the pass at offset c: the adjoint of thread p - c (clamped into the
     launch), its accumulations at offset c summed into fresh locals, added to `totals` only when
-    p - c is a thread of the launch."""
+    p - c is a thread of the launch. Without `clamp_inner`, p - c is known to be inside along the
+    innermost axis."""
     out: list = []
     t, inside = [], None
     for k, (pk, ck) in enumerate(zip(p, c)):
         if ck == 0:
             t.append(pk)
+            continue
+        if k == len(p) - 1 and not clamp_inner:
+            tk = ir.Temp(int32)
+            out.append(ir.Op(tk, "sub", (pk, ir.Const(ck, int32)), loc))
+            t.append(tk)
             continue
         shifted, low, last, tk = ir.Temp(int32), ir.Temp(int32), ir.Temp(int32), ir.Temp(int32)
         ok_low, ok_high, ok = ir.Temp(bool_), ir.Temp(bool_), ir.Temp(bool_)

@@ -95,9 +95,9 @@ class Compiled:
     needs_tape: bool
     gather: GatherAdjoint | None = None     # the scatter-free adjoint, where the kernel has one
 
-    def functions(self) -> tuple[ir.Function, ir.Function | None, ir.Function | None]:
+    def functions(self) -> tuple[ir.Function, ir.Function | None, GatherAdjoint | None]:
         """What the module renders for this kernel: the forward, the adjoint and its gather form."""
-        return self.forward, self.adjoint, self.gather.function if self.gather is not None else None
+        return self.forward, self.adjoint, self.gather
 
 
 class Kernel:
@@ -127,6 +127,7 @@ class Kernel:
             gather = gather_adjoint(adjoint) if adjoint is not None else None
             if gather is not None:
                 verify(gather.function, single_definition=False)
+                verify(gather.interior, single_definition=False)
             self._compiled = Compiled(forward, adjoint, error, argument_uses(forward), needs_tape, gather)
         return self._compiled
 

@@ -94,7 +94,8 @@ def test_every_kernel_of_the_test_suite_compiles_to_ptx(debug):
         checked += 1
         entries = _entries(ptx)
         for c in ready:
-            want = [c.forward.name + "_forward"] + [f.name for f in c.functions()[1:] if f is not None]
+            want = [c.forward.name + "_forward"] + ([c.adjoint.name] if c.adjoint is not None else []) \
+                + ([c.gather.function.name] if c.gather is not None else [])
             missing = [w for w in want if w not in entries]
             if missing:
                 failures.append(f"module {name}: no .entry for {missing} in the PTX")

@@ -122,10 +122,7 @@ CPU = Target(
     const int in_order = serial || L.n < {threshold};
 {extents}
     if ({all_grads}) {{
-        #pragma omp parallel for {collapse}schedule(static) firstprivate(A, G) if (L.n >= {threshold} && !serial)
-{loops}        sp::tape_t tp = {{nullptr, 1, 0, 0, 0, 0, in_order}};
-        {name}_thread<true>({tids}, L, A, G, tp);
-{closing}    }} else {{
+{split_loops}    }} else {{
         #pragma omp parallel for {collapse}schedule(static) firstprivate(A, G) if (L.n >= {threshold} && !serial)
 {loops}        sp::tape_t tp = {{nullptr, 1, 0, 0, 0, 0, in_order}};
         {name}_thread<false>({tids}, L, A, G, tp);
@@ -227,26 +224,27 @@ def native_definitions(functions) -> str:
     return "\n".join(seen.values())
 
 
-def render(kernels: list[tuple[ir.Function, ir.Function | None, ir.Function | None]], debug: bool,
-           target: Target) -> RenderedModule:
-    """The source of one module for `target`: per kernel (forward, adjoint, gather form of the adjoint;
-    the last two may be None) an entry point for each."""
+def render(kernels: list[tuple], debug: bool, target: Target) -> RenderedModule:
+    """The source of one module for `target`: per kernel (forward, adjoint, `GatherAdjoint`; the last
+    two may be None) an entry point for each. The gather form replays the adjoint's ops, so the
+    adjoint's native definitions cover it."""
     sites: list = []
-    parts = [target.header, native_definitions([f for group in kernels for f in group if f is not None])]
+    parts = [target.header, native_definitions([f for forward, adjoint, _ in kernels for f in (forward, adjoint)
+                                                if f is not None])]
     for forward, adjoint, gather in kernels:
         parts.append(_kernel(forward, debug, sites, target, target.forward_entry))
         if adjoint is not None:
             parts.append(_kernel(adjoint, debug, sites, target, target.adjoint_entry))
         if gather is not None:
-            parts.append(_kernel(gather, debug, sites, target, target.gather_entry))
+            parts.append(_kernel(gather.function, debug, sites, target, target.gather_entry, gather))
     return RenderedModule("\n".join(parts), sites)
 
 
-def render_cpu(kernels: list[tuple[ir.Function, ir.Function | None, ir.Function | None]], debug: bool) -> RenderedModule:
+def render_cpu(kernels: list[tuple], debug: bool) -> RenderedModule:
     return render(kernels, debug, CPU)
 
 
-def render_cuda(kernels: list[tuple[ir.Function, ir.Function | None, ir.Function | None]], debug: bool) -> RenderedModule:
+def render_cuda(kernels: list[tuple], debug: bool) -> RenderedModule:
     """CUDA C++ for NVRTC (with prelude.h as a header). Compile with `--fmad=false` so float results
     match the CPU build's -ffp-contract=off; launch blocks of CUDA_BLOCK_SIZE threads."""
     return render(kernels, debug, CUDA)
@@ -258,22 +256,54 @@ def buffer_size(params) -> int:
     return LAUNCH_HEADER_SIZE + (offsets[-1] + slot_size(params[-1].type) if params else 0)
 
 
-def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str) -> str:
+def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, gather=None) -> str:
+    """One entry point: `fn`'s thread body (and, for a gather form, its interior variant, which
+    shares `fn`'s argument struct) and the target's entry around it."""
     adjoint = entry_template is not target.forward_entry
+    lines = [FunctionEmitter(fn, debug=debug, sites=sites).args_struct(f"{fn.name}_args_t")]
+    lines += _thread_function(fn, debug, sites, target, adjoint, fn.name)
+    if gather is not None:
+        lines += _thread_function(gather.interior, debug, sites, target, adjoint, fn.name)
+    arrays = [p for p in fn.params if isinstance(p.type, ArrayType)]
+    all_grads = " && ".join(f"G.{p.name}.data" for p in arrays) or "true"
+    space = _index_space(fn.tid_ndim)
+    split = _split_innermost(fn.tid_ndim, fn.name, gather.interior.name, gather.margins) if gather else ""
+    entry = entry_template.format(
+        name=fn.name, size=buffer_size(fn.params), threshold=PARALLEL_THRESHOLD, block=CUDA_BLOCK_SIZE,
+        all_grads=all_grads, split_loops=split, **space)
+    return "\n".join(lines) + "\n" + entry
+
+
+def _thread_function(fn: ir.Function, debug, sites, target: Target, adjoint: bool, args: str) -> list[str]:
     # Adjoint bodies are templates on GRADS (see read_grad in prelude.h); the entry picks one.
     signature = (("template <bool GRADS> " if adjoint else "") +
                  f"{target.thread_qualifier} void {fn.name}_thread(int32_t tid_0, int32_t tid_1, int32_t tid_2, "
                  f"int32_t tid_3, const launch_t& L, "
-                 f"const {fn.name}_args_t& A{f', const {fn.name}_args_t& G, sp::tape_t& tp' if adjoint else ''})")
+                 f"const {args}_args_t& A{f', const {args}_args_t& G, sp::tape_t& tp' if adjoint else ''})")
     em = FunctionEmitter(fn, debug=debug, sites=sites)
-    lines = [em.args_struct(f"{fn.name}_args_t"), signature + " {"]
-    lines += em.params(adjoint)
-    lines += em.declarations()
-    lines += em.body()
-    lines.append("}")
-    arrays = [p for p in fn.params if isinstance(p.type, ArrayType)]
-    all_grads = " && ".join(f"G.{p.name}.data" for p in arrays) or "true"
-    entry = entry_template.format(
-        name=fn.name, size=buffer_size(fn.params), threshold=PARALLEL_THRESHOLD, block=CUDA_BLOCK_SIZE,
-        all_grads=all_grads, **_index_space(fn.tid_ndim))
-    return "\n".join(lines) + "\n" + entry
+    return [signature + " {", *em.params(adjoint), *em.declarations(), *em.body(), "}"]
+
+
+def _split_innermost(ndim: int, edge: str, interior: str, margins: tuple[int, int]) -> str:
+    """The CPU loop nest of a gather form with every gradient present: the outer indices shared out
+    among threads, the innermost index in three runs, the edges (within `margins` of either end)
+    through the clamping body `edge`, the rest through `interior`."""
+    k = ndim - 1
+    lo, hi = margins
+    pad = "    " * (k + 2)
+    call = f"_thread<true>({', '.join(f'i{a}' if a < ndim else '0' for a in range(4))}, L, A, G, tp);"
+    share = (f"{pad}#pragma omp parallel for schedule(static) firstprivate(A, G) "
+             f"if (L.n >= {PARALLEL_THRESHOLD} && !serial)\n")
+    runs = (f"{pad}for (int32_t i{k} = 0; i{k} < {lo} && i{k} < e{k}; ++i{k}) {edge}{call}\n"
+            # one index: the interior run alone is worth sharing out among threads
+            + (share if k == 0 else "") +
+            f"{pad}for (int32_t i{k} = {lo}; i{k} < e{k} - {hi}; ++i{k}) {interior}{call}\n"
+            f"{pad}for (int32_t i{k} = {lo} > e{k} - {hi} ? {lo} : e{k} - {hi}; i{k} < e{k}; ++i{k}) {edge}{call}\n")
+    outer = "".join(f"{'    ' * (a + 2)}for (int32_t i{a} = 0; i{a} < e{a}; ++i{a}) {{\n" for a in range(k))
+    closing = "".join(f"{'    ' * (a + 2)}}}\n" for a in reversed(range(k)))
+    tape = f"{pad}sp::tape_t tp = {{nullptr, 1, 0, 0, 0, 0, in_order}};\n"
+    if k == 0:
+        return f"    {{\n{tape}{runs}    }}\n"
+    collapse = f"collapse({k}) " if k > 1 else ""
+    return (f"        #pragma omp parallel for {collapse}schedule(static) firstprivate(A, G) "
+            f"if (L.n >= {PARALLEL_THRESHOLD} && !serial)\n{outer}{tape}{runs}{closing}")
