@@ -344,8 +344,8 @@ NOTES = [
     "- warp-tape: one Warp kernel per step on device='cpu' (Warp's CPU launches are single-threaded), "
     "a fresh output array per step, one wp.Tape over the rollout (store-all).",
     "- ours: stepper.Model with the same kernel; StoreAll, Revolve(steps, K) and MultiLevel(steps, K RAM, "
-    "L disk; HDF5 in a temporary directory), deterministic=True (the adjoints' scatter runs in thread order with plain adds), "
-    "new state versions zero-filled (the Model default). Workers run with "
+    "L disk; HDF5 in a temporary directory); the kernel's adjoint runs in its gather form (parallel, no atomics, "
+    "deterministic); zero_buffers=False (the kernel writes every element of s.next). Workers run with "
     "OMP_WAIT_POLICY=passive unless the environment sets it: only ours uses OpenMP.",
 ]
 

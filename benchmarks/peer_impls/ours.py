@@ -3,9 +3,9 @@
 The state is (up, u); each step writes both next.up (= prev.u) and next.u in one kernel, so a
 snapshot is the same two arrays a peer's carry holds. `schedule` is "storeall", "revolve" (with
 `snapshots` in RAM) or "multilevel" (`snapshots` in RAM plus `disk` on disk, HDF5 in a temporary
-directory). ``deterministic=True`` (the stepper's default) runs the adjoint's scatter in thread order
-with plain adds, which on this 2-core machine is 2.8x faster than the multithreaded atomics of
-``deterministic=False`` (measured on one 256 x 256 step: 0.45 ms against 1.26 ms), and every schedule gives the same bits.
+directory). The wave kernel's adjoint runs in its gather form (compiler/gather.py): every gradient
+element sums its neighbours' contributions itself, in parallel and without atomics, so it is
+deterministic whatever ``deterministic`` says, and every schedule gives the same bits.
 """
 from __future__ import annotations
 
@@ -50,9 +50,8 @@ def half_sum_sq(u: F2, out: F1):
 
 
 def make_model(n: int) -> "sp.Model":
-    # The published numbers zero-fill every new version (the default): when they were measured,
-    # zero_buffers=False (the kernel overwrites all of s.next) gave wrong gradients beyond one step.
-    model = sp.Model()
+    # The kernel writes every element of s.next, so new versions need no zero-filling.
+    model = sp.Model(zero_buffers=False)
     model.state("up", (n, n), sp.float32)
     model.state("u", (n, n), sp.float32)
 
