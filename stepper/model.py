@@ -38,6 +38,7 @@ class Model:
         self.name = name
         self.states: dict[str, StateSpec] = {}
         self._params: dict[str, array] = {}
+        self._params_state = State({})       # what `params` gives; every step reads it
         self.step_fn = None
 
     # -- declarations ------------------------------------------------------------------------------
@@ -66,6 +67,7 @@ class Model:
             raise ModelError(f"param '{name}' must be a float array to be differentiable, got {value.dtype}")
         value.requires_grad = True
         self._params[name] = value
+        self._params_state = State(self._params)
         return value
 
     def step(self, fn):
@@ -77,7 +79,7 @@ class Model:
 
     @property
     def params(self) -> State:
-        return State(self._params)
+        return self._params_state
 
     @property
     def state_bytes(self) -> int:

@@ -130,7 +130,7 @@ def _run(model, values, start, steps, store, meta, *, callback, every, record_ev
             written += 1
         while steps is None or n < steps:
             nxt, ctx, _tape, _ = run_step(model, n, work, pool, deterministic=deterministic)
-            for a in (*ctx.scratch_buffers.values(), *work.values()):
+            for a in (*ctx._scratch.values(), *work.values()):
                 pool.release(a)
             work = nxt
             n += 1

@@ -51,7 +51,12 @@ class State(Mapping):
     order. Steps see two of them, ``s.prev`` and ``s.next``; `rollout` returns one."""
 
     def __init__(self, arrays: Mapping[str, array]):
-        object.__setattr__(self, "_arrays", dict(arrays))
+        arrays = dict(arrays)
+        object.__setattr__(self, "_arrays", arrays)
+        # As plain attributes, ``s.prev.x`` is one dict lookup; the __getattr__ fallback costs ~1 us
+        # and every step reads several. A name a method already has stays reachable as state["name"].
+        cls = type(self)
+        vars(self).update({name: a for name, a in arrays.items() if not hasattr(cls, name)})
 
     def __getitem__(self, name: str) -> array:
         return self._arrays[name]
@@ -69,6 +74,20 @@ class State(Mapping):
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._arrays)
+
+    # Every step walks its states several times: the dict's own views are much faster than the
+    # Mapping defaults, which go through __getitem__ for every item.
+    def keys(self):
+        return self._arrays.keys()
+
+    def values(self):
+        return self._arrays.values()
+
+    def items(self):
+        return self._arrays.items()
+
+    def __contains__(self, name) -> bool:
+        return name in self._arrays
 
     def __len__(self) -> int:
         return len(self._arrays)

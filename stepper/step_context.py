@@ -2,8 +2,8 @@
 ``s.scratch``), the tape each step runs under (`StepTape`), and `run_step`, which runs one step.
 
 Every step runs under its own `StepTape`. Besides the Tape's own check (no overwriting, within the
-step, a buffer an earlier launch read), it refuses any write into ``s.prev`` or a parameter, and it
-remembers what was written so that a declared state the step never writes is reported. The tape
+step, a buffer an earlier launch read), it refuses any write into ``s.prev`` or a parameter;
+`run_step` reports a declared state whose version the step never moved (never wrote). The tape
 also makes the step differentiable: the executor keeps it until the step's adjoint has run.
 """
 from __future__ import annotations
@@ -24,13 +24,26 @@ __all__ = ["StepContext", "StepTape", "RecordedStep", "run_step"]
 class StepTape(Tape):
     """A Tape that also refuses writes into the step's inputs (``s.prev`` and parameters)."""
 
-    def __init__(self, protected: dict[int, str], deterministic: bool):
+    def __init__(self, protected: dict[int, str], deterministic: bool, ctx: "StepContext | None" = None):
         super().__init__(deterministic=deterministic)
         self._protected = protected          # id(storage) -> "s.prev.x" / "s.params.k"
-        self.labels: dict[int, str] = {}     # id(storage) -> "s.next.x" / "s.scratch('force')"
-        self.written: set[int] = set()       # id(storage) of everything written or accumulated
+        self._ctx = ctx                      # names the step's other buffers in messages
 
     def check_writes(self, op) -> None:
+        protected = self._protected
+        for targets in (op.writes, op.accumulates):
+            for arr in targets.values():
+                if id(arr._storage) in protected:
+                    self._refuse_protected(op)
+        try:
+            super().check_writes(op)
+        except OverwriteError as exc:
+            names = [self._label(a) for a in op.writes.values() if self._label(a)]
+            hint = (f"\nThat buffer is {names[0]}; inside a step, ask for a fresh one instead, e.g. "
+                    f"s.scratch('another_name', ...).") if names else ""
+            raise OverwriteError(f"{exc}{hint}") from None
+
+    def _refuse_protected(self, op) -> None:
         for arg, arr in (*op.writes.items(), *op.accumulates.items()):
             label = self._protected.get(id(arr._storage))
             if label is not None:
@@ -43,15 +56,18 @@ class StepTape(Tape):
                 else:
                     fix = "The loss reads the final state; compute into a new array instead."
                 raise OverwriteError(f"{op.name}{where} writes argument '{arg}', which is {label}. {fix}")
-        try:
-            super().check_writes(op)
-        except OverwriteError as exc:
-            names = [self.labels[id(a._storage)] for a in op.writes.values() if id(a._storage) in self.labels]
-            hint = (f"\nThat buffer is {names[0]}; inside a step, ask for a fresh one instead, e.g. "
-                    f"s.scratch('another_name', ...).") if names else ""
-            raise OverwriteError(f"{exc}{hint}") from None
-        for arr in (*op.writes.values(), *op.accumulates.values()):
-            self.written.add(id(arr._storage))
+
+    def _label(self, arr) -> str | None:
+        """``"s.next.x"`` or ``"s.scratch('force')"`` if `arr` is one of the step's new buffers."""
+        if self._ctx is None:
+            return None
+        for name, a in self._ctx.next.items():
+            if a._storage is arr._storage:
+                return f"s.next.{name}"
+        for name, a in self._ctx._scratch.items():
+            if a._storage is arr._storage:
+                return f"s.scratch('{name}')"
+        return None
 
 
 class StepContext:
@@ -65,7 +81,6 @@ class StepContext:
         self.prev, self.next, self.params = prev, next, params
         self._pool = pool
         self._grads = grads
-        self._tape: StepTape | None = None
         self._scratch: dict[str, array] = {}
 
     def scratch(self, name: str, shape, dtype=float, zero: bool | None = None) -> array:
@@ -82,8 +97,6 @@ class StepContext:
                                  f"earlier in this step and now with shape {dims} of {dt}; use another name")
             return arr
         arr = self._scratch[name] = self._pool.acquire(dims, dt, zero)
-        if self._tape is not None:
-            self._tape.labels[id(arr._storage)] = f"s.scratch('{name}')"
         if self._grads is not None:
             self._grads.attach(arr)
         return arr
@@ -167,19 +180,21 @@ def run_step(model, n: int, prev: State, pool: BufferPool, *, deterministic: boo
         grads = GradSlots(pool, donors)
         for a in (*prev.values(), *nxt.values()):
             grads.attach(a)
-    ctx = StepContext(n, model.t0 + n * model.dt, model.dt, prev, nxt, model.params, pool, grads)
-    protected = {id(a._storage): f"s.prev.{name}" for name, a in prev.items()}
-    protected.update({id(a._storage): f"s.params.{name}" for name, a in model.params.items()})
-    tape = StepTape(protected, deterministic)
-    tape.labels.update({id(a._storage): f"s.next.{name}" for name, a in nxt.items()})
-    ctx._tape = tape
+    params = model.params
+    ctx = StepContext(n, model.t0 + n * model.dt, model.dt, prev, nxt, params, pool, grads)
+    protected = {id(a._storage): "s.prev." + name for name, a in prev.items()}
+    for name, a in params.items():
+        protected[id(a._storage)] = "s.params." + name
+    tape = StepTape(protected, deterministic, ctx)
+    # Every write the runtime sees (launches, copies, assign, fill_) bumps the array's version.
+    versions = [a._storage.version for a in nxt.values()]
     loss = None
     try:
         with tape:
             model.step_fn(ctx)
             if running_loss is not None:
                 loss = check_scalar_loss(running_loss(ctx), "running_loss(s)")
-        missing = [name for name, a in nxt.items() if id(a._storage) not in tape.written]
+        missing = [name for (name, a), v in zip(nxt.items(), versions) if a._storage.version == v]
         if missing:
             names = ", ".join(f"s.next.{m}" for m in missing)
             raise ModelError(
@@ -190,7 +205,7 @@ def run_step(model, n: int, prev: State, pool: BufferPool, *, deterministic: boo
     except BaseException:
         if grads is not None:
             grads.detach()
-        for a in (*nxt.values(), *ctx.scratch_buffers.values()):
+        for a in (*nxt.values(), *ctx._scratch.values()):
             pool.release(a)
         raise
     if grads is not None:

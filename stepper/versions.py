@@ -24,58 +24,59 @@ class BufferPool:
         self.device = device
         self.zero = zero
         self._free: dict[tuple, list[array]] = defaultdict(list)
-        self._refs: dict[int, int] = {}         # id(array) -> holders
-        self._arrays: dict[int, array] = {}     # id(array) -> array, for the pool's own bookkeeping
+        # id(array) -> [holders, the array, the free list it goes back to]. Every step acquires and
+        # releases several versions, so one record keeps each of those to one dict operation.
+        self._held: dict[int, list] = {}
         self.live_bytes = self.allocated_bytes = 0
         self.peak_live_bytes = self.peak_allocated_bytes = 0
         self.allocations = 0
 
     def acquire(self, shape, dtype, zero: bool | None = None) -> array:
         """A version nobody else holds (reference count 1), zero-filled unless ``zero=False``."""
-        shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
-        key = (shape, dtype)
+        key = ((shape,) if isinstance(shape, (int, np.integer)) else tuple(shape), dtype)
         free = self._free[key]
         if free:
             arr = free.pop()
         else:
-            arr = empty(shape, dtype=dtype, device=self.device)
+            arr = empty(key[0], dtype=dtype, device=self.device)
             self.allocations += 1
-            self.allocated_bytes += arr.numpy().nbytes
+            self.allocated_bytes += arr._data.nbytes
             self.peak_allocated_bytes = max(self.peak_allocated_bytes, self.allocated_bytes)
         if self.zero if zero is None else zero:
-            arr.numpy().fill(0)
-        self._refs[id(arr)] = 1
-        self._arrays[id(arr)] = arr
-        self.live_bytes += arr.numpy().nbytes
-        self.peak_live_bytes = max(self.peak_live_bytes, self.live_bytes)
+            arr._data.fill(0)
+        self._held[id(arr)] = [1, arr, free]
+        self.live_bytes += arr._data.nbytes
+        if self.live_bytes > self.peak_live_bytes:
+            self.peak_live_bytes = self.live_bytes
         return arr
 
     def acquire_like(self, arr: array, zero: bool | None = None) -> array:
         return self.acquire(arr.shape, arr.dtype, zero)
 
     def owns(self, arr: array) -> bool:
-        return id(arr) in self._refs
+        return id(arr) in self._held
 
     def retain(self, arr: array) -> array:
-        self._refs[id(arr)] += 1
+        self._held[id(arr)][0] += 1
         return arr
 
     def release(self, arr: array) -> None:
         """Drop one hold; the last one returns the version to the pool (its grad is detached)."""
-        count = self._refs[id(arr)] - 1
-        if count:
-            self._refs[id(arr)] = count
+        held = self._held[id(arr)]
+        held[0] -= 1
+        if held[0]:
             return
-        del self._refs[id(arr)], self._arrays[id(arr)]
-        arr.grad = None
-        self.live_bytes -= arr.numpy().nbytes
-        self._free[(arr.shape, arr.dtype)].append(arr)
+        del self._held[id(arr)]
+        if arr._grad is not None:
+            arr.grad = None
+        self.live_bytes -= arr._data.nbytes
+        held[2].append(arr)
 
     def give_away(self, arr: array) -> array:
         """Hand a held version to the caller for good: the pool forgets it (its bytes stay counted
         in the peaks, not in `live_bytes`)."""
-        del self._refs[id(arr)], self._arrays[id(arr)]
-        nbytes = arr.numpy().nbytes
+        del self._held[id(arr)]
+        nbytes = arr._data.nbytes
         self.live_bytes -= nbytes
         self.allocated_bytes -= nbytes
         return arr
@@ -84,10 +85,10 @@ class BufferPool:
         """Forget the free versions (their memory goes back to the allocator)."""
         for arrays in self._free.values():
             for arr in arrays:
-                self.allocated_bytes -= arr.numpy().nbytes
-        self._free.clear()
+                self.allocated_bytes -= arr._data.nbytes
+            arrays.clear()      # in place: held versions still point at their free list
 
     @property
     def live(self) -> int:
         """How many versions are held now."""
-        return len(self._refs)
+        return len(self._held)

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 __all__ = ["RecordedOp", "Tape", "active_tape", "caller_location"]
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class RecordedOp:
     name: str                               # e.g. "launch of kernel 'integrate'" or "copy(dest, src)"
     reads: dict[str, "array"]               # argument name -> array the op reads
@@ -99,12 +99,14 @@ def _describe_array(arr: "array") -> str:
     return f"array of {arr.dtype}, shape {arr.shape}"
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _ReadRecord:
-    """An array some recorded op read: the version the tape expects it to have, and who read it."""
+    """An array some recorded op read: the version the tape expects it to have, and the first op
+    that read it (messages name that one)."""
     array: "array"
     version: int
-    readers: list[tuple[RecordedOp, str]]
+    reader: RecordedOp
+    reader_arg: str
 
 
 _FIX_OVERWRITE = ("Fix: write the result into a new array instead (use a fresh buffer per step, e.g. "
@@ -126,7 +128,7 @@ class Tape:
         self.deterministic = deterministic
         self._ops: list[RecordedOp] = []
         self._reads: dict[int, _ReadRecord] = {}     # id of the array's storage -> record
-        self._touched: dict[int, "array"] = {}       # id(array) -> array, for zero() and gradients
+        self._seeded: dict[int, "array"] = {}        # id(array) -> array seeded by backward, for zero()
         self._depth = 0
 
     # -- recording -----------------------------------------------------------------------------
@@ -158,6 +160,20 @@ class Tape:
         """Raise `OverwriteError` if `op` overwrites an array that an earlier recorded op read, or
         one it reads itself. This is what `record` checks; host writes that have no adjoint
         (``fill_``, ``zero_``, a non-differentiable copy) call it without recording."""
+        # Every recorded launch passes here, so the scan only looks for a conflict; the message
+        # (which conflict comes first, and how to describe it) is worked out once one is found.
+        reads = self._reads
+        for targets in (op.writes, op.accumulates):
+            for arr in targets.values():
+                if id(arr._storage) in reads:
+                    self._refuse_overwrite(op)
+        if op.writes and op.reads:
+            read_storages = {id(a._storage) for a in op.reads.values()}
+            for arr in op.writes.values():
+                if id(arr._storage) in read_storages:
+                    self._refuse_overwrite(op)
+
+    def _refuse_overwrite(self, op: RecordedOp) -> None:
         for arg, arr in op.writes.items():
             for read_arg, read_arr in op.reads.items():
                 if read_arr._storage is arr._storage:
@@ -172,25 +188,22 @@ class Tape:
             for arg, arr in targets.items():
                 record = self._reads.get(id(arr._storage))
                 if record is not None:
-                    reader, read_arg = record.readers[0]
                     raise OverwriteError(
                         f"{_describe(op)} {kind} argument '{arg}' ({_describe_array(arr)}), which the "
-                        f"earlier recorded {_describe(reader)} read as argument '{read_arg}'. Its backward "
-                        f"pass needs the values it read, so changing them would give a wrong gradient.\n"
-                        + _FIX_OVERWRITE)
+                        f"earlier recorded {_describe(record.reader)} read as argument '{record.reader_arg}'. "
+                        f"Its backward pass needs the values it read, so changing them would give a wrong "
+                        f"gradient.\n" + _FIX_OVERWRITE)
 
     def record(self, op: RecordedOp) -> None:
         """Append `op` to the tape after `check_writes`; remembers the version of every array it reads."""
         self.check_writes(op)
         self._ops.append(op)
+        reads = self._reads
         for arg, arr in op.reads.items():
-            record = self._reads.get(id(arr._storage))
-            if record is None:
-                self._reads[id(arr._storage)] = _ReadRecord(arr, arr.version, [(op, arg)])
-            else:   # an older expected version stays: a change since is still caught at backward
-                record.readers.append((op, arg))
-        for arr in (*op.reads.values(), *op.writes.values(), *op.accumulates.values()):
-            self._touched.setdefault(id(arr), arr)
+            key = id(arr._storage)
+            # An older expected version stays: a change since is still caught at backward.
+            if key not in reads:
+                reads[key] = _ReadRecord(arr, arr._storage.version, op, arg)
 
     def record_func(self, backward: Callable[[], None], arrays, *, name: str | None = None) -> None:
         """Record a custom Python adjoint `backward` of an operation that reads `arrays` (Warp's
@@ -228,7 +241,7 @@ class Tape:
             seeds.append(self._seed_values(arr, seed, "backward(grads={array: seed})"))
         for arr, values in seeds:
             arr.grad._data += values
-            self._touched.setdefault(id(arr), arr)
+            self._seeded.setdefault(id(arr), arr)
         for op in reversed(self._ops):
             op.backward()
 
@@ -252,23 +265,33 @@ class Tape:
         for record in self._reads.values():
             arr = record.array
             if arr.version != record.version:
-                reader, arg = record.readers[0]
                 raise OverwriteError(
-                    f"{_describe(reader)} read argument '{arg}' ({_describe_array(arr)}), but that "
+                    f"{_describe(record.reader)} read argument '{record.reader_arg}' ({_describe_array(arr)}), but that "
                     f"array was modified after it was recorded (version {record.version} then, "
                     f"{arr.version} now: by assign, fill_, zero_, copy or a launch outside the tape). "
                     f"backward() would use the new values and give a wrong gradient.\nFix: leave arrays "
                     f"the tape still needs alone until backward() has run (modify a clone() or a new "
                     f"array instead), or tape.reset() and record again.")
 
+    def _touched(self) -> list["array"]:
+        """Every array a recorded op used or backward seeded, once each (worked out when asked, so
+        that recording stays cheap)."""
+        touched = {}
+        for op in self._ops:
+            for arr in (*op.reads.values(), *op.writes.values(), *op.accumulates.values()):
+                touched.setdefault(id(arr), arr)
+        for key, arr in self._seeded.items():
+            touched.setdefault(key, arr)
+        return list(touched.values())
+
     @property
     def gradients(self) -> dict:
         """``{array: array.grad}`` for every array with a gradient that this tape touched."""
-        return {arr: arr.grad for arr in self._touched.values() if arr.grad is not None}
+        return {arr: arr.grad for arr in self._touched() if arr.grad is not None}
 
     def zero(self) -> None:
         """Zero every gradient this tape touched, seeded ones included; the recording stays."""
-        for arr in self._touched.values():
+        for arr in self._touched():
             if arr.grad is not None:
                 arr.grad._data[...] = 0
                 arr.grad._storage.version += 1
@@ -278,7 +301,7 @@ class Tape:
         self.zero()
         self._ops.clear()
         self._reads.clear()
-        self._touched.clear()
+        self._seeded.clear()
 
     # -- looking at it -----------------------------------------------------------------------------
     def visualize(self, filename: str | None = None, array_labels: dict | None = None) -> str:
