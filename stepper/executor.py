@@ -26,7 +26,7 @@ from compiler import array
 from .errors import ModelError, NonFiniteError
 from .state import State
 from .step_context import RecordedStep, StepTape, check_scalar_loss, run_step
-from .versions import BufferPool
+from .versions import BufferPool, set_grad
 
 __all__ = ["Sweep", "check_finite_state"]
 
@@ -308,11 +308,11 @@ class Sweep:
             rec.next_held = False
         for name, a in rec.next.items():
             if name in carry:
-                a.grad = carry[name]
+                set_grad(a, carry[name])
         prev_grads = [a for a in rec.prev.values() if a.dtype.is_float]
-        scratch_grads = [a for a in rec.scratch.values() if a.dtype.is_float and a.grad is None]
+        scratch_grads = [a for a in rec.scratch.values() if a.dtype.is_float and a._grad is None]
         for a in (*prev_grads, *scratch_grads):
-            a.grad = pool.acquire_like(a, zero=True)
+            set_grad(a, pool.acquire_like(a, zero=True))
         seeds = {}
         if rec.loss is not None:
             if rec.loss.grad is None:
@@ -321,12 +321,12 @@ class Sweep:
         rec.tape.backward(grads=seeds)
         # The previous state's gradient is the new carry; the old carry (on s.next) and the scratch
         # gradients go back to the pool.
-        self.carry = {name: a.grad for name, a in rec.prev.items() if name in carry}
+        self.carry = {name: a._grad for name, a in rec.prev.items() if name in carry}
         for a in (*rec.next.values(), *scratch_grads):
-            if a.grad is not None:
-                pool.release(a.grad)
+            if a._grad is not None:
+                pool.release(a._grad)
         for a in (*rec.next.values(), *prev_grads, *scratch_grads):
-            a.grad = None
+            set_grad(a, None)
         if rec.loss is not None and not pool.owns(rec.loss):
             rec.loss.grad.numpy().fill(0)    # a user's array may serve every step
         self.reverse_steps += 1

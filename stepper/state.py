@@ -1,6 +1,7 @@
 """Declared state arrays, named collections of arrays (`State`), and checks of a user's initial state."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Iterator, Mapping
 
@@ -46,6 +47,11 @@ def make_spec(name, shape, dtype) -> StateSpec:
     return StateSpec(name, dims, dt)
 
 
+@functools.lru_cache(maxsize=None)
+def _class_names(cls) -> frozenset:
+    return frozenset(dir(cls))
+
+
 class State(Mapping):
     """Named arrays, read as ``state.x`` or ``state["x"]``; iterating gives the names in declaration
     order. Steps see two of them, ``s.prev`` and ``s.next``; `rollout` returns one."""
@@ -55,8 +61,11 @@ class State(Mapping):
         object.__setattr__(self, "_arrays", arrays)
         # As plain attributes, ``s.prev.x`` is one dict lookup; the __getattr__ fallback costs ~1 us
         # and every step reads several. A name a method already has stays reachable as state["name"].
-        cls = type(self)
-        vars(self).update({name: a for name, a in arrays.items() if not hasattr(cls, name)})
+        taken = _class_names(type(self))
+        if taken.isdisjoint(arrays):
+            vars(self).update(arrays)
+        else:
+            vars(self).update({name: a for name, a in arrays.items() if name not in taken})
 
     def __getitem__(self, name: str) -> array:
         return self._arrays[name]

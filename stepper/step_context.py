@@ -16,7 +16,7 @@ from compiler import OverwriteError, Tape, array
 
 from .errors import ModelError
 from .state import State
-from .versions import BufferPool
+from .versions import BufferPool, set_grad
 
 __all__ = ["StepContext", "StepTape", "RecordedStep", "run_step"]
 
@@ -136,17 +136,19 @@ class GradSlots:
         self._donated = {(d.shape, d.dtype): d for d in donors}
 
     def attach(self, arr: array) -> None:
-        if arr.grad is None and arr.dtype.is_float:
+        if arr._grad is None and arr.dtype.is_float:
             key = (arr.shape, arr.dtype)
-            grad = self._shared.get(key) or self._donated.get(key)
+            grad = self._shared.get(key)
+            if grad is None:
+                grad = self._donated.get(key)
             if grad is None:
                 grad = self._shared[key] = self.pool.acquire_like(arr, zero=False)
-            arr.grad = grad
+            set_grad(arr, grad)
             self.attached.append(arr)
 
     def detach(self) -> None:
         for arr in self.attached:
-            arr.grad = None
+            set_grad(arr, None)
         for grad in self._shared.values():
             self.pool.release(grad)
         self.attached, self._shared = [], {}

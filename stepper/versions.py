@@ -13,7 +13,14 @@ import numpy as np
 
 from compiler import array, empty
 
-__all__ = ["BufferPool"]
+__all__ = ["BufferPool", "set_grad"]
+
+
+def set_grad(arr: array, grad: array | None) -> None:
+    """``arr.grad = grad`` for a gradient made from `arr`'s own shape and dtype (a pool version, or a
+    carried adjoint of the same state): array.grad's checks cost about a microsecond, and every
+    recorded and reversed step sets several gradients."""
+    arr._grad = grad
 
 
 class BufferPool:
@@ -67,8 +74,7 @@ class BufferPool:
         if held[0]:
             return
         del self._held[id(arr)]
-        if arr._grad is not None:
-            arr.grad = None
+        arr._grad = None
         self.live_bytes -= arr._data.nbytes
         held[2].append(arr)
 
