@@ -200,9 +200,11 @@ class Sweep:
     def _step(self, n: int, record: bool) -> None:
         start = time.perf_counter()
         prev = self.work
-        nxt, ctx, tape, loss = run_step(self.model, n, prev, self.pool, deterministic=self.deterministic,
+        pool = self.pool
+        nxt, ctx, tape, loss = run_step(self.model, n, prev, pool, deterministic=self.deterministic,
                                         record=record, running_loss=self.running_loss,
                                         donors=self.carry.values() if self.carry else ())
+        scratch = ctx._scratch
         if n >= self.seen:      # first time this step runs: its loss, finiteness, progress
             if loss is not None:
                 self.step_losses.append(float(loss.numpy().reshape(-1)[0]))
@@ -210,18 +212,18 @@ class Sweep:
                 try:
                     check_finite_state(nxt, n)
                 except NonFiniteError:
-                    for a in (*nxt.values(), *ctx.scratch_buffers.values()):
-                        self.pool.release(a)
+                    for a in (*nxt.values(), *scratch.values()):
+                        pool.release(a)
                     raise
             self.seen = n + 1
         if record:
             for a in (*prev.values(), *nxt.values()):
-                self.pool.retain(a)
-            self.recorded[n] = RecordedStep(n, tape, prev, nxt, ctx.scratch_buffers, loss)
+                pool.retain(a)
+            self.recorded[n] = RecordedStep(n, tape, prev, nxt, dict(scratch), loss)
             self.recorded_steps += 1
         else:
-            for a in ctx.scratch_buffers.values():
-                self.pool.release(a)
+            for a in scratch.values():
+                pool.release(a)
         self._set_work(nxt)
         self.pos = n + 1
         self.forward_steps += 1

@@ -138,3 +138,41 @@ def test_copy_keeps_a_state_unchanged_and_is_differentiable():
     grads = model.gradient(initial, 3, loss=loss, schedule=sp.Revolve(3, 2)).grads
     np.testing.assert_array_equal(grads["x"].numpy(), [7.0] * 4)
     np.testing.assert_array_equal(grads["y"].numpy(), [1.0] * 4)
+
+
+def test_every_step_is_checked_not_only_the_first():
+    """A step whose launches change from step to step is checked at the step that goes wrong: the
+    checks run on every step, recorded or not, so a mistake at step 2 is not hidden by clean steps 0-1."""
+    def step(s):
+        sp.launch(double, 4, inputs=[s.prev.x], outputs=[s.next.x])
+        if s.n == 2:
+            sp.launch(double, 4, inputs=[s.prev.x], outputs=[s.prev.y])     # wrong, only at step 2
+        else:
+            sp.copy(s.next.y, s.prev.y)
+    line = inspect.getsourcelines(step)[1] + 3
+    model, initial = _one_state_model(step)
+    with pytest.raises(sp.OverwriteError) as info:
+        model.rollout(initial, 4)
+    assert "s.prev.y" in str(info.value) and f"test_versions.py:{line}" in str(info.value)
+
+    def late_overwrite(s):
+        tmp = s.scratch("tmp", 4)
+        sp.launch(double, 4, inputs=[s.prev.x], outputs=[tmp])
+        sp.launch(double, 4, inputs=[tmp], outputs=[s.next.x])
+        if s.n == 3:
+            sp.launch(double, 4, inputs=[s.prev.y], outputs=[tmp])            # tmp was read
+        sp.copy(s.next.y, s.prev.y)
+    model, initial = _one_state_model(late_overwrite)
+    with pytest.raises(sp.OverwriteError, match=r"s\.scratch\('tmp'\)"):
+        model.rollout(initial, 5)
+
+
+def test_a_state_written_only_by_accumulation_counts_as_written_and_a_late_miss_is_named():
+    def step(s):
+        sp.launch(double, 4, inputs=[s.prev.x], outputs=[s.next.x])
+        if s.n < 2:
+            sp.launch(add_into, 4, inputs=[s.prev.y], outputs=[s.next.y])    # += into a zeroed s.next.y
+    model, initial = _one_state_model(step)
+    assert model.rollout(initial, 2).steps == 2
+    with pytest.raises(sp.ModelError, match=r"never wrote s\.next\.y \(step 2\)"):
+        model.rollout(initial, 3)
