@@ -31,10 +31,12 @@ class StepTape(Tape):
 
     def check_writes(self, op) -> None:
         protected = self._protected
-        for targets in (op.writes, op.accumulates):
-            for arr in targets.values():
-                if id(arr._storage) in protected:
-                    self._refuse_protected(op)
+        for arr in op.writes.values():
+            if id(arr._storage) in protected:
+                self._refuse_protected(op)
+        for arr in op.accumulates.values():
+            if id(arr._storage) in protected:
+                self._refuse_protected(op)
         try:
             super().check_writes(op)
         except OverwriteError as exc:

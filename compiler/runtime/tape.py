@@ -139,6 +139,10 @@ class Tape:
 
     def __exit__(self, *exc_info) -> bool:
         stack = _stack()
+        if stack[-1] is self:          # the usual case: blocks nest
+            stack.pop()
+            self._depth -= 1
+            return False
         for i in range(len(stack) - 1, -1, -1):
             if stack[i] is self:
                 del stack[i]
@@ -168,10 +172,11 @@ class Tape:
                 if id(arr._storage) in reads:
                     self._refuse_overwrite(op)
         if op.writes and op.reads:
-            read_storages = {id(a._storage) for a in op.reads.values()}
             for arr in op.writes.values():
-                if id(arr._storage) in read_storages:
-                    self._refuse_overwrite(op)
+                storage = arr._storage
+                for read in op.reads.values():
+                    if read._storage is storage:
+                        self._refuse_overwrite(op)
 
     def _refuse_overwrite(self, op: RecordedOp) -> None:
         for arg, arr in op.writes.items():
