@@ -45,11 +45,6 @@ def check_finite_state(state: State, step: int) -> None:
                                  step, name, index)
 
 
-def _reads_any(tape, arrays) -> bool:
-    ids = {id(a._storage) for a in arrays}
-    return any(id(a._storage) in ids for op in tape.ops for a in op.reads.values())
-
-
 class Sweep:
     """One execution of `schedule` (an iterable of our actions) for `model` from `initial`
     (``{name: ndarray}``). See the module docstring for what each action does."""
@@ -302,7 +297,7 @@ class Sweep:
     def _reverse_step(self, rec: RecordedStep) -> None:
         start = time.perf_counter()
         pool, carry = self.pool, self.carry
-        if rec.next_held and not _reads_any(rec.tape, rec.next.values()):
+        if rec.next_held and not any(rec.tape.has_read(a) for a in rec.next.values()):
             # Adjoints replay the forward from the step's inputs and never touch the primal values of
             # what the step only wrote, so s.next's memory can serve the previous state's gradient.
             for a in rec.next.values():

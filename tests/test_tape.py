@@ -325,3 +325,11 @@ def test_visualize_writes_dot_with_ops_and_arrays(tmp_path):
     assert "launch of kernel 'double'" in dot and "clone(src)" in dot
     assert 'label="x"' in dot and 'label="w"' in dot
     assert '[label="x"];' in dot          # the edge from x into the launch, labelled with the argument
+
+
+def test_has_read_tells_which_arrays_a_recorded_op_read():
+    x, y, z = array([1.0, 2.0]), zeros(2), zeros(2)
+    tape = Tape()
+    with tape:
+        double(tape, x, y)
+    assert tape.has_read(x) and not tape.has_read(y) and not tape.has_read(z)

@@ -210,6 +210,10 @@ class Tape:
             if key not in reads:
                 reads[key] = _ReadRecord(arr, arr._storage.version, op, arg)
 
+    def has_read(self, arr: "array") -> bool:
+        """Whether a recorded op read `arr` (or another view of its memory)."""
+        return id(arr._storage) in self._reads
+
     def record_func(self, backward: Callable[[], None], arrays, *, name: str | None = None) -> None:
         """Record a custom Python adjoint `backward` of an operation that reads `arrays` (Warp's
         semantics: their gradients are zeroed by `zero`). Works inside or outside ``with tape:``."""
