@@ -49,7 +49,8 @@ def make_spec(name, shape, dtype) -> StateSpec:
 
 @functools.lru_cache(maxsize=None)
 def _class_names(cls) -> frozenset:
-    return frozenset(dir(cls))
+    """Attribute names a state must not shadow: the class's, and the instance's own ``_arrays``."""
+    return frozenset(dir(cls)) | {"_arrays"}
 
 
 class State(Mapping):

@@ -176,3 +176,19 @@ def test_a_state_written_only_by_accumulation_counts_as_written_and_a_late_miss_
     assert model.rollout(initial, 2).steps == 2
     with pytest.raises(sp.ModelError, match=r"never wrote s\.next\.y \(step 2\)"):
         model.rollout(initial, 3)
+
+
+def test_states_named_like_state_methods_stay_reachable_by_index():
+    model = sp.Model()
+    for name in ("items", "_arrays", "x"):
+        model.state(name, 4)
+
+    @model.step
+    def step(s):
+        assert s.prev.x is s.prev["x"] and callable(s.prev.items)
+        for name in ("items", "_arrays", "x"):
+            sp.launch(double, 4, inputs=[s.prev[name]], outputs=[s.next[name]])
+    final = model.rollout({name: sp.array([1.0, 2.0, 3.0, 4.0]) for name in ("items", "_arrays", "x")}, 2)
+    for name in ("items", "_arrays", "x"):
+        np.testing.assert_array_equal(final[name].numpy(), [4.0, 8.0, 12.0, 16.0])
+    assert sorted(final) == ["_arrays", "items", "x"]
