@@ -45,6 +45,12 @@ class StepTape(Tape):
                     f"s.scratch('another_name', ...).") if names else ""
             raise OverwriteError(f"{exc}{hint}") from None
 
+    def end_step(self) -> None:
+        """Forget what only the recording needed: a kept step then holds its ops and nothing more
+        (fewer live objects for the garbage collector to walk while a store-all sweep grows)."""
+        self._ctx = None
+        self._protected = {}
+
     def _refuse_protected(self, op) -> None:
         for arg, arr in (*op.writes.items(), *op.accumulates.items()):
             label = self._protected.get(id(arr._storage))
@@ -108,7 +114,7 @@ class StepContext:
         return dict(self._scratch)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class RecordedStep:
     """A step kept for its adjoint: its tape and the versions it read and wrote (held in the pool)."""
     n: int
@@ -198,6 +204,7 @@ def run_step(model, n: int, prev: State, pool: BufferPool, *, deterministic: boo
             model.step_fn(ctx)
             if running_loss is not None:
                 loss = check_scalar_loss(running_loss(ctx), "running_loss(s)")
+        tape.end_step()
         missing = [name for (name, a), v in zip(nxt.items(), versions) if a._storage.version == v]
         if missing:
             names = ", ".join(f"s.next.{m}" for m in missing)
