@@ -40,7 +40,8 @@ class BufferPool:
 
     def acquire(self, shape, dtype, zero: bool | None = None) -> array:
         """A version nobody else holds (reference count 1), zero-filled unless ``zero=False``."""
-        key = ((shape,) if isinstance(shape, (int, np.integer)) else tuple(shape), dtype)
+        key = (shape if type(shape) is tuple else (shape,) if isinstance(shape, (int, np.integer))
+               else tuple(shape), dtype)
         free = self._free[key]
         if free:
             arr = free.pop()
