@@ -40,7 +40,7 @@ class StepTape(Tape):
         try:
             super().check_writes(op)
         except OverwriteError as exc:
-            names = [self._label(a) for a in op.writes.values() if self._label(a)]
+            names = [label for label in map(self._label, op.writes.values()) if label]
             hint = (f"\nThat buffer is {names[0]}; inside a step, ask for a fresh one instead, e.g. "
                     f"s.scratch('another_name', ...).") if names else ""
             raise OverwriteError(f"{exc}{hint}") from None
