@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from . import ir
 from .adjoint import is_reverse_mark
+from .interior import Bound, Interior, interior_variant, tid_offsets
 from .types import bool_, int32
 
 
@@ -36,12 +37,11 @@ class GatherAdjoint:
     has exactly the launch's extents (`launch` checks; else the scatter adjoint runs).
     `scatters`: some accumulations still scatter (atomics unless serial).
 
-    `function` serves every thread; `interior` is the same for threads whose innermost index p
-    lies in [margins[0], extent - margins[1]): there no pass's thread p - c leaves the launch along
-    that axis, so it needs no clamp, and its loads stay unit-stride (what lets the loop vectorise)."""
+    `function` serves every thread; `interior` the threads in the middle of the launch, where no
+    pass's thread p - c leaves it (so no index is clamped and loads stay unit-stride) and boundary
+    tests are settled (compiler/interior.py)."""
     function: ir.Function
-    interior: ir.Function
-    margins: tuple[int, int]
+    interior: Interior
     arrays: tuple[str, ...]
     scatters: bool
 
@@ -53,7 +53,7 @@ def gather_adjoint(adjoint: ir.Function) -> GatherAdjoint | None:
     body = tuple(s for s in adjoint.body if not is_reverse_mark(s))
     if any(isinstance(s, ir.Push) for s in ir.walk(body)):
         return None
-    offsets = _tid_offsets(body, adjoint.tid_ndim)
+    offsets = tid_offsets(body, adjoint.tid_ndim)
     sites = [s for s in ir.walk(body) if isinstance(s, ir.AccumGrad)]
     read_grads = {s.array.param.name for s in ir.walk(body) if isinstance(s, ir.ReadGrad)}
     site_offset: dict[int, tuple[int, ...]] = {}
@@ -76,59 +76,17 @@ def gather_adjoint(adjoint: ir.Function) -> GatherAdjoint | None:
     zero = (0,) * adjoint.tid_ndim
     if scatters and zero not in passes:
         passes.insert(0, zero)
-    inner = [c[-1] for c in passes]
-    margins = (max(0, *inner), max(0, *(-x for x in inner)))
-    return GatherAdjoint(_build(adjoint, body, eligible, site_offset, passes, clamp_inner=True),
-                         _build(adjoint, body, eligible, site_offset, passes, clamp_inner=False),
-                         margins, tuple(eligible), scatters)
+    # Thread p - c is inside the launch for every pass c when c_max <= p < extent + c_min per axis.
+    ndim = adjoint.tid_ndim
+    lower = [(Bound(max(0, *(c[k] for c in passes))),) for k in range(ndim)]
+    upper = [(Bound(min(0, *(c[k] for c in passes)), ((1, ("extent", k)),)),) for k in range(ndim)]
+    unclamped = _build(adjoint, body, eligible, site_offset, passes, clamp=False)
+    return GatherAdjoint(_build(adjoint, body, eligible, site_offset, passes, clamp=True),
+                         interior_variant(unclamped, unclamped.name, lower, upper),
+                         tuple(eligible), scatters)
 
 
-# ---- which indices are tid + constant ------------------------------------------------------------
-def _tid_offsets(body, ndim: int) -> dict[int, tuple[int, int]]:
-    """Temp and Var ids whose value is ``tid()[axis] + offset``, as (axis, offset). A Var counts only
-    when it is assigned once, at the top level (so that assignment reaches every later read)."""
-    assigned: dict[int, int] = {}
-    for s in ir.walk(body):
-        if isinstance(s, ir.Assign):
-            assigned[s.var.id] = assigned.get(s.var.id, 0) + 1
-        for v in _other_writes(s):
-            assigned[v.id] = 2
-    top = {id(s) for s in body}
-    known: dict[int, tuple[int, int]] = {}
-    for s in ir.walk(body):
-        if isinstance(s, ir.ThreadIndex) and s.axis < ndim:
-            known[s.out.id] = (s.axis, 0)
-        elif isinstance(s, ir.ReadVar) and s.var.id in known:
-            known[s.out.id] = known[s.var.id]
-        elif isinstance(s, ir.Assign) and id(s) in top and assigned[s.var.id] == 1 \
-                and isinstance(s.value, ir.Temp) and s.value.id in known:
-            known[s.var.id] = known[s.value.id]
-        elif isinstance(s, ir.Op) and s.op in ("add", "sub") and s.out.type == int32:
-            a, b = s.args
-            if isinstance(a, ir.Temp) and a.id in known and _int_const(b) is not None:
-                axis, off = known[a.id]
-                known[s.out.id] = (axis, off + _int_const(b) * (1 if s.op == "add" else -1))
-            elif s.op == "add" and isinstance(b, ir.Temp) and b.id in known and _int_const(a) is not None:
-                axis, off = known[b.id]
-                known[s.out.id] = (axis, off + _int_const(a))
-    return known
-
-
-def _other_writes(s):
-    if isinstance(s, ir.Loop) and s.counter is not None:
-        yield s.counter
-    elif isinstance(s, ir.ReverseLoop):
-        yield s.index
-    elif isinstance(s, ir.Pop):
-        yield from s.vars
-
-
-def _int_const(x) -> int | None:
-    if isinstance(x, ir.Const) and x.type == int32 and not isinstance(x.value, bool):
-        return int(x.value)
-    return None
-
-
+# ---- which accumulations sit at tid + constant -------------------------------------------------
 def _site_offset(s: ir.AccumGrad, offsets, ndim: int) -> tuple[int, ...] | None:
     if s.array.type.ndim != ndim:
         return None
@@ -143,7 +101,7 @@ def _site_offset(s: ir.AccumGrad, offsets, ndim: int) -> tuple[int, ...] | None:
 
 # ---- building the gather function ----------------------------------------------------------------
 def _build(adjoint: ir.Function, body, eligible: dict[str, ir.Param], site_offset, passes,
-           clamp_inner: bool) -> ir.Function:
+           clamp: bool) -> ir.Function:
     loc = adjoint.loc
     ndim = adjoint.tid_ndim
     out: list = []
@@ -157,27 +115,26 @@ def _build(adjoint: ir.Function, body, eligible: dict[str, ir.Param], site_offse
     out += [ir.Assign(v, ir.Const(-0.0, v.type), loc) for v in totals.values()]
     zero = (0,) * ndim
     for c in passes:
-        out += _pass(body, c, p, extent, totals, site_offset, keep_scatter=c == zero, clamp_inner=clamp_inner, loc=loc)
+        out += _pass(body, c, p, extent, totals, site_offset, keep_scatter=c == zero, clamp=clamp, loc=loc)
     for name, total in totals.items():
         value = ir.Temp(total.type)
         out.append(ir.ReadVar(value, total, loc))
         out.append(ir.AccumGrad(ir.ArrayRef(eligible[name], adjoint=True), tuple(p), value, loc, exclusive=True))
-    name = adjoint.name.replace("_adjoint", "") + ("_gather" if clamp_inner else "_gather_interior")
+    name = adjoint.name.replace("_adjoint", "") + ("_gather" if clamp else "_gather_interior")
     return ir.Function(name, adjoint.params, tuple(out), loc, ndim)
 
 
-def _pass(body, c, p, extent, totals, site_offset, keep_scatter: bool, clamp_inner: bool, loc) -> list:
+def _pass(body, c, p, extent, totals, site_offset, keep_scatter: bool, clamp: bool, loc) -> list:
     """Thread p's share of the pass at offset c: the adjoint of thread p - c (clamped into the
     launch), its accumulations at offset c summed into fresh locals, added to `totals` only when
-    p - c is a thread of the launch. Without `clamp_inner`, p - c is known to be inside along the
-    innermost axis."""
+    p - c is a thread of the launch. Without `clamp`, p - c is known to be inside the launch."""
     out: list = []
     t, inside = [], None
     for k, (pk, ck) in enumerate(zip(p, c)):
         if ck == 0:
             t.append(pk)
             continue
-        if k == len(p) - 1 and not clamp_inner:
+        if not clamp:
             tk = ir.Temp(int32)
             out.append(ir.Op(tk, "sub", (pk, ir.Const(ck, int32)), loc))
             t.append(tk)

@@ -18,6 +18,7 @@ from .codegen.targets import render_cpu, render_cuda
 from .frontend import Frontend
 from .frontend_calls import namespace_of
 from .gather import GatherAdjoint, gather_adjoint
+from .interior import Interior, interior_variant
 from .types import ArrayType
 from .verify import verify
 
@@ -94,10 +95,12 @@ class Compiled:
     uses: dict[str, ArgumentUse]
     needs_tape: bool
     gather: GatherAdjoint | None = None     # the scatter-free adjoint, where the kernel has one
+    interior: Interior | None = None        # the forward with its boundary tests settled
 
-    def functions(self) -> tuple[ir.Function, ir.Function | None, GatherAdjoint | None]:
-        """What the module renders for this kernel: the forward, the adjoint and its gather form."""
-        return self.forward, self.adjoint, self.gather
+    def functions(self) -> tuple:
+        """What the module renders for this kernel: the forward, its interior variant, the adjoint
+        and its gather form."""
+        return self.forward, self.interior, self.adjoint, self.gather
 
 
 class Kernel:
@@ -127,8 +130,12 @@ class Kernel:
             gather = gather_adjoint(adjoint) if adjoint is not None else None
             if gather is not None:
                 verify(gather.function, single_definition=False)
-                verify(gather.interior, single_definition=False)
-            self._compiled = Compiled(forward, adjoint, error, argument_uses(forward), needs_tape, gather)
+                verify(gather.interior.function, single_definition=False)
+            interior = interior_variant(forward, forward.name + "_interior")
+            if interior is not None:
+                verify(interior.function)
+            self._compiled = Compiled(forward, adjoint, error, argument_uses(forward), needs_tape, gather,
+                                      interior)
         return self._compiled
 
     @property

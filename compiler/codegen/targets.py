@@ -75,6 +75,7 @@ class Target:
     forward_entry: str
     adjoint_entry: str
     gather_entry: str
+    interiors: bool = False    # whether entries run interior variants (compiler/interior.py) in the middle
 
 
 CPU = Target(
@@ -86,12 +87,7 @@ CPU = Target(
     // compiler keeps scalars and array descriptors in registers across the loop.
     const {name}_args_t A = *(const {name}_args_t*)(buf + sizeof(launch_t));
 {extents}
-    // firstprivate: each thread's own copy, so no store can alias it (a shared one would be
-    // reached through a pointer and reloaded after every store). One loop per index of tid():
-    // no division per thread to recover the indices.
-    #pragma omp parallel for {collapse}schedule(static) firstprivate(A) if (L.n >= {threshold} && !serial)
-{loops}        {name}_thread({tids}, L, A);
-{closing}}}
+{nest}}}
 """,
     adjoint_entry="""extern "C" int {name}(const char* buf, const char* adj_args, uint64_t* tape, int64_t capacity, int count_only,
                       int64_t* counts, int serial) {{
@@ -122,7 +118,7 @@ CPU = Target(
     const int in_order = serial || L.n < {threshold};
 {extents}
     if ({all_grads}) {{
-{split_loops}    }} else {{
+{nest}    }} else {{
         #pragma omp parallel for {collapse}schedule(static) firstprivate(A, G) if (L.n >= {threshold} && !serial)
 {loops}        sp::tape_t tp = {{nullptr, 1, 0, 0, 0, 0, in_order}};
         {name}_thread<false>({tids}, L, A, G, tp);
@@ -130,6 +126,7 @@ CPU = Target(
     return 0;
 }}
 """,
+    interiors=True,
 )
 
 # Deterministic (serial) launches on the GPU use one block of one thread: the grid-stride loop then
@@ -225,18 +222,19 @@ def native_definitions(functions) -> str:
 
 
 def render(kernels: list[tuple], debug: bool, target: Target) -> RenderedModule:
-    """The source of one module for `target`: per kernel (forward, adjoint, `GatherAdjoint`; the last
-    two may be None) an entry point for each. The gather form replays the adjoint's ops, so the
-    adjoint's native definitions cover it."""
+    """The source of one module for `target`: per kernel (forward, its `Interior`, adjoint,
+    `GatherAdjoint`; all but the forward may be None) an entry point for the forward, the adjoint
+    and the gather form. Interior variants only rearrange their body's ops, so the forward's and
+    the adjoint's native definitions cover them."""
     sites: list = []
-    parts = [target.header, native_definitions([f for forward, adjoint, _ in kernels for f in (forward, adjoint)
+    parts = [target.header, native_definitions([f for forward, _, adjoint, _ in kernels for f in (forward, adjoint)
                                                 if f is not None])]
-    for forward, adjoint, gather in kernels:
-        parts.append(_kernel(forward, debug, sites, target, target.forward_entry))
+    for forward, interior, adjoint, gather in kernels:
+        parts.append(_kernel(forward, debug, sites, target, target.forward_entry, interior))
         if adjoint is not None:
             parts.append(_kernel(adjoint, debug, sites, target, target.adjoint_entry))
         if gather is not None:
-            parts.append(_kernel(gather.function, debug, sites, target, target.gather_entry, gather))
+            parts.append(_kernel(gather.function, debug, sites, target, target.gather_entry, gather.interior))
     return RenderedModule("\n".join(parts), sites)
 
 
@@ -256,21 +254,31 @@ def buffer_size(params) -> int:
     return LAUNCH_HEADER_SIZE + (offsets[-1] + slot_size(params[-1].type) if params else 0)
 
 
-def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, gather=None) -> str:
-    """One entry point: `fn`'s thread body (and, for a gather form, its interior variant, which
-    shares `fn`'s argument struct) and the target's entry around it."""
+def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, interior=None) -> str:
+    """One entry point: `fn`'s thread body (and its interior variant, which shares `fn`'s argument
+    struct, where the target runs one) and the target's entry around it."""
     adjoint = entry_template is not target.forward_entry
+    interior = interior if target.interiors else None
     lines = [FunctionEmitter(fn, debug=debug, sites=sites).args_struct(f"{fn.name}_args_t")]
     lines += _thread_function(fn, debug, sites, target, adjoint, fn.name)
-    if gather is not None:
-        lines += _thread_function(gather.interior, debug, sites, target, adjoint, fn.name)
+    if interior is not None:
+        lines += _thread_function(interior.function, debug, sites, target, adjoint, fn.name)
     arrays = [p for p in fn.params if isinstance(p.type, ArrayType)]
     all_grads = " && ".join(f"G.{p.name}.data" for p in arrays) or "true"
     space = _index_space(fn.tid_ndim)
-    split = _split_innermost(fn.tid_ndim, fn.name, gather.interior.name, gather.margins) if gather else ""
+    tids = space["tids"]
+    if adjoint:     # the gather entry's common case: every gradient present, no tape
+        call, private = f"_thread<true>({tids}, L, A, G, tp);", ("A", "G")
+        prelude = "sp::tape_t tp = {nullptr, 1, 0, 0, 0, 0, in_order};"
+    else:
+        call, private, prelude = f"_thread({tids}, L, A);", ("A",), ""
+    if interior is not None:
+        nest = _interior_nest(fn.tid_ndim, fn.name + call, interior.function.name + call, interior, private, prelude)
+    else:
+        nest = _plain_nest(fn.tid_ndim, fn.name + call, private, prelude)
     entry = entry_template.format(
         name=fn.name, size=buffer_size(fn.params), threshold=PARALLEL_THRESHOLD, block=CUDA_BLOCK_SIZE,
-        all_grads=all_grads, split_loops=split, **space)
+        all_grads=all_grads, nest=nest, **space)
     return "\n".join(lines) + "\n" + entry
 
 
@@ -284,26 +292,58 @@ def _thread_function(fn: ir.Function, debug, sites, target: Target, adjoint: boo
     return [signature + " {", *em.params(adjoint), *em.declarations(), *em.body(), "}"]
 
 
-def _split_innermost(ndim: int, edge: str, interior: str, margins: tuple[int, int]) -> str:
-    """The CPU loop nest of a gather form with every gradient present: the outer indices shared out
-    among threads, the innermost index in three runs, the edges (within `margins` of either end)
-    through the clamping body `edge`, the rest through `interior`."""
+def _share(private) -> str:
+    return (f"#pragma omp parallel for {{collapse}}schedule(static) firstprivate({', '.join(private)}) "
+            f"if (L.n >= {PARALLEL_THRESHOLD} && !serial)\n")
+
+
+def _plain_nest(ndim: int, call: str, private, prelude: str) -> str:
+    """The CPU loop nest: threads share out the outer indices (see _index_space)."""
+    space = _index_space(ndim)
+    pad = "    " * (ndim + 1)
+    return ("    " + _share(private).format(collapse=space["collapse"]) + space["loops"]
+            + (f"{pad}{prelude}\n" if prelude else "") + f"{pad}{call}\n" + space["closing"])
+
+
+def _interior_nest(ndim: int, edge: str, middle: str, interior, private, prelude: str) -> str:
+    """The CPU loop nest of an entry with an interior variant: the box [lo_k, hi_k) per axis is
+    evaluated once; each row of the innermost index runs in three parts, the edges through `edge`
+    and the part inside the box through `middle` (a row outside the box runs `edge` throughout)."""
+    box = []
+    for k in range(ndim):
+        box.append(f"    int64_t lo{k} = 0, hi{k} = e{k};")
+        box += [f"    {{ const int64_t v = {_bound_cpp(b)}; if (v > lo{k}) lo{k} = v; }}" for b in interior.lower[k]]
+        box += [f"    {{ const int64_t v = {_bound_cpp(b)}; if (v < hi{k}) hi{k} = v; }}" for b in interior.upper[k]]
+        box.append(f"    if (lo{k} > e{k}) lo{k} = e{k};")
+        box.append(f"    if (hi{k} < lo{k}) hi{k} = lo{k};")
     k = ndim - 1
-    lo, hi = margins
-    pad = "    " * (k + 2)
-    call = f"_thread<true>({', '.join(f'i{a}' if a < ndim else '0' for a in range(4))}, L, A, G, tp);"
-    share = (f"{pad}#pragma omp parallel for schedule(static) firstprivate(A, G) "
-             f"if (L.n >= {PARALLEL_THRESHOLD} && !serial)\n")
-    runs = (f"{pad}for (int32_t i{k} = 0; i{k} < {lo} && i{k} < e{k}; ++i{k}) {edge}{call}\n"
-            # one index: the interior run alone is worth sharing out among threads
-            + (share if k == 0 else "") +
-            f"{pad}for (int32_t i{k} = {lo}; i{k} < e{k} - {hi}; ++i{k}) {interior}{call}\n"
-            f"{pad}for (int32_t i{k} = {lo} > e{k} - {hi} ? {lo} : e{k} - {hi}; i{k} < e{k}; ++i{k}) {edge}{call}\n")
-    outer = "".join(f"{'    ' * (a + 2)}for (int32_t i{a} = 0; i{a} < e{a}; ++i{a}) {{\n" for a in range(k))
-    closing = "".join(f"{'    ' * (a + 2)}}}\n" for a in reversed(range(k)))
-    tape = f"{pad}sp::tape_t tp = {{nullptr, 1, 0, 0, 0, 0, in_order}};\n"
+    pad = "    " * (k + 1)
+    runs = [f"{pad}for (int32_t i{k} = 0; i{k} < a; ++i{k}) {edge}",
+            f"{pad}for (int32_t i{k} = a; i{k} < b; ++i{k}) {middle}",
+            f"{pad}for (int32_t i{k} = b; i{k} < e{k}; ++i{k}) {edge}"]
     if k == 0:
-        return f"    {{\n{tape}{runs}    }}\n"
+        # one index: the middle run alone is shared out among threads
+        lines = ["    {", f"    {prelude}" if prelude else "", "    const int32_t a = (int32_t)lo0, b = (int32_t)hi0;",
+                 runs[0], "    " + _share(private + (("tp",) if prelude else ())).format(collapse=""),
+                 runs[1], runs[2], "    }"]
+        return "\n".join(box + [line for line in lines if line]) + "\n"
+    mid = " && ".join(f"lo{a} <= i{a} && i{a} < hi{a}" for a in range(k))
+    outer = "".join(f"{'    ' * (a + 1)}for (int32_t i{a} = 0; i{a} < e{a}; ++i{a}) {{\n" for a in range(k))
+    closing = "".join(f"{'    ' * (a + 1)}}}\n" for a in reversed(range(k)))
+    inner = ([f"{pad}{prelude}"] if prelude else []) + [
+        f"{pad}const bool mid = {mid};",
+        f"{pad}const int32_t a = mid ? (int32_t)lo{k} : e{k}, b = mid ? (int32_t)hi{k} : e{k};", *runs]
     collapse = f"collapse({k}) " if k > 1 else ""
-    return (f"        #pragma omp parallel for {collapse}schedule(static) firstprivate(A, G) "
-            f"if (L.n >= {PARALLEL_THRESHOLD} && !serial)\n{outer}{tape}{runs}{closing}")
+    return ("\n".join(box) + "\n    " + _share(private).format(collapse=collapse) + outer
+            + "\n".join(inner) + "\n" + closing)
+
+
+def _bound_cpp(bound) -> str:
+    """A `compiler.interior.Bound` as a C++ int64 expression over the entry's A and extents."""
+    def term(t) -> str:
+        if t[0] == "dim":
+            return f"A.{t[1]}.shape[{t[2]}]"
+        if t[0] == "scalar":
+            return f"(int64_t)A.{t[1]}"
+        return f"(int64_t)e{t[1]}"
+    return "(int64_t)" + str(bound.const) + "".join((" + " if sign > 0 else " - ") + term(t) for sign, t in bound.terms)

@@ -1,0 +1,148 @@
+"""Interior variants: boundary tests settled in advance for the middle of a launch, same results.
+
+A kernel's comparisons of a thread index with a bound (constants, array extents, integer scalars)
+are decided for the threads inside a box the entry point computes per launch
+(compiler/interior.py); the threads outside it run the original body. Each kernel here writes one
+bit per comparison, so the expected output is exact integers from numpy, on launches where the box
+is empty, a single element or most of the launch, and where the arrays are larger than the launch.
+"""
+import numpy as np
+import pytest
+
+import compiler as sp
+from compiler import ir
+from compiler.interior import Bound, interior_variant
+from compiler.verify import verify
+
+I2 = sp.array(dtype=int, ndim=2)
+I1 = sp.array(dtype=int)
+I3 = sp.array(dtype=int, ndim=3)
+
+
+@sp.kernel
+def flags2(ref: I2, count: int, out: I2):
+    i, j = sp.tid()
+    n = ref.shape[0]
+    m = ref.shape[1]
+    f = 0
+    if j > 0:
+        f += 1
+    if j >= 2:
+        f += 2
+    if j < m - 1:
+        f += 4
+    if j <= m - 3:
+        f += 8
+    if j == 0:
+        f += 16
+    if j != m - 1:
+        f += 32
+    if 0 < j - 1:
+        f += 64
+    if j < count:
+        f += 128
+    if i > 0:
+        f += 256
+    if i + 1 < n:
+        f += 512
+    if j >= m - 2:
+        f += 1024
+    if j < 3:
+        f += 2048
+    if j > 0 and i < n - 2:
+        f += 4096
+    out[i, j] = f
+
+
+def flags2_reference(launch, ref_shape, count):
+    i, j = np.indices(launch)
+    n, m = ref_shape
+    bits = [j > 0, j >= 2, j < m - 1, j <= m - 3, j == 0, j != m - 1, 0 < j - 1, j < count, i > 0,
+            i + 1 < n, j >= m - 2, j < 3, (j > 0) & (i < n - 2)]
+    return sum(b.astype(np.int32) << k for k, b in enumerate(bits))
+
+
+@pytest.mark.parametrize("launch, ref_shape, count", [
+    ((1, 1), (1, 1), 1), ((2, 3), (2, 3), 2), ((3, 5), (3, 5), 0), ((37, 64), (37, 64), 40),
+    ((64, 129), (64, 129), 500),
+    ((5, 30), (8, 40), 7),        # arrays larger than the launch: the bounds are theirs
+    ((6, 9), (2, 4), 9),          # smaller: the box ends where their bounds say
+])
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_boundary_tests_in_two_dimensions(launch, ref_shape, count, deterministic):
+    ref = sp.zeros(ref_shape, dtype=int)
+    out = sp.zeros(launch, dtype=int)
+    sp.launch(flags2, launch, inputs=[ref, count], outputs=[out], deterministic=deterministic)
+    np.testing.assert_array_equal(out.numpy(), flags2_reference(launch, ref_shape, count))
+
+
+@sp.kernel
+def flags1(ref: I1, out: I1):
+    i = sp.tid()
+    f = 0
+    if i >= 1:
+        f += 1
+    if i < ref.shape[0] - 2:
+        f += 2
+    if i + 2 <= ref.shape[0]:
+        f += 4
+    out[i] = f
+
+
+@pytest.mark.parametrize("n", [1, 2, 4, 5000])
+def test_boundary_tests_in_one_dimension(n):
+    ref, out = sp.zeros(n, dtype=int), sp.zeros(n, dtype=int)
+    sp.launch(flags1, n, inputs=[ref], outputs=[out])
+    i = np.arange(n)
+    np.testing.assert_array_equal(out.numpy(), (i >= 1) * 1 + (i < n - 2) * 2 + (i + 2 <= n) * 4)
+
+
+@sp.kernel
+def flags3(ref: I3, out: I3):
+    i, j, k = sp.tid()
+    f = 0
+    if i > 0:
+        f += 1
+    if j < ref.shape[1] - 1:
+        f += 2
+    if k > 1:
+        f += 4
+    if k < ref.shape[2] - 1:
+        f += 8
+    out[i, j, k] = f
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1), (3, 4, 5), (9, 17, 33)])
+def test_boundary_tests_in_three_dimensions(shape):
+    ref, out = sp.zeros(shape, dtype=int), sp.zeros(shape, dtype=int)
+    sp.launch(flags3, shape, inputs=[ref], outputs=[out])
+    i, j, k = np.indices(shape)
+    expected = (i > 0) * 1 + (j < shape[1] - 1) * 2 + (k > 1) * 4 + (k < shape[2] - 1) * 8
+    np.testing.assert_array_equal(out.numpy(), expected)
+
+
+def test_each_comparison_is_decided_with_its_bound():
+    interior = interior_variant(flags1.compiled().forward, "flags1_interior")
+    verify(interior.function)
+    assert not any(isinstance(s, ir.Op) and s.op in ("ge", "lt", "le") for s in ir.walk(interior.function.body))
+    dim = (1, ("dim", "ref", 0))
+    assert interior.lower == ((Bound(1),),)
+    assert interior.upper == ((Bound(-2, (dim,)), Bound(-1, (dim,))),)
+
+
+@sp.kernel
+def untouched(a: I1, b: I1, out: I1):
+    i = sp.tid()
+    if a[i] > 0:              # a loaded value, not a bound the launch fixes
+        out[i] = b[i]
+    if i < b[0]:
+        out[i] = 1
+
+
+def test_comparisons_with_loaded_values_are_left_alone():
+    assert interior_variant(untouched.compiled().forward, "x") is None
+    a = sp.array(np.array([1, 0, 1, 0], dtype=np.int32))
+    b = sp.array(np.array([0, 5, 6, 7], dtype=np.int32))
+    out = sp.zeros(4, dtype=int)
+    sp.launch(untouched, 4, inputs=[a, b], outputs=[out])
+    np.testing.assert_array_equal(out.numpy(), [0, 0, 6, 0])
