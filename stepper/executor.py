@@ -65,6 +65,7 @@ class Sweep:
         self._convert = convert
         self._ahead: deque = deque()
         self.pool = BufferPool(model.device, model.zero_buffers)
+        tiers.attach(self.pool)
         self.work: State | None = self._load_initial(initial)
         self.pos = 0
         self.recorded: dict[int, RecordedStep] = {}
@@ -247,7 +248,7 @@ class Sweep:
             self._set_work(state)
             self.pos = n
         elif dst in (_RAM, _DISK):
-            self.tiers.copy(n, src, dst)
+            self.tiers.copy(n, src, dst, self.model.states)
         if move:
             self.tiers.delete(src, n)
 

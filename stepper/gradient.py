@@ -160,8 +160,8 @@ def gradient(model, initial, steps=None, loss=None, schedule=None, storage=None,
         stats = finish_stats(sweep, started)
         return GradientResult(sweep.loss, grads, final, stats)
     finally:
+        sweep.tiers.close()          # first: held RAM snapshots go back to the pool
         sweep.close()
-        sweep.tiers.close()
         sweep.bar.close()
 
 

@@ -1,8 +1,11 @@
 """State <-> snapshot storage: the RAM and DISK tiers a schedule writes to and reads from.
 
-A snapshot is the state's arrays as NumPy (vectors as ``(n, 3)``), written through the checkpoint
-storage layer: `MemoryStorage` for RAM, `HDF5Storage` for DISK, whose write-behind and prefetch
-threads overlap the I/O with the steps.
+A RAM snapshot is, unless the caller gives a storage for RAM, the state itself: its versions stay
+held in the buffer pool (`HeldStates`), with no copy either way. That is safe because a state never
+changes once its step has run: steps write new versions (s.next), and the runtime refuses writes
+into s.prev, parameters and the final state. A DISK snapshot (or a RAM one in a storage the caller
+gave) is the state's arrays as NumPy (vectors as ``(n, 3)``), written through the checkpoint storage
+layer: `HDF5Storage` for DISK, whose write-behind and prefetch threads overlap the I/O with the steps.
 """
 from __future__ import annotations
 
@@ -12,14 +15,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from checkpoint import HDF5Storage, MemoryStorage, StorageType
+from checkpoint import HDF5Storage, StorageType
 from checkpoint.storage import Storage
+from checkpoint.storage.base import Counters
 
 from .errors import ModelError
 from .state import State
 from .versions import BufferPool
 
-__all__ = ["Tiers", "TierStats", "resolve_storage"]
+__all__ = ["HeldStates", "Tiers", "TierStats", "resolve_storage"]
 
 _RAM, _DISK = StorageType.RAM, StorageType.DISK
 
@@ -35,9 +39,73 @@ class TierStats:
     blocked_seconds: float = 0.0     # the part of it the run waited for
 
 
+class HeldStates:
+    """The RAM tier when the caller gave no storage for it: snapshot n is the state itself, each of
+    its versions held once more in the buffer pool (`attach` gives the pool) until the snapshot is
+    deleted. Counts its traffic like a Storage (`stats`)."""
+
+    def __init__(self):
+        self.pool: BufferPool | None = None
+        self._states: dict[int, State] = {}
+        self.nbytes = 0
+        self._counters = Counters()
+
+    def attach(self, pool: BufferPool) -> None:
+        self.pool = pool
+
+    @property
+    def stats(self):
+        return self._counters.snapshot()
+
+    def __contains__(self, n: int) -> bool:
+        return n in self._states
+
+    def write(self, n: int, state: State) -> None:
+        if n in self._states:
+            self.delete(n)
+        for a in state.values():
+            self.pool.retain(a)
+        self._states[n] = State(dict(state.items()))
+        nbytes = sum(a._data.nbytes for a in state.values())
+        self.nbytes += nbytes
+        self._counters.add(snapshots_written=1, bytes_written=nbytes)
+
+    def read(self, n: int) -> State:
+        """Snapshot n as a State; the caller owns one hold on each of its versions."""
+        state = self._state(n)
+        for a in state.values():
+            self.pool.retain(a)
+        self._counters.add(snapshots_read=1, bytes_read=sum(a._data.nbytes for a in state.values()))
+        return State(dict(state.items()))
+
+    def arrays(self, n: int) -> dict:
+        """Snapshot n as NumPy arrays (views), for a copy to another tier."""
+        return self._state(n).numpy()
+
+    def delete(self, n: int) -> None:
+        state = self._states.pop(n)
+        self.nbytes -= sum(a._data.nbytes for a in state.values())
+        for a in state.values():
+            self.pool.release(a)
+
+    def prefetch(self, n: int) -> None:
+        pass
+
+    def close(self) -> None:
+        for n in list(self._states):
+            self.delete(n)
+
+    def _state(self, n: int) -> State:
+        try:
+            return self._states[n]
+        except KeyError:
+            raise ModelError(f"the schedule reads RAM snapshot {n}, which it never wrote "
+                             f"(held: {sorted(self._states)})") from None
+
+
 def resolve_storage(storage, needs_disk: bool) -> tuple[dict, list]:
     """``({tier: Storage}, [storages we opened and must close])`` from the user's `storage`:
-    None (RAM in memory), a path (RAM in memory + DISK in that HDF5 file), a Storage (the DISK
+    None (RAM: the states held), a path (RAM held + DISK in that HDF5 file), a Storage (the DISK
     tier), or ``{StorageType.RAM: ..., StorageType.DISK: ...}``. A DISK tier that the schedule needs
     and nobody gave, or a path that cannot be written, is an error now, before any step runs."""
     tiers, owned = {}, []
@@ -61,7 +129,7 @@ def resolve_storage(storage, needs_disk: bool) -> tuple[dict, list]:
         raise ModelError(f"storage must be None, a path for HDF5 snapshots, a checkpoint Storage or a "
                          f"dict of them by StorageType, got {type(storage).__name__}")
     if _RAM not in tiers:
-        tiers[_RAM] = MemoryStorage()
+        tiers[_RAM] = HeldStates()
         owned.append(tiers[_RAM])
     if needs_disk and _DISK not in tiers:
         for s in owned:
@@ -80,6 +148,7 @@ class Tiers:
         self._start = {tier: s.stats for tier, s in tiers.items()}
         self.io_seconds = 0.0                   # time this thread spent in storage calls
         self.ram_bytes = self.peak_ram_bytes = 0
+        self.pool: BufferPool | None = None
 
     def _storage(self, tier) -> Storage:
         try:
@@ -87,33 +156,59 @@ class Tiers:
         except KeyError:
             raise ModelError(f"the schedule uses {tier!r}, which has no storage") from None
 
+    def attach(self, pool: BufferPool) -> None:
+        """The pool whose versions the run's states are (a held RAM tier keeps them there)."""
+        self.pool = pool
+        for storage in self.tiers.values():
+            if isinstance(storage, HeldStates):
+                storage.attach(pool)
+
     def _track_ram(self, tier) -> None:
+        # `ram_bytes` counts what the pool does not: held snapshots are pool versions already.
         if tier is _RAM:
-            self.ram_bytes = self.tiers[_RAM].nbytes
-            self.peak_ram_bytes = max(self.peak_ram_bytes, self.ram_bytes)
+            storage = self.tiers[_RAM]
+            self.ram_bytes = 0 if isinstance(storage, HeldStates) else storage.nbytes
+            self.peak_ram_bytes = max(self.peak_ram_bytes, storage.nbytes)
 
     def write(self, tier, n: int, state: State, metadata=None) -> None:
         start = time.perf_counter()
-        self._storage(tier).write(n, state.numpy(), metadata)
+        storage = self._storage(tier)
+        if isinstance(storage, HeldStates):
+            storage.write(n, state)
+        else:
+            storage.write(n, state.numpy(), metadata)
         self.io_seconds += time.perf_counter() - start
         self._track_ram(tier)
 
     def read_into(self, tier, n: int, pool: BufferPool, specs) -> State:
-        """Load snapshot n into fresh versions (held once by the caller)."""
+        """Snapshot n as a State whose versions the caller holds once: a held RAM snapshot's own,
+        else fresh versions loaded from the storage."""
         start = time.perf_counter()
-        snap = self._storage(tier).read(n)
-        arrays = {}
-        for name, spec in specs.items():
-            arr = pool.acquire(spec.shape, spec.dtype, zero=False)
-            np.copyto(arr.numpy(), snap.arrays[name])
-            arrays[name] = arr
+        storage = self._storage(tier)
+        if isinstance(storage, HeldStates):
+            state = storage.read(n)
+        else:
+            snap = storage.read(n)
+            arrays = {}
+            for name, spec in specs.items():
+                arr = pool.acquire(spec.shape, spec.dtype, zero=False)
+                np.copyto(arr.numpy(), snap.arrays[name])
+                arrays[name] = arr
+            state = State(arrays)
         self.io_seconds += time.perf_counter() - start
-        return State(arrays)
+        return state
 
-    def copy(self, n: int, src, dst) -> None:
+    def copy(self, n: int, src, dst, specs) -> None:
         start = time.perf_counter()
-        snap = self._storage(src).read(n)
-        self._storage(dst).write(n, dict(snap.arrays))
+        source, target = self._storage(src), self._storage(dst)
+        if isinstance(target, HeldStates):
+            state = self.read_into(src, n, self.pool, specs)
+            target.write(n, state)
+            for a in state.values():
+                self.pool.release(a)
+        else:
+            arrays = source.arrays(n) if isinstance(source, HeldStates) else dict(source.read(n).arrays)
+            target.write(n, arrays)
         self.io_seconds += time.perf_counter() - start
         self._track_ram(dst)
 

@@ -61,6 +61,6 @@ def record_rollout(model, tape, initial, steps, *, schedule=None, storage=None, 
 
 
 def _close(sweep) -> None:
+    sweep.tiers.close()          # first: held RAM snapshots go back to the pool
     sweep.close()
-    sweep.tiers.close()
     sweep.bar.close()
