@@ -6,6 +6,7 @@ overwrites of data the gradient still needs, and its backward runs the generated
 """
 from __future__ import annotations
 
+import functools
 import linecache
 import math
 import struct
@@ -58,6 +59,18 @@ class _Signature:
                        frozenset(_PYTHON_KINDS[p.type.name]) if isinstance(p.type, ScalarType) else None
                        for p in self.params]
         self.forward_name = compiled.forward.name
+        # What a recorded launch reads, writes and accumulates into, as (argument name, index).
+        # A @func_replay reading back what this launch stored is the intended pattern, not a conflict.
+        # Values a kernel reads back after storing them are its own output, not a dependency.
+        self.arrays = [(p.name, k) for k, p in enumerate(self.params) if isinstance(p.type, ArrayType)]
+        use = {name: compiled.uses[name] for name, _ in self.arrays if name in compiled.uses}
+        self.reads = [(n, k) for n, k in self.arrays if n in use and (
+            use[n].reads and (not use[n].stores or use[n].overwrites_read) or use[n].adjoint_reads and not use[n].stores)]
+        self.writes = [(n, k) for n, k in self.arrays if n in use and use[n].stores]
+        self.accumulates = [(n, k) for n, k in self.arrays if n in use and use[n].accumulates]
+        self.overwrite = next(((u.overwrites_read, n) for n, u in compiled.uses.items()
+                               if u.overwrites_read is not None), None)
+        self.op_name = f"launch of kernel '{kernel.__name__}'"
 
 
 def _signature(kernel: Kernel) -> _Signature:
@@ -232,34 +245,26 @@ def _raise_if_out_of_bounds(module, kernel):
 
 
 def _record(tape, kernel, compiled, sig, args, dims, buffer, debug, deterministic, device):
-    named = {p.name: a for p, a in zip(sig.params, args) if isinstance(a, array)}
-    uses = compiled.uses
-    for name, use in uses.items():
-        if use.overwrites_read is not None:
-            raise OverwriteError(
-                f"{use.overwrites_read}: kernel '{kernel.__name__}' reads array argument '{name}' and also overwrites "
-                f"it (a[i] = ...) while a Tape records; the adjoint would read the overwritten values. "
-                f"Fix: write the result into a separate output array, or accumulate with a[i] += ... if that is meant.")
-    differentiable = [a for a in named.values() if a.requires_grad]
-    if compiled.adjoint_error is not None and differentiable:
+    if sig.overwrite is not None:
+        loc, name = sig.overwrite
+        raise OverwriteError(
+            f"{loc}: kernel '{kernel.__name__}' reads array argument '{name}' and also overwrites "
+            f"it (a[i] = ...) while a Tape records; the adjoint would read the overwritten values. "
+            f"Fix: write the result into a separate output array, or accumulate with a[i] += ... if that is meant.")
+    if compiled.adjoint_error is not None and any(args[k].requires_grad for _, k in sig.arrays):
         e = compiled.adjoint_error
         line = linecache.getline(e.loc.filename, e.loc.lineno).rstrip("\n")
         raise CompileError(f"kernel '{kernel.__name__}' cannot be differentiated: {e}", e.loc.filename,
                            e.loc.lineno, e.loc.col, line,
                            "launch it outside the Tape, or give the function a @func_replay / @func_grad / adj_snippet")
-    op = RecordedOp(
-        name=f"launch of kernel '{kernel.__name__}'",
-        # A @func_replay reading back what this launch stored is the intended pattern, not a conflict.
-        # Values a kernel reads back after storing them are its own output, not a dependency.
-        reads={n: named[n] for n, u in uses.items()
-               if (u.reads and (not u.stores or u.overwrites_read) or u.adjoint_reads and not u.stores) and n in named},
-        writes={n: named[n] for n, u in uses.items() if u.stores and n in named},
-        accumulates={n: named[n] for n, u in uses.items() if u.accumulates and n in named},
-        backward=lambda: _run_adjoint(kernel, compiled, sig, args, dims, buffer, debug, deterministic),
-        where=caller_location(),
-        launch=(kernel, dims, list(args), device),
-    )
-    tape.record(op)
+    tape.record(RecordedOp(
+        sig.op_name,
+        {n: args[k] for n, k in sig.reads},
+        {n: args[k] for n, k in sig.writes},
+        {n: args[k] for n, k in sig.accumulates},
+        functools.partial(_run_adjoint, kernel, compiled, sig, args, dims, buffer, debug, deterministic),
+        caller_location(),
+        (kernel, dims, args, device)))
 
 
 def _gather_fits(gather, sig, args, dims) -> bool:
