@@ -175,6 +175,52 @@ def test_cxx_may_carry_arguments(monkeypatch):
     assert find_cxx() == (real, "-Wall")
 
 
+VECTOR_OPS = textwrap.dedent("""\
+    #include <cmath>
+    extern "C" void mix(const float* a, const float* b, float* out, int n) {
+        for (int i = 0; i < n; ++i) {
+            float x = a[i], y = b[i];
+            out[i] = 2.0f * x - y + 0.25f * (x * y) / (1.5f + y * y) - 1e-3f * x * x * x
+                     + std::sqrt(x * x + y * y) + (x < y ? x : y);
+        }
+    }
+    """)
+
+
+def test_native_and_portable_builds_give_the_same_bits(tmp_path, monkeypatch):
+    # -march=native widens the vectors only: without FMA contraction or fast-math, every element
+    # is the same IEEE operations in the same order.
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal(1003).astype(np.float32) for _ in range(2))
+    real = find_cxx()[0]
+    wrapper = tmp_path / "portable-c++"
+    wrapper.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        for a in "$@"; do [ "$a" = "-march=native" ] && {{ echo "unsupported option '-march=native'" >&2; exit 1; }}; done
+        exec {real} "$@"
+        """))
+    wrapper.chmod(0o755)
+    results = {}
+    for kind in ("native", "portable"):
+        if kind == "portable":
+            monkeypatch.setenv("CXX", str(wrapper))
+        cache = tmp_path / kind
+        compiler = find_compiler(cache)
+        path = build_cpu_library(VECTOR_OPS, "mix", cache_dir=cache)
+        if kind == "portable":
+            assert not compiler.native and "-march=native" not in compiler.flags()
+            assert cpu_build.cpu_tag() not in path.name
+        elif not compiler.native:
+            pytest.skip(f"{real} does not support -march=native")
+        else:
+            assert path.name.endswith(f"-{cpu_build.cpu_tag()}{cpu_build.LIB_SUFFIX}")
+        out = np.empty_like(a)
+        f = _fn(load_cpu_library(path), "mix", None, *[ctypes.c_void_p] * 3, ctypes.c_int)
+        f(a.ctypes.data, b.ctypes.data, out.ctypes.data, a.size)
+        results[kind] = out
+    np.testing.assert_array_equal(results["native"].view(np.uint32), results["portable"].view(np.uint32))
+
+
 def test_compiler_without_openmp_builds_serial_libraries(tmp_path, monkeypatch):
     # A wrapper that behaves like Apple clang: -fopenmp is an error.
     real = find_cxx()[0]
