@@ -22,7 +22,6 @@ pass. Kernels whose loops keep a tape are left alone (their tape belongs to one 
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 from . import ir
@@ -172,7 +171,7 @@ def _label(c) -> str:
     return "_".join(f"m{-x}" if x < 0 else f"p{x}" for x in c)
 
 
-class _Copier:
+class _Copier(ir.Rewriter):
     """Copies the adjoint body for one pass: fresh Temps and Vars, thread indices replaced by the
     pass's (clamped) thread, accumulations at the pass's offset redirected into its locals, other
     gathered accumulations dropped, scattered ones kept only in the zero-offset pass."""
@@ -181,12 +180,6 @@ class _Copier:
         self.thread, self.offset, self.partial = thread, offset, partial
         self.site_offset, self.keep_scatter = site_offset, keep_scatter
         self.names: dict[int, object] = {}
-
-    def block(self, body) -> list:
-        out = []
-        for s in body:
-            out += self.stmt(s)
-        return out
 
     def stmt(self, s) -> list:
         if isinstance(s, ir.ThreadIndex):
@@ -205,24 +198,11 @@ class _Copier:
                 return []
         return [self.value(s)]
 
-    def value(self, x):
-        """`x` with every Temp and Var renamed and every nested block copied."""
-        if isinstance(x, (ir.Temp, ir.Var)):
-            if x.id not in self.names:
-                self.names[x.id] = ir.Temp(x.type) if isinstance(x, ir.Temp) else ir.Var(x.hint, x.type)
-            return self.names[x.id]
-        if isinstance(x, tuple):
-            if x and _is_stmt(x[0]):
-                return tuple(self.block(x))
-            return tuple(self.value(v) for v in x)
-        if _is_stmt(x):
-            return dataclasses.replace(x, **{f.name: self.value(getattr(x, f.name))
-                                             for f in dataclasses.fields(x) if f.name != "loc"})
-        return x
-
-
-def _is_stmt(x) -> bool:
-    return dataclasses.is_dataclass(x) and hasattr(x, "loc") and not isinstance(x, type)
+    def operand(self, x):
+        """Every Temp and Var renamed."""
+        if x.id not in self.names:
+            self.names[x.id] = ir.Temp(x.type) if isinstance(x, ir.Temp) else ir.Var(x.hint, x.type)
+        return self.names[x.id]
 
 
 __all__ = ["GatherAdjoint", "gather_adjoint"]

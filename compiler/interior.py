@@ -15,7 +15,6 @@ the bounds' values (an empty box runs the original everywhere).
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 from . import ir
@@ -194,31 +193,21 @@ def _decide(s: ir.Op, offsets, bounds):
     return axis, value, None, (at if op in ("eq", "ne") else split)
 
 
-class _Settle:
+class _Settle(ir.Rewriter):
     """Copies a body with each decided comparison dropped and its uses replaced by the constant."""
 
     def __init__(self, decided: dict[int, bool]):
         self.decided = decided
 
-    def block(self, body) -> list:
-        return [self.value(s) for s in body
-                if not (isinstance(s, ir.Op) and s.out.id in self.decided)]
+    def stmt(self, s) -> list:
+        if isinstance(s, ir.Op) and s.out.id in self.decided:
+            return []
+        return [self.value(s)]
 
-    def value(self, x):
+    def operand(self, x):
         if isinstance(x, ir.Temp) and x.id in self.decided:
             return ir.Const(self.decided[x.id], bool_)
-        if isinstance(x, tuple):
-            if x and _is_stmt(x[0]):
-                return tuple(self.block(x))
-            return tuple(self.value(v) for v in x)
-        if _is_stmt(x):
-            return dataclasses.replace(x, **{f.name: self.value(getattr(x, f.name))
-                                             for f in dataclasses.fields(x) if f.name != "loc"})
         return x
-
-
-def _is_stmt(x) -> bool:
-    return dataclasses.is_dataclass(x) and hasattr(x, "loc") and not isinstance(x, type)
 
 
 __all__ = ["Bound", "Interior", "interior_variant", "tid_offsets", "int_const"]

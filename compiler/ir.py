@@ -12,6 +12,7 @@ errors can point at the user's code.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass, field
 from typing import Union
@@ -321,3 +322,37 @@ def assigned_vars(body) -> list[Var]:
         elif isinstance(s, ReverseLoop):
             seen.setdefault(s.index.id, s.index)
     return list(seen.values())
+
+
+class Rewriter:
+    """Copies IR, statement by statement, for passes that rebuild a body: `stmt` gives what a
+    statement becomes (a list: none, itself rebuilt, or several), `operand` what a Temp or Var
+    becomes. `value` rebuilds a statement field by field, nested blocks through `block`."""
+
+    def block(self, body) -> list:
+        out = []
+        for s in body:
+            out += self.stmt(s)
+        return out
+
+    def stmt(self, s) -> list:
+        return [self.value(s)]
+
+    def operand(self, x):
+        return x
+
+    def value(self, x):
+        if isinstance(x, (Temp, Var)):
+            return self.operand(x)
+        if isinstance(x, tuple):
+            if x and _is_stmt(x[0]):
+                return tuple(self.block(x))
+            return tuple(self.value(v) for v in x)
+        if _is_stmt(x):
+            return dataclasses.replace(x, **{f.name: self.value(getattr(x, f.name))
+                                             for f in dataclasses.fields(x) if f.name != "loc"})
+        return x
+
+
+def _is_stmt(x) -> bool:
+    return dataclasses.is_dataclass(x) and hasattr(x, "loc") and not isinstance(x, type)

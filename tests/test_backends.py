@@ -175,6 +175,17 @@ def test_cxx_may_carry_arguments(monkeypatch):
     assert find_cxx() == (real, "-Wall")
 
 
+def _compiler_refusing(flag: str, path: Path) -> Path:
+    """A wrapper around the real C++ compiler for which `flag` is an unsupported option."""
+    path.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        for a in "$@"; do [ "$a" = "{flag}" ] && {{ echo "unsupported option '{flag}'" >&2; exit 1; }}; done
+        exec {find_cxx()[0]} "$@"
+        """))
+    path.chmod(0o755)
+    return path
+
+
 VECTOR_OPS = textwrap.dedent("""\
     #include <cmath>
     extern "C" void mix(const float* a, const float* b, float* out, int n) {
@@ -193,13 +204,7 @@ def test_native_and_portable_builds_give_the_same_bits(tmp_path, monkeypatch):
     rng = np.random.default_rng(0)
     a, b = (rng.standard_normal(1003).astype(np.float32) for _ in range(2))
     real = find_cxx()[0]
-    wrapper = tmp_path / "portable-c++"
-    wrapper.write_text(textwrap.dedent(f"""\
-        #!/bin/sh
-        for a in "$@"; do [ "$a" = "-march=native" ] && {{ echo "unsupported option '-march=native'" >&2; exit 1; }}; done
-        exec {real} "$@"
-        """))
-    wrapper.chmod(0o755)
+    wrapper = _compiler_refusing("-march=native", tmp_path / "portable-c++")
     results = {}
     for kind in ("native", "portable"):
         if kind == "portable":
@@ -223,14 +228,7 @@ def test_native_and_portable_builds_give_the_same_bits(tmp_path, monkeypatch):
 
 def test_compiler_without_openmp_builds_serial_libraries(tmp_path, monkeypatch):
     # A wrapper that behaves like Apple clang: -fopenmp is an error.
-    real = find_cxx()[0]
-    wrapper = tmp_path / "no-openmp-c++"
-    wrapper.write_text(textwrap.dedent(f"""\
-        #!/bin/sh
-        for a in "$@"; do [ "$a" = "-fopenmp" ] && {{ echo "unsupported option '-fopenmp'" >&2; exit 1; }}; done
-        exec {real} "$@"
-        """))
-    wrapper.chmod(0o755)
+    wrapper = _compiler_refusing("-fopenmp", tmp_path / "no-openmp-c++")
     monkeypatch.setenv("CXX", str(wrapper))
     cache = tmp_path / "cache"
     compiler = find_compiler(cache)
