@@ -51,6 +51,9 @@ def configs(steps: int) -> list[Config]:
         Config("ours-storeall", "ours", "OursRunner", {"schedule": "storeall"}, False, "ours"),
         Config(f"ours-revolve-{small}", "ours", "OursRunner", {"schedule": "revolve", "snapshots": small},
                False, "ours"),
+        # half the states nested remat holds: the "half the memory of the best peer"
+        Config(f"ours-revolve-{large // 2}", "ours", "OursRunner", {"schedule": "revolve", "snapshots": large // 2},
+               False, "ours"),
         Config(f"ours-revolve-{large}", "ours", "OursRunner", {"schedule": "revolve", "snapshots": large},
                False, "ours"),
         Config(f"ours-multilevel-{small}+{large}", "ours", "OursRunner",
