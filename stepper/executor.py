@@ -25,7 +25,7 @@ from compiler import array
 
 from .errors import ModelError, NonFiniteError
 from .state import State
-from .step_context import RecordedStep, StepTape, check_scalar_loss, run_step
+from .step_context import RecordedStep, StepRunner, StepTape, check_scalar_loss
 from .versions import BufferPool, set_grad
 
 __all__ = ["Sweep", "check_finite_state"]
@@ -66,6 +66,7 @@ class Sweep:
         self._ahead: deque = deque()
         self.pool = BufferPool(model.device, model.zero_buffers)
         tiers.attach(self.pool)
+        self._runner = StepRunner(model, self.pool, deterministic=deterministic, running_loss=running_loss)
         self.work: State | None = self._load_initial(initial)
         self.pos = 0
         self.recorded: dict[int, RecordedStep] = {}
@@ -197,9 +198,7 @@ class Sweep:
         start = time.perf_counter()
         prev = self.work
         pool = self.pool
-        nxt, ctx, tape, loss = run_step(self.model, n, prev, pool, deterministic=self.deterministic,
-                                        record=record, running_loss=self.running_loss,
-                                        donors=self.carry.values() if self.carry else ())
+        nxt, ctx, tape, loss = self._runner.run(n, prev, record, self.carry.values() if self.carry else ())
         scratch = ctx._scratch
         if n >= self.seen:      # first time this step runs: its loss, finiteness, progress
             if loss is not None:
@@ -213,14 +212,18 @@ class Sweep:
                     raise
             self.seen = n + 1
         if record:
-            for a in (*prev.values(), *nxt.values()):
+            # The live state's hold on `prev` passes to the recorded step; `nxt`, live now and
+            # recorded, gets a second hold.
+            for a in nxt.values():
                 pool.retain(a)
             self.recorded[n] = RecordedStep(n, tape, prev, nxt, dict(scratch), loss)
             self.recorded_steps += 1
         else:
+            for a in prev.values():
+                pool.release(a)
             for a in scratch.values():
                 pool.release(a)
-        self._set_work(nxt)
+        self.work = nxt
         self.pos = n + 1
         self.forward_steps += 1
         self.forward_seconds += time.perf_counter() - start

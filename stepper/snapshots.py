@@ -16,8 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from checkpoint import HDF5Storage, StorageType
-from checkpoint.storage import Storage
-from checkpoint.storage.base import Counters
+from checkpoint.storage import Storage, StorageStats
 
 from .errors import ModelError
 from .state import State
@@ -40,22 +39,24 @@ class TierStats:
 
 
 class HeldStates:
-    """The RAM tier when the caller gave no storage for it: snapshot n is the state itself, each of
-    its versions held once more in the buffer pool (`attach` gives the pool) until the snapshot is
-    deleted. Counts its traffic like a Storage (`stats`)."""
+    """The RAM tier when the caller gave no storage for it: snapshot n is the state itself (the same
+    State object: States cannot be changed), each of its versions held once more in the buffer pool
+    (`attach` gives the pool) until the snapshot is deleted. Counts its traffic like a Storage
+    (`stats`); only the sweep's thread uses it, so plain counters do, without a Storage's lock."""
 
     def __init__(self):
         self.pool: BufferPool | None = None
-        self._states: dict[int, State] = {}
+        self._states: dict[int, tuple[State, int]] = {}     # n -> (the state, its bytes)
         self.nbytes = 0
-        self._counters = Counters()
+        self._written = self._read = self._bytes_written = self._bytes_read = 0
 
     def attach(self, pool: BufferPool) -> None:
         self.pool = pool
 
     @property
-    def stats(self):
-        return self._counters.snapshot()
+    def stats(self) -> StorageStats:
+        return StorageStats(snapshots_written=self._written, snapshots_read=self._read,
+                            bytes_written=self._bytes_written, bytes_read=self._bytes_read)
 
     def __contains__(self, n: int) -> bool:
         return n in self._states
@@ -63,30 +64,36 @@ class HeldStates:
     def write(self, n: int, state: State) -> None:
         if n in self._states:
             self.delete(n)
+        retain = self.pool.retain
+        nbytes = 0
         for a in state.values():
-            self.pool.retain(a)
-        self._states[n] = State(dict(state.items()))
-        nbytes = sum(a._data.nbytes for a in state.values())
+            retain(a)
+            nbytes += a._data.nbytes
+        self._states[n] = (state, nbytes)
         self.nbytes += nbytes
-        self._counters.add(snapshots_written=1, bytes_written=nbytes)
+        self._written += 1
+        self._bytes_written += nbytes
 
     def read(self, n: int) -> State:
         """Snapshot n as a State; the caller owns one hold on each of its versions."""
-        state = self._state(n)
+        state, nbytes = self._state(n)
+        retain = self.pool.retain
         for a in state.values():
-            self.pool.retain(a)
-        self._counters.add(snapshots_read=1, bytes_read=sum(a._data.nbytes for a in state.values()))
-        return State(dict(state.items()))
+            retain(a)
+        self._read += 1
+        self._bytes_read += nbytes
+        return state
 
     def arrays(self, n: int) -> dict:
         """Snapshot n as NumPy arrays (views), for a copy to another tier."""
-        return self._state(n).numpy()
+        return self._state(n)[0].numpy()
 
     def delete(self, n: int) -> None:
-        state = self._states.pop(n)
-        self.nbytes -= sum(a._data.nbytes for a in state.values())
+        state, nbytes = self._states.pop(n)
+        self.nbytes -= nbytes
+        release = self.pool.release
         for a in state.values():
-            self.pool.release(a)
+            release(a)
 
     def prefetch(self, n: int) -> None:
         pass
@@ -95,7 +102,7 @@ class HeldStates:
         for n in list(self._states):
             self.delete(n)
 
-    def _state(self, n: int) -> State:
+    def _state(self, n: int) -> tuple[State, int]:
         try:
             return self._states[n]
         except KeyError:

@@ -1,9 +1,10 @@
 """What a step function sees (`StepContext`: ``s.prev``, ``s.next``, ``s.params``, ``s.t``, ``s.dt``,
-``s.scratch``), the tape each step runs under (`StepTape`), and `run_step`, which runs one step.
+``s.scratch``), the tape each step runs under (`StepTape`), and `StepRunner`, which runs steps
+(`run_step` runs one).
 
 Every step runs under its own `StepTape`. Besides the Tape's own check (no overwriting, within the
 step, a buffer an earlier launch read), it refuses any write into ``s.prev`` or a parameter;
-`run_step` reports a declared state whose version the step never moved (never wrote). The tape
+the runner reports a declared state whose version the step never moved (never wrote). The tape
 also makes the step differentiable: the executor keeps it until the step's adjoint has run.
 """
 from __future__ import annotations
@@ -18,7 +19,7 @@ from .errors import ModelError
 from .state import State
 from .versions import BufferPool, set_grad
 
-__all__ = ["StepContext", "StepTape", "RecordedStep", "run_step"]
+__all__ = ["StepContext", "StepTape", "RecordedStep", "StepRunner", "run_step"]
 
 
 class StepTape(Tape):
@@ -133,24 +134,24 @@ class GradSlots:
     compiler's check for kernels without an adjoint) asks ``requires_grad``, so the arrays a
     recorded step touches must carry gradients while it runs. Nothing writes a gradient before the
     adjoint, so one zero array per (shape, dtype) stands in for all of them; the executor attaches
-    real gradients only while the step's adjoint runs."""
+    real gradients only while the step's adjoint runs. Arrays are pool versions, keyed by their Kind."""
 
     def __init__(self, pool: BufferPool, donors=()):
         self.pool = pool
         self.attached: list[array] = []
-        self._shared: dict[tuple, array] = {}
+        self._shared: dict = {}
         # Arrays that live through the step anyway and that nothing writes during it (the adjoint
         # being carried) can stand in too, saving the allocation.
-        self._donated = {(d.shape, d.dtype): d for d in donors}
+        self._donated = {pool.kind_like(d): d for d in donors}
 
     def attach(self, arr: array) -> None:
         if arr._grad is None and arr.dtype.is_float:
-            key = (arr.shape, arr.dtype)
-            grad = self._shared.get(key)
+            kind = self.pool.kind_like(arr)
+            grad = self._shared.get(kind)
             if grad is None:
-                grad = self._donated.get(key)
+                grad = self._donated.get(kind)
             if grad is None:
-                grad = self._shared[key] = self.pool.acquire_like(arr, zero=False)
+                grad = self._shared[kind] = self.pool.take(kind, zero=False)
             set_grad(arr, grad)
             self.attached.append(arr)
 
@@ -179,46 +180,67 @@ def check_scalar_loss(value, what: str) -> array:
     return value
 
 
-def run_step(model, n: int, prev: State, pool: BufferPool, *, deterministic: bool, record: bool = False,
-             running_loss=None, donors=()):
-    """Run step n of `model` from `prev`; return (next State, its StepContext, the tape, the loss array
-    or None). The caller owns one hold on every next and scratch array. With `record`, the arrays
-    carry gradients while the step runs (see GradSlots); none are left attached."""
-    nxt = State({name: pool.acquire(spec.shape, spec.dtype) for name, spec in model.states.items()})
-    grads = None
-    if record:
-        grads = GradSlots(pool, donors)
-        for a in (*prev.values(), *nxt.values()):
-            grads.attach(a)
-    params = model.params
-    ctx = StepContext(n, model.t0 + n * model.dt, model.dt, prev, nxt, params, pool, grads)
-    protected = {id(a._storage): "s.prev." + name for name, a in prev.items()}
-    for name, a in params.items():
-        protected[id(a._storage)] = "s.params." + name
-    tape = StepTape(protected, deterministic, ctx)
-    # Every write the runtime sees (launches, copies, assign, fill_) bumps the array's version.
-    versions = [a._storage.version for a in nxt.values()]
-    loss = None
-    try:
-        with tape:
-            model.step_fn(ctx)
-            if running_loss is not None:
-                loss = check_scalar_loss(running_loss(ctx), "running_loss(s)")
-        tape.end_step()
-        missing = [name for (name, a), v in zip(nxt.items(), versions) if a._storage.version == v]
-        if missing:
-            names = ", ".join(f"s.next.{m}" for m in missing)
-            raise ModelError(
-                f"step function '{model.step_fn.__name__}' ({_where(model.step_fn)}) never wrote {names} "
-                f"(step {n}). Every declared state must be written each step, by a kernel, assign() or "
-                f"copy(); to keep a state unchanged write copy({names.split(', ')[0]}, "
-                f"{names.split(', ')[0].replace('s.next.', 's.prev.')}).")
-    except BaseException:
+class StepRunner:
+    """Runs steps of `model` with versions from `pool`. What every step needs from the model (the
+    Kinds of its states' versions, the labels that name its parameters in messages) is worked out
+    once, here, rather than on every step."""
+
+    def __init__(self, model, pool: BufferPool, *, deterministic: bool, running_loss=None):
+        self.model, self.pool = model, pool
+        self.deterministic = deterministic
+        self.running_loss = running_loss
+        self._kinds = [(name, pool.kind(spec.shape, spec.dtype)) for name, spec in model.states.items()]
+        self._params = model.params
+        self._param_labels = {id(a._storage): "s.params." + name for name, a in self._params.items()}
+
+    def run(self, n: int, prev: State, record: bool = False, donors=()):
+        """Run step n from `prev`; return (next State, its StepContext, the tape, the loss array or
+        None). The caller owns one hold on every next and scratch array. With `record`, the arrays
+        carry gradients while the step runs (see GradSlots); none are left attached."""
+        model, pool = self.model, self.pool
+        take = pool.take
+        nxt = State({name: take(kind) for name, kind in self._kinds})
+        grads = None
+        if record:
+            grads = GradSlots(pool, donors)
+            for a in prev.values():
+                grads.attach(a)
+            for a in nxt.values():
+                grads.attach(a)
+        ctx = StepContext(n, model.t0 + n * model.dt, model.dt, prev, nxt, self._params, pool, grads)
+        protected = {id(a._storage): "s.prev." + name for name, a in prev.items()}
+        protected.update(self._param_labels)
+        tape = StepTape(protected, self.deterministic, ctx)
+        # Every write the runtime sees (launches, copies, assign, fill_) bumps the array's version.
+        versions = [a._storage.version for a in nxt.values()]
+        loss = None
+        try:
+            with tape:
+                model.step_fn(ctx)
+                if self.running_loss is not None:
+                    loss = check_scalar_loss(self.running_loss(ctx), "running_loss(s)")
+            tape.end_step()
+            missing = [name for (name, a), v in zip(nxt.items(), versions) if a._storage.version == v]
+            if missing:
+                names = ", ".join(f"s.next.{m}" for m in missing)
+                raise ModelError(
+                    f"step function '{model.step_fn.__name__}' ({_where(model.step_fn)}) never wrote {names} "
+                    f"(step {n}). Every declared state must be written each step, by a kernel, assign() or "
+                    f"copy(); to keep a state unchanged write copy({names.split(', ')[0]}, "
+                    f"{names.split(', ')[0].replace('s.next.', 's.prev.')}).")
+        except BaseException:
+            if grads is not None:
+                grads.detach()
+            for a in (*nxt.values(), *ctx._scratch.values()):
+                pool.release(a)
+            raise
         if grads is not None:
             grads.detach()
-        for a in (*nxt.values(), *ctx._scratch.values()):
-            pool.release(a)
-        raise
-    if grads is not None:
-        grads.detach()
-    return nxt, ctx, tape, loss
+        return nxt, ctx, tape, loss
+
+
+def run_step(model, n: int, prev: State, pool: BufferPool, *, deterministic: bool, record: bool = False,
+             running_loss=None, donors=()):
+    """`StepRunner.run` for one step (a loop over many keeps one StepRunner instead)."""
+    runner = StepRunner(model, pool, deterministic=deterministic, running_loss=running_loss)
+    return runner.run(n, prev, record, donors)

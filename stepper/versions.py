@@ -7,13 +7,11 @@ executor attaches pooled arrays as ``.grad`` only while a step's adjoint runs.
 """
 from __future__ import annotations
 
-from collections import defaultdict
-
 import numpy as np
 
 from compiler import array, empty
 
-__all__ = ["BufferPool", "set_grad"]
+__all__ = ["BufferPool", "Kind", "set_grad"]
 
 
 def set_grad(arr: array, grad: array | None) -> None:
@@ -23,6 +21,17 @@ def set_grad(arr: array, grad: array | None) -> None:
     arr._grad = grad
 
 
+class Kind:
+    """The versions of one (shape, dtype) and the free ones among them. Hashed and compared by
+    identity, so whoever asks for the same kind every step (a model's states, gradients keyed by
+    kind) keeps the Kind and skips hashing the (shape, dtype) pair each time."""
+    __slots__ = ("shape", "dtype", "free")
+
+    def __init__(self, shape: tuple, dtype):
+        self.shape, self.dtype = shape, dtype
+        self.free: list[array] = []
+
+
 class BufferPool:
     """Arrays by (shape, dtype), reused once released. Tracks bytes for the run's statistics:
     `live_bytes` (held now), `allocated_bytes` (held + free in the pool) and their peaks."""
@@ -30,36 +39,52 @@ class BufferPool:
     def __init__(self, device: str = "cpu", zero: bool = True):
         self.device = device
         self.zero = zero
-        self._free: dict[tuple, list[array]] = defaultdict(list)
-        # id(array) -> [holders, the array, the free list it goes back to]. Every step acquires and
-        # releases several versions, so one record keeps each of those to one dict operation.
+        self._kinds: dict[tuple, Kind] = {}
+        # id(array) -> [holders, the array, its Kind]. Every step acquires and releases several
+        # versions, so one record keeps each of those to one dict operation.
         self._held: dict[int, list] = {}
         self.live_bytes = self.allocated_bytes = 0
         self.peak_live_bytes = self.peak_allocated_bytes = 0
         self.allocations = 0
 
-    def acquire(self, shape, dtype, zero: bool | None = None) -> array:
-        """A version nobody else holds (reference count 1), zero-filled unless ``zero=False``."""
+    def kind(self, shape, dtype) -> Kind:
+        """The Kind of versions with this shape (an int or a sequence of ints) and dtype."""
         key = (shape if type(shape) is tuple else (shape,) if isinstance(shape, (int, np.integer))
                else tuple(shape), dtype)
-        free = self._free[key]
+        kind = self._kinds.get(key)
+        if kind is None:
+            kind = self._kinds[key] = Kind(*key)
+        return kind
+
+    def kind_like(self, arr: array) -> Kind:
+        """The Kind of `arr`'s shape and dtype (looked up by identity if the pool holds `arr`)."""
+        held = self._held.get(id(arr))
+        return held[2] if held is not None else self.kind(arr.shape, arr.dtype)
+
+    def acquire(self, shape, dtype, zero: bool | None = None) -> array:
+        """A version nobody else holds (reference count 1), zero-filled unless ``zero=False``."""
+        return self.take(self.kind(shape, dtype), zero)
+
+    def acquire_like(self, arr: array, zero: bool | None = None) -> array:
+        return self.take(self.kind_like(arr), zero)
+
+    def take(self, kind: Kind, zero: bool | None = None) -> array:
+        """`acquire` for a Kind the caller kept."""
+        free = kind.free
         if free:
             arr = free.pop()
         else:
-            arr = empty(key[0], dtype=dtype, device=self.device)
+            arr = empty(kind.shape, dtype=kind.dtype, device=self.device)
             self.allocations += 1
             self.allocated_bytes += arr._data.nbytes
             self.peak_allocated_bytes = max(self.peak_allocated_bytes, self.allocated_bytes)
         if self.zero if zero is None else zero:
             arr._data.fill(0)
-        self._held[id(arr)] = [1, arr, free]
+        self._held[id(arr)] = [1, arr, kind]
         self.live_bytes += arr._data.nbytes
         if self.live_bytes > self.peak_live_bytes:
             self.peak_live_bytes = self.live_bytes
         return arr
-
-    def acquire_like(self, arr: array, zero: bool | None = None) -> array:
-        return self.acquire(arr.shape, arr.dtype, zero)
 
     def owns(self, arr: array) -> bool:
         return id(arr) in self._held
@@ -77,7 +102,7 @@ class BufferPool:
         del self._held[id(arr)]
         arr._grad = None
         self.live_bytes -= arr._data.nbytes
-        held[2].append(arr)
+        held[2].free.append(arr)
 
     def give_away(self, arr: array) -> array:
         """Hand a held version to the caller for good: the pool forgets it (its bytes stay counted
@@ -90,10 +115,10 @@ class BufferPool:
 
     def clear(self) -> None:
         """Forget the free versions (their memory goes back to the allocator)."""
-        for arrays in self._free.values():
-            for arr in arrays:
+        for kind in self._kinds.values():
+            for arr in kind.free:
                 self.allocated_bytes -= arr._data.nbytes
-            arrays.clear()      # in place: held versions still point at their free list
+            kind.free.clear()      # in place: held versions still point at their Kind
 
     @property
     def live(self) -> int:
