@@ -116,8 +116,7 @@ class Sweep:
         self.recorded.clear()
         self._set_work(None)
         if self.carry:
-            for a in self.carry.values():
-                self.pool.release(a)
+            self.pool.release_all(self.carry.values())
             self.carry = None
         self.pool.clear()
 
@@ -207,22 +206,19 @@ class Sweep:
                 try:
                     check_finite_state(nxt, n)
                 except NonFiniteError:
-                    for a in (*nxt.values(), *scratch.values()):
-                        pool.release(a)
+                    pool.release_all((*nxt.values(), *scratch.values()))
                     raise
             self.seen = n + 1
         if record:
             # The live state's hold on `prev` passes to the recorded step; `nxt`, live now and
             # recorded, gets a second hold.
-            for a in nxt.values():
-                pool.retain(a)
+            pool.retain_all(nxt.values())
             self.recorded[n] = RecordedStep(n, tape, prev, nxt, dict(scratch), loss)
             self.recorded_steps += 1
         else:
-            for a in prev.values():
-                pool.release(a)
-            for a in scratch.values():
-                pool.release(a)
+            pool.release_all(prev.values())
+            if scratch:
+                pool.release_all(scratch.values())
         self.work = nxt
         self.pos = n + 1
         self.forward_steps += 1
@@ -232,8 +228,7 @@ class Sweep:
     def _set_work(self, state: State | None) -> None:
         """Make `state` the live state (the caller's hold passes to it), releasing the old one."""
         if self.work is not None:
-            for a in self.work.values():
-                self.pool.release(a)
+            self.pool.release_all(self.work.values())
         self.work = state
 
     def _transfer(self, a, move: bool) -> None:
@@ -300,17 +295,17 @@ class Sweep:
 
     def _reverse_step(self, rec: RecordedStep) -> None:
         start = time.perf_counter()
-        pool, carry = self.pool, self.carry
-        if rec.next_held and not any(rec.tape.has_read(a) for a in rec.next.values()):
+        pool, carry, nxt = self.pool, self.carry, rec.next
+        if rec.next_held and not any(map(rec.tape.has_read, nxt.values())):
             # Adjoints replay the forward from the step's inputs and never touch the primal values of
             # what the step only wrote, so s.next's memory can serve the previous state's gradient.
-            for a in rec.next.values():
-                pool.release(a)
+            pool.release_all(nxt.values())
             rec.next_held = False
-        for name, a in rec.next.items():
+        for name, a in nxt.items():
             if name in carry:
                 set_grad(a, carry[name])
-        prev_grads = [a for a in rec.prev.values() if a.dtype.is_float]
+        # The carry holds exactly the float states (see _seed): those get gradients.
+        prev_grads = [a for name, a in rec.prev.items() if name in carry]
         scratch_grads = [a for a in rec.scratch.values() if a.dtype.is_float and a._grad is None]
         for a in (*prev_grads, *scratch_grads):
             set_grad(a, pool.acquire_like(a, zero=True))
@@ -323,10 +318,8 @@ class Sweep:
         # The previous state's gradient is the new carry; the old carry (on s.next) and the scratch
         # gradients go back to the pool.
         self.carry = {name: a._grad for name, a in rec.prev.items() if name in carry}
-        for a in (*rec.next.values(), *scratch_grads):
-            if a._grad is not None:
-                pool.release(a._grad)
-        for a in (*rec.next.values(), *prev_grads, *scratch_grads):
+        pool.release_all([a._grad for a in (*nxt.values(), *scratch_grads) if a._grad is not None])
+        for a in (*nxt.values(), *prev_grads, *scratch_grads):
             set_grad(a, None)
         if rec.loss is not None and not pool.owns(rec.loss):
             rec.loss.grad.numpy().fill(0)    # a user's array may serve every step
@@ -335,8 +328,11 @@ class Sweep:
         self.bar.update(1)
 
     def _drop(self, rec: RecordedStep) -> None:
-        for a in (*rec.prev.values(), *(rec.next.values() if rec.next_held else ()), *rec.scratch.values()):
-            self.pool.release(a)
+        self.pool.release_all(rec.prev.values())
+        if rec.next_held:
+            self.pool.release_all(rec.next.values())
+        if rec.scratch:
+            self.pool.release_all(rec.scratch.values())
 
     def _load_initial(self, initial: dict) -> State:
         arrays = {}

@@ -64,11 +64,8 @@ class HeldStates:
     def write(self, n: int, state: State) -> None:
         if n in self._states:
             self.delete(n)
-        retain = self.pool.retain
-        nbytes = 0
-        for a in state.values():
-            retain(a)
-            nbytes += a._data.nbytes
+        self.pool.retain_all(state.values())
+        nbytes = sum(a._data.nbytes for a in state.values())
         self._states[n] = (state, nbytes)
         self.nbytes += nbytes
         self._written += 1
@@ -77,9 +74,7 @@ class HeldStates:
     def read(self, n: int) -> State:
         """Snapshot n as a State; the caller owns one hold on each of its versions."""
         state, nbytes = self._state(n)
-        retain = self.pool.retain
-        for a in state.values():
-            retain(a)
+        self.pool.retain_all(state.values())
         self._read += 1
         self._bytes_read += nbytes
         return state
@@ -91,9 +86,7 @@ class HeldStates:
     def delete(self, n: int) -> None:
         state, nbytes = self._states.pop(n)
         self.nbytes -= nbytes
-        release = self.pool.release
-        for a in state.values():
-            release(a)
+        self.pool.release_all(state.values())
 
     def prefetch(self, n: int) -> None:
         pass
@@ -211,8 +204,7 @@ class Tiers:
         if isinstance(target, HeldStates):
             state = self.read_into(src, n, self.pool, specs)
             target.write(n, state)
-            for a in state.values():
-                self.pool.release(a)
+            self.pool.release_all(state.values())
         else:
             arrays = source.arrays(n) if isinstance(source, HeldStates) else dict(source.read(n).arrays)
             target.write(n, arrays)

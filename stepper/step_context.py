@@ -158,8 +158,7 @@ class GradSlots:
     def detach(self) -> None:
         for arr in self.attached:
             set_grad(arr, None)
-        for grad in self._shared.values():
-            self.pool.release(grad)
+        self.pool.release_all(self._shared.values())
         self.attached, self._shared = [], {}
 
 
@@ -231,8 +230,7 @@ class StepRunner:
         except BaseException:
             if grads is not None:
                 grads.detach()
-            for a in (*nxt.values(), *ctx._scratch.values()):
-                pool.release(a)
+            pool.release_all((*nxt.values(), *ctx._scratch.values()))
             raise
         if grads is not None:
             grads.detach()

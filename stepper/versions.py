@@ -2,8 +2,8 @@
 
 Each step asks for new versions of its outputs and scratch buffers; a version goes back to the pool
 when nothing holds it any more (the live state, a recorded step waiting for its adjoint, a gradient
-being carried). Holders count references with `retain`/`release`. Gradients are versions too: the
-executor attaches pooled arrays as ``.grad`` only while a step's adjoint runs.
+being carried). Holders count references with `retain_all`/`release_all`. Gradients are versions
+too: the executor attaches pooled arrays as ``.grad`` only while a step's adjoint runs.
 """
 from __future__ import annotations
 
@@ -89,20 +89,26 @@ class BufferPool:
     def owns(self, arr: array) -> bool:
         return id(arr) in self._held
 
-    def retain(self, arr: array) -> array:
-        self._held[id(arr)][0] += 1
-        return arr
+    def retain_all(self, arrays) -> None:
+        """One more hold on each of `arrays` (a state's, usually: one call per state, not per array)."""
+        held = self._held
+        for arr in arrays:
+            held[id(arr)][0] += 1
 
     def release(self, arr: array) -> None:
         """Drop one hold; the last one returns the version to the pool (its grad is detached)."""
-        held = self._held[id(arr)]
-        held[0] -= 1
-        if held[0]:
-            return
-        del self._held[id(arr)]
-        arr._grad = None
-        self.live_bytes -= arr._data.nbytes
-        held[2].free.append(arr)
+        self.release_all((arr,))
+
+    def release_all(self, arrays) -> None:
+        """`release` each of `arrays`."""
+        for arr in arrays:
+            held = self._held[id(arr)]
+            held[0] -= 1
+            if not held[0]:
+                del self._held[id(arr)]
+                arr._grad = None
+                self.live_bytes -= arr._data.nbytes
+                held[2].free.append(arr)
 
     def give_away(self, arr: array) -> array:
         """Hand a held version to the caller for good: the pool forgets it (its bytes stay counted
