@@ -197,7 +197,8 @@ class Sweep:
         start = time.perf_counter()
         prev = self.work
         pool = self.pool
-        nxt, ctx, tape, loss = self._runner.run(n, prev, record, self.carry.values() if self.carry else ())
+        donors = self.carry.values() if record and self.carry else ()     # see GradSlots
+        nxt, ctx, tape, loss = self._runner.run(n, prev, record, donors)
         scratch = ctx._scratch
         if n >= self.seen:      # first time this step runs: its loss, finiteness, progress
             if loss is not None:

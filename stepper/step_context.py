@@ -10,6 +10,7 @@ also makes the step differentiable: the executor keeps it until the step's adjoi
 from __future__ import annotations
 
 import inspect
+import operator
 import os
 from dataclasses import dataclass
 
@@ -179,6 +180,10 @@ def check_scalar_loss(value, what: str) -> array:
     return value
 
 
+# A version check per state per step: attrgetter reads the two attributes without a Python frame.
+_version = operator.attrgetter("_storage.version")
+
+
 class StepRunner:
     """Runs steps of `model` with versions from `pool`. What every step needs from the model (the
     Kinds of its states' versions, the labels that name its parameters in messages) is worked out
@@ -211,7 +216,7 @@ class StepRunner:
         protected.update(self._param_labels)
         tape = StepTape(protected, self.deterministic, ctx)
         # Every write the runtime sees (launches, copies, assign, fill_) bumps the array's version.
-        versions = [a._storage.version for a in nxt.values()]
+        versions = list(map(_version, nxt.values()))
         loss = None
         try:
             with tape:
@@ -219,8 +224,8 @@ class StepRunner:
                 if self.running_loss is not None:
                     loss = check_scalar_loss(self.running_loss(ctx), "running_loss(s)")
             tape.end_step()
-            missing = [name for (name, a), v in zip(nxt.items(), versions) if a._storage.version == v]
-            if missing:
+            if any(map(operator.eq, map(_version, nxt.values()), versions)):
+                missing = [name for (name, a), v in zip(nxt.items(), versions) if a._storage.version == v]
                 names = ", ".join(f"s.next.{m}" for m in missing)
                 raise ModelError(
                     f"step function '{model.step_fn.__name__}' ({_where(model.step_fn)}) never wrote {names} "

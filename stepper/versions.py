@@ -25,11 +25,12 @@ class Kind:
     """The versions of one (shape, dtype) and the free ones among them. Hashed and compared by
     identity, so whoever asks for the same kind every step (a model's states, gradients keyed by
     kind) keeps the Kind and skips hashing the (shape, dtype) pair each time."""
-    __slots__ = ("shape", "dtype", "free")
+    __slots__ = ("shape", "dtype", "free", "nbytes")
 
     def __init__(self, shape: tuple, dtype):
         self.shape, self.dtype = shape, dtype
         self.free: list[array] = []
+        self.nbytes = 0                  # of one version; known once the first is allocated
 
 
 class BufferPool:
@@ -75,13 +76,14 @@ class BufferPool:
             arr = free.pop()
         else:
             arr = empty(kind.shape, dtype=kind.dtype, device=self.device)
+            kind.nbytes = arr._data.nbytes
             self.allocations += 1
-            self.allocated_bytes += arr._data.nbytes
+            self.allocated_bytes += kind.nbytes
             self.peak_allocated_bytes = max(self.peak_allocated_bytes, self.allocated_bytes)
         if self.zero if zero is None else zero:
             arr._data.fill(0)
         self._held[id(arr)] = [1, arr, kind]
-        self.live_bytes += arr._data.nbytes
+        self.live_bytes += kind.nbytes
         if self.live_bytes > self.peak_live_bytes:
             self.peak_live_bytes = self.live_bytes
         return arr
@@ -107,8 +109,9 @@ class BufferPool:
             if not held[0]:
                 del self._held[id(arr)]
                 arr._grad = None
-                self.live_bytes -= arr._data.nbytes
-                held[2].free.append(arr)
+                kind = held[2]
+                self.live_bytes -= kind.nbytes
+                kind.free.append(arr)
 
     def give_away(self, arr: array) -> array:
         """Hand a held version to the caller for good: the pool forgets it (its bytes stay counted
