@@ -18,7 +18,7 @@ from .errors import ModelError
 from .executor import check_finite_state
 from .progress import progress_bar
 from .state import State, check_initial
-from .step_context import run_step
+from .step_context import StepRunner
 from .versions import BufferPool
 
 __all__ = ["rollout", "resume", "Rollout", "RolloutStats"]
@@ -124,14 +124,14 @@ def _run(model, values, start, steps, store, meta, *, callback, every, record_ev
     history, written = [], 0
     bar = progress_bar(progress, None if steps is None else steps - start, "rollout")
     n = start
+    run = StepRunner(model, pool, deterministic=deterministic).run
     try:
         if store is not None and start not in store:
             store.write(start, work.numpy(), meta)
             written += 1
         while steps is None or n < steps:
-            nxt, ctx, _tape, _ = run_step(model, n, work, pool, deterministic=deterministic)
-            for a in (*ctx._scratch.values(), *work.values()):
-                pool.release(a)
+            nxt, ctx, _tape, _ = run(n, work)
+            pool.release_all((*ctx._scratch.values(), *work.values()))
             work = nxt
             n += 1
             bar.update(1)

@@ -1,6 +1,5 @@
 """What a step function sees (`StepContext`: ``s.prev``, ``s.next``, ``s.params``, ``s.t``, ``s.dt``,
-``s.scratch``), the tape each step runs under (`StepTape`), and `StepRunner`, which runs steps
-(`run_step` runs one).
+``s.scratch``), the tape each step runs under (`StepTape`), and `StepRunner`, which runs steps.
 
 Every step runs under its own `StepTape`. Besides the Tape's own check (no overwriting, within the
 step, a buffer an earlier launch read), it refuses any write into ``s.prev`` or a parameter;
@@ -20,7 +19,7 @@ from .errors import ModelError
 from .state import State
 from .versions import BufferPool, set_grad
 
-__all__ = ["StepContext", "StepTape", "RecordedStep", "StepRunner", "run_step"]
+__all__ = ["StepContext", "StepTape", "RecordedStep", "StepRunner"]
 
 
 class StepTape(Tape):
@@ -240,10 +239,3 @@ class StepRunner:
         if grads is not None:
             grads.detach()
         return nxt, ctx, tape, loss
-
-
-def run_step(model, n: int, prev: State, pool: BufferPool, *, deterministic: bool, record: bool = False,
-             running_loss=None, donors=()):
-    """`StepRunner.run` for one step (a loop over many keeps one StepRunner instead)."""
-    runner = StepRunner(model, pool, deterministic=deterministic, running_loss=running_loss)
-    return runner.run(n, prev, record, donors)
