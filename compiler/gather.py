@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from . import ir
 from .adjoint import is_reverse_mark
-from .interior import Bound, Interior, interior_variant, tid_offsets
+from .interior import Bound, Interior, Wrapped, interior_variant, tid_offsets
 from .types import bool_, int32
 
 
@@ -43,6 +43,7 @@ class GatherAdjoint:
     interior: Interior
     arrays: tuple[str, ...]
     scatters: bool
+    wraps: tuple[tuple[int, Bound], ...] = ()   # (axis, divisor) of periodic indices: must equal the extent
 
 
 def gather_adjoint(adjoint: ir.Function) -> GatherAdjoint | None:
@@ -55,7 +56,8 @@ def gather_adjoint(adjoint: ir.Function) -> GatherAdjoint | None:
     offsets = tid_offsets(body, adjoint.tid_ndim)
     sites = [s for s in ir.walk(body) if isinstance(s, ir.AccumGrad)]
     read_grads = {s.array.param.name for s in ir.walk(body) if isinstance(s, ir.ReadGrad)}
-    site_offset: dict[int, tuple[int, ...]] = {}
+    site_offset: dict[int, tuple] = {}
+    site_wraps: dict[int, list] = {}
     eligible: dict[str, ir.Param] = {}
     rejected: set[str] = set(read_grads)
     for s in sites:
@@ -64,38 +66,48 @@ def gather_adjoint(adjoint: ir.Function) -> GatherAdjoint | None:
         if off is None:
             rejected.add(name)
         else:
-            site_offset[id(s)] = off
+            site_offset[id(s)], site_wraps[id(s)] = off
             eligible[name] = s.array.param
     for name in rejected:
         eligible.pop(name, None)
     if not eligible:
         return None
     scatters = any(s.array.param.name not in eligible for s in sites)
-    passes = sorted({site_offset[id(s)] for s in sites if s.array.param.name in eligible})
-    zero = (0,) * adjoint.tid_ndim
+    gathered = [s for s in sites if s.array.param.name in eligible]
+    passes = sorted({site_offset[id(s)] for s in gathered})
+    zero = ((0, False),) * adjoint.tid_ndim
     if scatters and zero not in passes:
         passes.insert(0, zero)
+    wraps = tuple(sorted({w for s in gathered for w in site_wraps[id(s)]}, key=repr))
     # Thread p - c is inside the launch for every pass c when c_max <= p < extent + c_min per axis.
     ndim = adjoint.tid_ndim
-    lower = [(Bound(max(0, *(c[k] for c in passes))),) for k in range(ndim)]
-    upper = [(Bound(min(0, *(c[k] for c in passes)), ((1, ("extent", k)),)),) for k in range(ndim)]
+    lower = [(Bound(max(0, *(c[k][0] for c in passes))),) for k in range(ndim)]
+    upper = [(Bound(min(0, *(c[k][0] for c in passes)), ((1, ("extent", k)),)),) for k in range(ndim)]
     unclamped = _build(adjoint, body, eligible, site_offset, passes, clamp=False)
     return GatherAdjoint(_build(adjoint, body, eligible, site_offset, passes, clamp=True),
                          interior_variant(unclamped, unclamped.name, lower, upper),
-                         tuple(eligible), scatters)
+                         tuple(eligible), scatters, wraps)
 
 
 # ---- which accumulations sit at tid + constant -------------------------------------------------
-def _site_offset(s: ir.AccumGrad, offsets, ndim: int) -> tuple[int, ...] | None:
+def _site_offset(s: ir.AccumGrad, offsets, ndim: int):
+    """(per axis (offset, periodic), the (axis, divisor) pairs of its periodic indices) where every
+    index of the accumulation is its own axis's thread index plus a constant, or that modulo a
+    bound (`Wrapped`); else None."""
     if s.array.type.ndim != ndim:
         return None
-    out = []
+    out, wraps = [], []
     for axis, index in enumerate(s.indices):
         known = offsets.get(index.id) if isinstance(index, ir.Temp) else None
-        if known is None or known[0] != axis:
+        if isinstance(known, Wrapped) and known.axis == axis:
+            # (p + c) % d with d the extent (checked at launch); at c = 0 it is p itself
+            out.append((known.c, known.c != 0))
+            wraps.append((axis, known.divisor))
+        elif isinstance(known, tuple) and known[0] == axis and known[1].near_start:
+            out.append((known[1].const, False))
+        else:
             return None
-        out.append(known[1])
-    return tuple(out)
+    return tuple(out), wraps
 
 
 # ---- building the gather function ----------------------------------------------------------------
@@ -112,7 +124,7 @@ def _build(adjoint: ir.Function, body, eligible: dict[str, ir.Param], site_offse
     out += [ir.ArrayDim(extent[k], first, k, loc) for k in range(ndim)]
     totals = {name: ir.Var("gathered_" + name, param.type.dtype) for name, param in eligible.items()}
     out += [ir.Assign(v, ir.Const(-0.0, v.type), loc) for v in totals.values()]
-    zero = (0,) * ndim
+    zero = ((0, False),) * ndim
     for c in passes:
         out += _pass(body, c, p, extent, totals, site_offset, keep_scatter=c == zero, clamp=clamp, loc=loc)
     for name, total in totals.items():
@@ -124,18 +136,21 @@ def _build(adjoint: ir.Function, body, eligible: dict[str, ir.Param], site_offse
 
 
 def _pass(body, c, p, extent, totals, site_offset, keep_scatter: bool, clamp: bool, loc) -> list:
-    """Thread p's share of the pass at offset c: the adjoint of thread p - c (clamped into the
-    launch), its accumulations at offset c summed into fresh locals, added to `totals` only when
+    """Thread p's share of the pass at offset c (per axis: the offset, and whether it wraps around
+    the axis): the adjoint of thread p - c (clamped into the launch, or wrapped around a periodic
+    axis), its accumulations at offset c summed into fresh locals, added to `totals` only when
     p - c is a thread of the launch. Without `clamp`, p - c is known to be inside the launch."""
     out: list = []
     t, inside = [], None
-    for k, (pk, ck) in enumerate(zip(p, c)):
+    for k, (pk, (ck, periodic)) in enumerate(zip(p, c)):
         if ck == 0:
             t.append(pk)
             continue
-        if not clamp:
-            tk = ir.Temp(int32)
-            out.append(ir.Op(tk, "sub", (pk, ir.Const(ck, int32)), loc))
+        if not clamp or periodic:
+            shifted, tk = ir.Temp(int32), ir.Temp(int32)
+            out.append(ir.Op(shifted if periodic and clamp else tk, "sub", (pk, ir.Const(ck, int32)), loc))
+            if periodic and clamp:
+                out.append(ir.Op(tk, "mod", (shifted, extent[k]), loc))    # Python's %: never negative
             t.append(tk)
             continue
         shifted, low, last, tk = ir.Temp(int32), ir.Temp(int32), ir.Temp(int32), ir.Temp(int32)
@@ -168,7 +183,7 @@ def _pass(body, c, p, extent, totals, site_offset, keep_scatter: bool, clamp: bo
 
 
 def _label(c) -> str:
-    return "_".join(f"m{-x}" if x < 0 else f"p{x}" for x in c)
+    return "_".join(("m" if x < 0 else "p") + str(abs(x)) + ("w" if periodic else "") for x, periodic in c)
 
 
 class _Copier(ir.Rewriter):

@@ -4,11 +4,14 @@ Stencils guard their neighbour loads (``if j > 0: lap += u[i, j - 1]``). A load 
 the C++ compiler from vectorising the thread loop, although for all but a thread or two at each end
 of a row the branch always goes the same way. This pass finds every comparison between a thread
 index (``tid()[k]`` plus a constant) and a bound that the launch fixes (integer constants, array
-extents, integer scalar arguments, the launch's own extents, and sums and differences of these),
+extents, integer scalar arguments, the launch's own extents, and sums, differences and integer
+multiples of these),
 and decides it for the threads in the middle of the launch: a bound made of constants alone sits
 near the start of the axis (the middle lies above it), any other bound near the end (the middle
-lies below it). The variant has each such comparison replaced by the value it takes in the middle,
-and records the box where that holds: per axis, the middle starts at the largest of `lower` and
+lies below it). Periodic indices, ``(i + 1) % n`` or ``(i + n - 1) % n`` with n fixed by the launch,
+are ``i + 1`` and ``i - 1`` in the middle. The variant has each such comparison replaced by the
+value it takes in the middle and each periodic index by its plain value, and records the box where
+that holds: per axis, the middle starts at the largest of `lower` and
 ends before the smallest of `upper`. The entry point evaluates those bounds once per launch and
 runs the variant inside the box, the original body outside it, so the result is the same whatever
 the bounds' values (an empty box runs the original everywhere).
@@ -27,22 +30,55 @@ Term = tuple
 
 @dataclass(frozen=True)
 class Bound:
+    """const + sum(coefficient * term): normalised (like terms merged, sorted), so equal bounds
+    compare equal and a bound whose terms cancel is a constant."""
     const: int = 0
     terms: tuple[tuple[int, Term], ...] = ()
+
+    def __post_init__(self):
+        merged: dict = {}
+        for coefficient, term in self.terms:
+            merged[term] = merged.get(term, 0) + coefficient
+        object.__setattr__(self, "terms", tuple(sorted((c, t) for t, c in merged.items() if c)))
 
     def __add__(self, other: "Bound") -> "Bound":
         return Bound(self.const + other.const, self.terms + other.terms)
 
+    def __sub__(self, other: "Bound") -> "Bound":
+        return self + -other
+
     def __neg__(self) -> "Bound":
-        return Bound(-self.const, tuple((-sign, t) for sign, t in self.terms))
+        return Bound(-self.const, tuple((-c, t) for c, t in self.terms))
 
     def shifted(self, k: int) -> "Bound":
         return Bound(self.const + k, self.terms)
+
+    def scaled(self, k: int) -> "Bound":
+        return Bound(self.const * k, tuple((c * k, t) for c, t in self.terms))
 
     @property
     def near_start(self) -> bool:
         """Constants alone: the bound sits near the start of its axis."""
         return not self.terms
+
+    def evaluate(self, dims, scalars, extents) -> int:
+        """The value for a launch: `dims[name]` an array's shape, `scalars[name]` an integer
+        argument, `extents` the launch's extents per axis of tid()."""
+        total = self.const
+        for c, t in self.terms:
+            total += c * (dims[t[1]][t[2]] if t[0] == "dim" else scalars[t[1]] if t[0] == "scalar"
+                          else extents[t[1]])
+        return total
+
+
+@dataclass(frozen=True)
+class Wrapped:
+    """A periodic index, ``(tid()[axis] + c) % divisor`` (Python's %), written in the kernel as
+    ``(tid + c + k * divisor) % divisor`` (``(i + n - 1) % n`` is c = -1, k = 1)."""
+    axis: int
+    c: int
+    divisor: Bound
+    k: int
 
 
 @dataclass(frozen=True)
@@ -61,9 +97,10 @@ def interior_variant(fn: ir.Function, name: str, lower=None, upper=None) -> Inte
     ndim = fn.tid_ndim
     lower = [list(b) for b in lower] if lower else [[] for _ in range(ndim)]
     upper = [list(b) for b in upper] if upper else [[] for _ in range(ndim)]
-    offsets = tid_offsets(fn.body, ndim)
-    bounds = _bounds(fn.body, fn.params)
+    bounds = _bounds(fn.body)
+    offsets = tid_offsets(fn.body, ndim, bounds)
     decided: dict[int, bool] = {}
+    unwrapped: dict[int, list] = {}        # a periodic index's Temp -> the ops computing it plainly
     for s in ir.walk(fn.body):
         if isinstance(s, ir.Op) and s.op in _FLIP:
             decision = _decide(s, offsets, bounds)
@@ -74,20 +111,35 @@ def interior_variant(fn: ir.Function, name: str, lower=None, upper=None) -> Inte
                     lower[axis].append(low)
                 if high is not None:
                     upper[axis].append(high)
-    if not decided and not any(lower) and not any(upper):
+        elif isinstance(s, ir.Op) and isinstance(offsets.get(s.out.id), Wrapped):
+            # In the middle, (tid + c + k d) % d is tid + c: no division, and unit-stride loads.
+            w = offsets[s.out.id]
+            x, d = s.args
+            if w.k == 0:
+                unwrapped[s.out.id] = [ir.Op(s.out, "add", (x, ir.Const(0, int32)), s.loc)]
+            elif w.k in (1, -1):
+                unwrapped[s.out.id] = [ir.Op(s.out, "sub" if w.k == 1 else "add", (x, d), s.loc)]
+            else:
+                kd = ir.Temp(int32)
+                unwrapped[s.out.id] = [ir.Op(kd, "mul", (d, ir.Const(w.k, int32)), s.loc),
+                                       ir.Op(s.out, "sub", (x, kd), s.loc)]
+            lower[w.axis].append(Bound(-w.c))
+            upper[w.axis].append(w.divisor.shifted(-w.c))
+    if not decided and not unwrapped and not any(lower) and not any(upper):
         return None
-    body = _Settle(decided).block(fn.body)
+    body = _Settle(decided, unwrapped).block(fn.body)
     return Interior(ir.Function(name, fn.params, tuple(body), fn.loc, ndim),
                     tuple(map(tuple, lower)), tuple(map(tuple, upper)))
 
 
 # ---- which values are tid + constant, and which are bounds ---------------------------------------
-def tid_offsets(body, ndim: int) -> dict[int, tuple[int, int]]:
-    """Temp and Var ids whose value is ``tid()[axis] + offset``, as (axis, offset)."""
-    return _track(body, _tid_rule(ndim))
+def tid_offsets(body, ndim: int, bounds: dict | None = None) -> dict:
+    """Temp and Var ids whose value is ``tid()[axis] + offset``, as (axis, offset Bound), or a
+    periodic index (`Wrapped`)."""
+    return _track(body, _tid_rule(ndim, _bounds(body) if bounds is None else bounds))
 
 
-def _bounds(body, params) -> dict[int, Bound]:
+def _bounds(body) -> dict[int, Bound]:
     return _track(body, _bound_rule)
 
 
@@ -116,20 +168,39 @@ def _track(body, rule) -> dict:
     return known
 
 
-def _tid_rule(ndim: int):
+def _tid_rule(ndim: int, bounds: dict):
     def rule(s, known):
         if isinstance(s, ir.ThreadIndex) and s.axis < ndim:
-            return (s.axis, 0)
-        if isinstance(s, ir.Op) and s.op in ("add", "sub") and s.out.type == int32:
+            return (s.axis, Bound())
+        if not (isinstance(s, ir.Op) and s.out.type == int32):
+            return None
+        if s.op in ("add", "sub"):
             a, b = s.args
-            if isinstance(a, ir.Temp) and a.id in known and int_const(b) is not None:
+            if _affine(a, known) and _bound_of(b, bounds) is not None:
                 axis, off = known[a.id]
-                return (axis, off + int_const(b) * (1 if s.op == "add" else -1))
-            if s.op == "add" and isinstance(b, ir.Temp) and b.id in known and int_const(a) is not None:
+                step = _bound_of(b, bounds)
+                return (axis, off + step if s.op == "add" else off - step)
+            if s.op == "add" and _affine(b, known) and _bound_of(a, bounds) is not None:
                 axis, off = known[b.id]
-                return (axis, off + int_const(a))
+                return (axis, off + _bound_of(a, bounds))
+        if s.op == "mod" and _affine(s.args[0], known) and _bound_of(s.args[1], bounds) is not None:
+            axis, off = known[s.args[0].id]
+            d = _bound_of(s.args[1], bounds)
+            # off = c + k d with c a constant (k from the first term's coefficients)
+            k = 0
+            if d.terms:
+                cd, term = d.terms[0]
+                co = dict((t, c) for c, t in off.terms).get(term, 0)
+                k = co // cd if co % cd == 0 else 0
+            c = off - d.scaled(k)
+            if c.near_start:                     # a constant shift, modulo a bound the launch fixes
+                return Wrapped(axis, c.const, d, k)
         return None
     return rule
+
+
+def _affine(x, known) -> bool:
+    return isinstance(x, ir.Temp) and isinstance(known.get(x.id), tuple)
 
 
 def _bound_rule(s, known) -> Bound | None:
@@ -140,7 +211,13 @@ def _bound_rule(s, known) -> Bound | None:
     if isinstance(s, ir.Op) and s.op in ("add", "sub") and s.out.type == int32:
         a, b = (_bound_of(x, known) for x in s.args)
         if a is not None and b is not None:
-            return a + (b if s.op == "add" else -b)
+            return a + b if s.op == "add" else a - b
+    if isinstance(s, ir.Op) and s.op == "mul" and s.out.type == int32:
+        a, b = s.args
+        if int_const(a) is not None and _bound_of(b, known) is not None:
+            return _bound_of(b, known).scaled(int_const(a))
+        if int_const(b) is not None and _bound_of(a, known) is not None:
+            return _bound_of(a, known).scaled(int_const(b))
     return None
 
 
@@ -174,15 +251,15 @@ def _decide(s: ir.Op, offsets, bounds):
     thread index with a bound, else None."""
     a, b = s.args
     op = s.op
-    if not (isinstance(a, ir.Temp) and a.id in offsets):
+    if not _affine(a, offsets):
         a, b, op = b, a, _FLIP[op]
-    if not (isinstance(a, ir.Temp) and a.id in offsets):
+    if not _affine(a, offsets):
         return None
     bound = _bound_of(b, bounds)
     if bound is None:
         return None
     axis, off = offsets[a.id]
-    at = bound.shifted(-off)             # the test is now `index op at`
+    at = bound - off                     # the test is now `index op at`
     # `index < at` and `index >= at` switch at `at`; `index <= at`, `index > at`, `==`, `!=` at at + 1
     # (for ==/!= the middle just avoids `at` itself: above it or below it).
     split = at if op in ("lt", "ge") else at.shifted(1)
@@ -194,14 +271,17 @@ def _decide(s: ir.Op, offsets, bounds):
 
 
 class _Settle(ir.Rewriter):
-    """Copies a body with each decided comparison dropped and its uses replaced by the constant."""
+    """Copies a body with each decided comparison dropped and its uses replaced by the constant,
+    and each periodic index computed without its modulo."""
 
-    def __init__(self, decided: dict[int, bool]):
-        self.decided = decided
+    def __init__(self, decided: dict[int, bool], unwrapped: dict[int, list]):
+        self.decided, self.unwrapped = decided, unwrapped
 
     def stmt(self, s) -> list:
         if isinstance(s, ir.Op) and s.out.id in self.decided:
             return []
+        if isinstance(s, ir.Op) and s.out.id in self.unwrapped:
+            return [self.value(op) for op in self.unwrapped[s.out.id]]
         return [self.value(s)]
 
     def operand(self, x):
@@ -210,4 +290,4 @@ class _Settle(ir.Rewriter):
         return x
 
 
-__all__ = ["Bound", "Interior", "interior_variant", "tid_offsets", "int_const"]
+__all__ = ["Bound", "Interior", "Wrapped", "interior_variant", "tid_offsets", "int_const"]

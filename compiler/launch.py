@@ -269,12 +269,19 @@ def _record(tape, kernel, compiled, sig, args, dims, buffer, debug, deterministi
 
 def _gather_fits(gather, sig, args, dims) -> bool:
     """Whether the gather form of an adjoint serves this launch: the arrays it gathers into span
-    exactly the launch's index space (the thread indices tid() gives)."""
+    exactly the launch's index space (the thread indices tid() gives), and the divisor of every
+    periodic index it gathers along is that axis's extent."""
     if gather is None:
         return False
     ndim = sig.tid_ndim
     extents = (math.prod(dims[:len(dims) - ndim + 1]), *dims[len(dims) - ndim + 1:])
-    return all(a.shape == extents for p, a in zip(sig.params, args) if p.name in gather.arrays)
+    if not all(a.shape == extents for p, a in zip(sig.params, args) if p.name in gather.arrays):
+        return False
+    if gather.wraps:
+        shapes = {p.name: a.shape for p, a in zip(sig.params, args) if isinstance(a, array)}
+        scalars = {p.name: a for p, a in zip(sig.params, args) if not isinstance(a, array)}
+        return all(d.evaluate(shapes, scalars, extents) == extents[axis] for axis, d in gather.wraps)
+    return True
 
 
 def _run_adjoint(kernel, compiled, sig, args, dims, buffer, debug, serial):

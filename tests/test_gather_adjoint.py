@@ -184,3 +184,62 @@ def test_vector_arrays_gather_too():
     expected = w.astype(np.float64).copy()
     expected[:, 2:] += 0.5 * w[:, :-2]
     np.testing.assert_allclose(x.grad.numpy(), expected, rtol=1e-6)
+
+
+# -- periodic stencils ---------------------------------------------------------------------------------
+@sp.kernel
+def periodic_wave(u: F2, up: F2, c: float, b: float, n: int, u_next: F2):
+    i, j = sp.tid()
+    x = u[i, j]
+    lap = u[(i + 1) % n, j] + u[(i + n - 1) % n, j] + u[i, (j + 1) % n] + u[i, (j + n - 1) % n] - 4.0 * x
+    u_next[i, j] = 2.0 * x - up[i, j] + c * lap - b * x * x * x
+
+
+def periodic_gradients(n, w, u, up, period, deterministic=True):
+    ua = sp.array(u, requires_grad=True)
+    upa = sp.array(up, requires_grad=True)
+    out = sp.zeros((n, n), requires_grad=True)
+    tape = sp.Tape(deterministic=deterministic)
+    with tape:
+        sp.launch(periodic_wave, (n, n), inputs=[ua, upa, C, B, period], outputs=[out])
+    tape.backward(grads={out: w})
+    return out.numpy(), ua.grad.numpy(), upa.grad.numpy()
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 33, 128])
+def test_periodic_stencil_gathers_and_matches_the_float64_transpose(n):
+    """(i + 1) % n and (i + n - 1) % n with n the extent: the gather wraps around each axis, and in
+    the middle of the launch the interior variant indexes without the modulo."""
+    gather = periodic_wave.compiled().gather
+    assert set(gather.arrays) == {"u", "up"} and not gather.scatters
+    rng = np.random.default_rng(n)
+    u, up, w = (rng.standard_normal((n, n)).astype(np.float32) for _ in range(3))
+    args = [sp.array(u), sp.array(up), C, B, n, sp.zeros((n, n))]
+    assert _gather_fits(gather, _signature(periodic_wave), args, (n, n))
+    out, gu, gup = periodic_gradients(n, w, u, up, n)
+    u64, w64 = u.astype(np.float64), w.astype(np.float64)
+    lap = sum(np.roll(u64, s, axis=a) for s in (1, -1) for a in (0, 1)) - 4.0 * u64
+    np.testing.assert_allclose(out, 2.0 * u64 - up + C * lap - B * u64 ** 3, rtol=1e-5, atol=1e-5)
+    expected = (2.0 - 4.0 * C - 3.0 * B * u64 * u64) * w64 + C * sum(
+        np.roll(w64, s, axis=a) for s in (1, -1) for a in (0, 1))
+    np.testing.assert_allclose(gu, expected, rtol=2e-6, atol=2e-6)
+    np.testing.assert_array_equal(gup, -w)
+    same = periodic_gradients(n, w, u, up, n, deterministic=False)
+    np.testing.assert_array_equal(same[1], gu)
+
+
+def test_a_period_other_than_the_extent_keeps_the_scatter():
+    # n = 5 on a 7 x 7 launch: thread 6 reads row (6 + 1) % 5 = 2, not a neighbour in the launch.
+    gather = periodic_wave.compiled().gather
+    rng = np.random.default_rng(9)
+    u, up, w = (rng.standard_normal((7, 7)).astype(np.float32) for _ in range(3))
+    args = [sp.array(u), sp.array(up), C, B, 5, sp.zeros((7, 7))]
+    assert not _gather_fits(gather, _signature(periodic_wave), args, (7, 7))
+    _, gu, _ = periodic_gradients(7, w, u, up, 5)
+    u64, w64 = u.astype(np.float64), w.astype(np.float64)
+    expected = (2.0 - 4.0 * C - 3.0 * B * u64 * u64) * w64
+    for i in range(7):
+        for j in range(7):
+            for a, b in (((i + 1) % 5, j), ((i + 4) % 5, j), (i, (j + 1) % 5), (i, (j + 4) % 5)):
+                expected[a, b] += C * w64[i, j]
+    np.testing.assert_allclose(gu, expected, rtol=2e-6, atol=2e-6)

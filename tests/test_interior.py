@@ -146,3 +146,21 @@ def test_comparisons_with_loaded_values_are_left_alone():
     out = sp.zeros(4, dtype=int)
     sp.launch(untouched, 4, inputs=[a, b], outputs=[out])
     np.testing.assert_array_equal(out.numpy(), [0, 0, 6, 0])
+
+
+@sp.kernel
+def periodic_sum(a: I2, n: int, out: I2):
+    i, j = sp.tid()
+    out[i, j] = a[(i + 1) % n, j] + a[i, (j + n - 1) % n] + a[(i + n + 2) % n, (j + 2 * n) % n]
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 70])
+def test_periodic_indices_lose_their_modulo_in_the_middle(n):
+    interior = interior_variant(periodic_sum.compiled().forward, "periodic_interior")
+    verify(interior.function)
+    assert not any(isinstance(s, ir.Op) and s.op == "mod" for s in ir.walk(interior.function.body))
+    a = np.arange(n * n, dtype=np.int32).reshape(n, n)
+    out = sp.zeros((n, n), dtype=int)
+    sp.launch(periodic_sum, (n, n), inputs=[sp.array(a), n], outputs=[out])
+    expected = np.roll(a, -1, axis=0) + np.roll(a, 1, axis=1) + np.roll(a, -2, axis=0)
+    np.testing.assert_array_equal(out.numpy(), expected)

@@ -346,4 +346,5 @@ def _bound_cpp(bound) -> str:
         if t[0] == "scalar":
             return f"(int64_t)A.{t[1]}"
         return f"(int64_t)e{t[1]}"
-    return "(int64_t)" + str(bound.const) + "".join((" + " if sign > 0 else " - ") + term(t) for sign, t in bound.terms)
+    return "(int64_t)" + str(bound.const) + "".join(
+        (" + " if c > 0 else " - ") + (f"{abs(c)} * " if abs(c) != 1 else "") + term(t) for c, t in bound.terms)
