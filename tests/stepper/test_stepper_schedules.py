@@ -95,6 +95,25 @@ def test_revolve_memory_is_bounded_by_its_snapshots(reference):
     assert ref.stats.peak_memory_bytes >= STEPS * state     # store-all keeps every step
 
 
+def test_ram_snapshots_are_held_states_unless_a_ram_storage_is_given(reference):
+    """By default a RAM snapshot is the state's own versions, held in the pool (no copies); a RAM
+    storage the caller gives gets copies. Both give store-all's bits, and the same traffic counts."""
+    model, initial, ref = reference
+    held = model.gradient(initial, STEPS, loss=height, running_loss=energy_rate, schedule=sp.Revolve(STEPS, 5))
+    store = sp.MemoryStorage()
+    copied = model.gradient(initial, STEPS, loss=height, running_loss=energy_rate, schedule=sp.Revolve(STEPS, 5),
+                            storage={sp.StorageType.RAM: store})
+    same_bits(ref, held)
+    same_bits(ref, copied)
+    assert store.stats.snapshots_written == copied.stats.snapshots_written(sp.StorageType.RAM) > 0
+    counts = ("snapshots_written", "snapshots_read", "bytes_written", "bytes_read")
+    assert [getattr(held.stats.snapshots[sp.StorageType.RAM], c) for c in counts] == \
+        [getattr(copied.stats.snapshots[sp.StorageType.RAM], c) for c in counts]
+    assert held.stats.peak_ram_snapshot_bytes == copied.stats.peak_ram_snapshot_bytes == 5 * model.state_bytes
+    # held snapshots are pool versions, counted once: the same peak as copies next to a smaller pool
+    assert held.stats.peak_memory_bytes == copied.stats.peak_memory_bytes
+
+
 def test_revolve_peak_memory_is_its_snapshots_plus_three_states():
     """With a terminal loss, a step's s.next memory is reused for the previous state's gradient: the
     snapshots, the step's input, the carried adjoint and the new adjoint, plus one step's scratch
