@@ -22,10 +22,12 @@ pass. Kernels whose loops keep a tape are left alone (their tape belongs to one 
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from . import ir
 from .adjoint import is_reverse_mark
+from .dce import eliminate_dead_code
 from .interior import Bound, Interior, Wrapped, interior_variant, tid_offsets
 from .types import bool_, int32
 
@@ -83,10 +85,13 @@ def gather_adjoint(adjoint: ir.Function) -> GatherAdjoint | None:
     ndim = adjoint.tid_ndim
     lower = [(Bound(max(0, *(c[k][0] for c in passes))),) for k in range(ndim)]
     upper = [(Bound(min(0, *(c[k][0] for c in passes)), ((1, ("extent", k)),)),) for k in range(ndim)]
-    unclamped = _build(adjoint, body, eligible, site_offset, passes, clamp=False)
-    return GatherAdjoint(_build(adjoint, body, eligible, site_offset, passes, clamp=True),
-                         interior_variant(unclamped, unclamped.name, lower, upper),
-                         tuple(eligible), scatters, wraps)
+    # Each pass copies the whole adjoint and keeps what reaches its offset: drop the rest here, not
+    # in the C++ compiler (a quarter of the lines, half the compile time of a stencil module).
+    unclamped = eliminate_dead_code(_build(adjoint, body, eligible, site_offset, passes, clamp=False))
+    interior = interior_variant(unclamped, unclamped.name, lower, upper)
+    interior = dataclasses.replace(interior, function=eliminate_dead_code(interior.function))
+    return GatherAdjoint(eliminate_dead_code(_build(adjoint, body, eligible, site_offset, passes, clamp=True)),
+                         interior, tuple(eligible), scatters, wraps)
 
 
 # ---- which accumulations sit at tid + constant -------------------------------------------------

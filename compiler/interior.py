@@ -271,8 +271,9 @@ def _decide(s: ir.Op, offsets, bounds):
 
 
 class _Settle(ir.Rewriter):
-    """Copies a body with each decided comparison dropped and its uses replaced by the constant,
-    and each periodic index computed without its modulo."""
+    """Copies a body with each decided comparison dropped and its uses replaced by the constant
+    (an `if` on one becomes the branch it takes), and each periodic index computed without its
+    modulo."""
 
     def __init__(self, decided: dict[int, bool], unwrapped: dict[int, list]):
         self.decided, self.unwrapped = decided, unwrapped
@@ -280,6 +281,8 @@ class _Settle(ir.Rewriter):
     def stmt(self, s) -> list:
         if isinstance(s, ir.Op) and s.out.id in self.decided:
             return []
+        if isinstance(s, ir.If) and isinstance(s.cond, ir.Temp) and s.cond.id in self.decided:
+            return self.block(s.then if self.decided[s.cond.id] else s.orelse)   # the branch taken
         if isinstance(s, ir.Op) and s.out.id in self.unwrapped:
             return [self.value(op) for op in self.unwrapped[s.out.id]]
         return [self.value(s)]

@@ -1,0 +1,89 @@
+"""Dead code elimination: an IR -> IR pass that drops computations nothing reads.
+
+Generated bodies carry a lot of it: each pass of a gather form (compiler/gather.py) is a full copy
+of the adjoint, forward replay included, and keeps only the few values that reach one offset. The
+C++ compiler would drop the rest too, but parsing and optimising it is most of a module's compile
+time. Live is what an effect (stores, atomics, gradient accumulations, prints, tapes, native
+functions) or a control decision (conditions, loop bounds) reads, and what those values are
+computed from, through locals; removed are pure statements (arithmetic, loads, reads of locals and
+parameters, thread indices, extents) whose result is not live, and assignments to locals that are
+not. Control flow stays. Expects verified IR; keeps it verified.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from . import ir
+from .builtins import OPS
+
+_PURE = (ir.ReadVar, ir.ReadParam, ir.ThreadIndex, ir.ArrayDim, ir.Load, ir.ReadGrad)
+
+
+def eliminate_dead_code(fn: ir.Function) -> ir.Function:
+    """`fn` without the statements whose results nothing uses (see the module docstring)."""
+    return dataclasses.replace(fn, body=tuple(_Prune(_live(fn.body)).block(fn.body)))
+
+
+def _live(body) -> set[int]:
+    """Ids of the Temps and Vars that an effect or a control decision depends on (mark and sweep:
+    an accumulation ``adj = adj + x`` that nothing else reads is dead, although it reads itself)."""
+    defined: dict[int, object] = {}              # Temp id -> the pure statement defining it
+    assigned: dict[int, list] = {}               # Var id -> its assignments
+    pending: list[int] = []
+    for s in ir.walk(body):
+        if isinstance(s, ir.Assign):
+            assigned.setdefault(s.var.id, []).append(s)
+        elif _pure(s):
+            defined[s.out.id] = s
+        else:                                    # an effect or control flow: what it reads is live
+            pending += _reads(s)
+    live: set[int] = set()
+    while pending:
+        i = pending.pop()
+        if i in live:
+            continue
+        live.add(i)
+        if i in defined:
+            pending += _reads(defined[i])
+        for a in assigned.get(i, ()):
+            pending += _reads(a)
+    return live
+
+
+def _pure(s) -> bool:
+    if isinstance(s, ir.Op):
+        return not OPS[s.op].definition          # native ops may have effects
+    return isinstance(s, _PURE)
+
+
+def _reads(s) -> list[int]:
+    """Ids of the Temps and Vars statement `s` reads: every field but what it defines (so an
+    unfamiliar statement keeps all it mentions), nested blocks apart."""
+    seen: list[int] = []
+    for f in dataclasses.fields(s):
+        if f.name == "loc" or f.name == "out" or (f.name == "var" and isinstance(s, ir.Assign)):
+            continue
+        _collect(getattr(s, f.name), seen)
+    return seen
+
+
+def _collect(x, seen: list[int]) -> None:
+    if isinstance(x, (ir.Temp, ir.Var)):
+        seen.append(x.id)
+    elif isinstance(x, tuple):
+        for v in x:
+            if not (dataclasses.is_dataclass(v) and hasattr(v, "loc")):    # nested blocks: walked apart
+                _collect(v, seen)
+
+
+class _Prune(ir.Rewriter):
+    def __init__(self, live: set[int]):
+        self.live = live
+
+    def stmt(self, s) -> list:
+        if isinstance(s, ir.Assign) and s.var.id not in self.live or _pure(s) and s.out.id not in self.live:
+            return []
+        return [self.value(s)]
+
+
+__all__ = ["eliminate_dead_code"]

@@ -1,0 +1,56 @@
+"""Dead code elimination (compiler/dce.py): what an effect reads stays, the rest goes."""
+import compiler as sp
+from compiler import ir
+from compiler.dce import eliminate_dead_code
+from compiler.types import ArrayType, bool_, float32, int32
+from compiler.verify import verify
+
+LOC = ir.Loc("test_dce.py", 1)
+F2 = sp.array(dtype=float, ndim=2)
+
+
+def test_only_what_reaches_an_effect_or_a_decision_survives():
+    out_param = ir.Param("out", ArrayType(float32, 1), 0)
+    out = ir.ArrayRef(out_param)
+    i, x, y, dead, acc_now, acc_next, cond = (ir.Temp(t) for t in (int32, float32, float32, float32, float32,
+                                                                     float32, bool_))
+    acc = ir.Var("acc", float32)              # accumulates into itself, read by nothing else: dead
+    kept = ir.Var("kept", float32)
+    body = (
+        ir.ThreadIndex(i, 0, LOC),
+        ir.Load(x, out, (i,), LOC),
+        ir.Op(y, "mul", (x, x), LOC),
+        ir.Op(dead, "add", (x, x), LOC),
+        ir.Assign(acc, ir.Const(0.0, float32), LOC),
+        ir.ReadVar(acc_now, acc, LOC),
+        ir.Op(acc_next, "add", (acc_now, y), LOC),
+        ir.Assign(acc, acc_next, LOC),
+        ir.Assign(kept, y, LOC),
+        ir.Op(cond, "gt", (x, ir.Const(0.0, float32)), LOC),
+        ir.If(cond, (ir.Store(out, (i,), y, LOC),), (), LOC),
+    )
+    fn = eliminate_dead_code(ir.Function("f", (out_param,), body, LOC, 1))
+    verify(fn)
+    kinds = [type(s).__name__ + (f":{s.op}" if isinstance(s, ir.Op) else "") for s in fn.body]
+    assert kinds == ["ThreadIndex", "Load", "Op:mul", "Op:gt", "If"]
+
+
+@sp.kernel
+def blur(u: F2, out: F2):
+    i, j = sp.tid()
+    m = u.shape[1]
+    v = 2.0 * u[i, j] * u[i, j]
+    if j + 1 < m:
+        v += u[i, j + 1]
+    out[i, j] = v
+
+
+def test_gather_passes_keep_only_what_reaches_their_offset():
+    compiled = blur.compiled()
+    gather = compiled.gather.interior.function
+    verify(gather, single_definition=False)
+    # two passes, each a copy of the adjoint (the offsets 0 and +1 of u): without elimination about
+    # twice the adjoint's statements; with it, nothing left to remove
+    size = len(list(ir.walk(gather.body)))
+    assert size < 1.5 * len(list(ir.walk(compiled.adjoint.body)))
+    assert len(list(ir.walk(eliminate_dead_code(gather).body))) == size
