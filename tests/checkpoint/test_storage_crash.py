@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from checkpoint.storage import HDF5Storage, SnapshotIncompleteError
+from checkpoint.storage import HDF5Storage, SnapshotIncompleteError, StorageError
 
 REPO = Path(__file__).resolve().parents[2]
 BIG_STEP = 3
@@ -115,9 +115,17 @@ def test_kill_during_a_big_snapshot(tmp_path, where, attempt):
 
 @pytest.mark.parametrize("seed", range(4))
 def test_kill_at_a_random_moment_of_a_stream_of_writes(tmp_path, seed):
+    """Either the file opens with a prefix of complete, bit-exact snapshots, or (rarely: the kill
+    landed inside HDF5's own update of the file's group index, which HDF5 does not make atomic) it
+    refuses to open with an error that says so. Never a half-written snapshot read as a good one."""
     path = tmp_path / "stream.h5"
     run_and_kill(path, "streaming", delay=random.Random(seed).uniform(0.02, 0.3))
-    with HDF5Storage(path, mode="r") as store:
+    try:
+        store = HDF5Storage(path, mode="r")
+    except StorageError as exc:
+        assert "damaged beyond what completion markers protect against" in str(exc) and str(path) in str(exc)
+        return
+    with store:
         steps, incomplete = store.steps(), store.incomplete_steps()
         assert steps[:BIG_STEP] == [0, 1, 2]
         assert steps == list(range(len(steps))), "complete snapshots form a prefix of the stream"
