@@ -112,17 +112,12 @@ def interior_variant(fn: ir.Function, name: str, lower=None, upper=None) -> Inte
                 if high is not None:
                     upper[axis].append(high)
         elif isinstance(s, ir.Op) and isinstance(offsets.get(s.out.id), Wrapped):
-            # In the middle, (tid + c + k d) % d is tid + c: no division, and unit-stride loads.
+            # In the middle, x % d with x = tid + c + k d is x - k d: no division, unit-stride loads.
             w = offsets[s.out.id]
             x, d = s.args
-            if w.k == 0:
-                unwrapped[s.out.id] = [ir.Op(s.out, "add", (x, ir.Const(0, int32)), s.loc)]
-            elif w.k in (1, -1):
-                unwrapped[s.out.id] = [ir.Op(s.out, "sub" if w.k == 1 else "add", (x, d), s.loc)]
-            else:
-                kd = ir.Temp(int32)
-                unwrapped[s.out.id] = [ir.Op(kd, "mul", (d, ir.Const(w.k, int32)), s.loc),
-                                       ir.Op(s.out, "sub", (x, kd), s.loc)]
+            kd = ir.Temp(int32)
+            unwrapped[s.out.id] = [ir.Op(kd, "mul", (d, ir.Const(w.k, int32)), s.loc),
+                                   ir.Op(s.out, "sub", (x, kd), s.loc)]
             lower[w.axis].append(Bound(-w.c))
             upper[w.axis].append(w.divisor.shifted(-w.c))
     if not decided and not unwrapped and not any(lower) and not any(upper):
