@@ -17,6 +17,8 @@ import contextlib
 import threading
 from dataclasses import dataclass, field
 
+from .runtime.tape import settle
+
 _local = threading.local()
 
 
@@ -34,6 +36,7 @@ class Graph:
     launches: list[CapturedLaunch] = field(default_factory=list)
 
     def replay(self) -> None:
+        settle()                     # launches a Tape holds (Tape.defer_launches) run first
         for launch in self.launches:
             launch.entry(launch.buffer, launch.serial)
             for array in launch.written:

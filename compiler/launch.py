@@ -17,7 +17,7 @@ from .errors import CompileError, OverwriteError
 from .graph import CapturedLaunch, capturing
 from .kernel import Kernel
 from .runtime.array import array
-from .runtime.tape import RecordedOp, active_tape, caller_location
+from .runtime.tape import RecordedOp, active_tape, caller_location, settle
 from .types import ArrayType, ScalarType, VectorType
 
 _HEADER = "q4q"
@@ -189,6 +189,7 @@ def launch(kernel: Kernel, dim, inputs=(), outputs=(), device=None, debug: bool 
         values += _check_argument(kernel, p, a, device)
     buffer = sig.packer.pack(*values)
 
+    settle()                                 # launches held earlier (Tape.defer_launches) run first
     tape = active_tape()
     graph = capturing()
     if graph is not None and (tape is not None or debug or device != "cpu"):
@@ -210,7 +211,8 @@ def launch(kernel: Kernel, dim, inputs=(), outputs=(), device=None, debug: bool 
     entry = module.function(sig.forward_name, adjoint=False)
     if graph is not None:
         graph.launches.append(CapturedLaunch(entry, buffer, int(serial), tuple(args[k] for k in sig.written)))
-    entry(buffer, int(serial))
+    if debug or tape is None or not tape.hold(functools.partial(entry, buffer, int(serial))):
+        entry(buffer, int(serial))
     if debug:
         _raise_if_out_of_bounds(module, kernel)
     for k in sig.written:

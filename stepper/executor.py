@@ -177,9 +177,13 @@ class Sweep:
         n1 = a.n1
         if not self.online and self.steps is not None and n1 > self.steps:
             raise ModelError(f"the schedule asks for {a!r} beyond the run's {self.steps} steps")
+        # A recorded step reversed right after, and run before (its loss and the final state are
+        # read the first time only), computes outputs nothing reads: its last launch can be skipped.
+        ahead = self._ahead[0] if self._ahead else None
+        dead_last = record and type(ahead) is Reverse and ahead.n1 == n1 and n1 - 1 < self.seen
         n = a.n0
         while n < n1:
-            self._step(n, record)
+            self._step(n, record, dead_last and n == n1 - 1)
             n += 1
             if self.online and self._stop(n):
                 self.schedule.finalize(n)
@@ -193,12 +197,12 @@ class Sweep:
             return True
         return self.until is not None and bool(self.until(self.work))
 
-    def _step(self, n: int, record: bool) -> None:
+    def _step(self, n: int, record: bool, outputs_dead: bool = False) -> None:
         start = time.perf_counter()
         prev = self.work
         pool = self.pool
         donors = self.carry.values() if record and self.carry else ()     # see GradSlots
-        nxt, ctx, tape, loss = self._runner.run(n, prev, record, donors)
+        nxt, ctx, tape, loss = self._runner.run(n, prev, record, donors, outputs_dead)
         scratch = ctx._scratch
         if n >= self.seen:      # first time this step runs: its loss, finiteness, progress
             if loss is not None:
@@ -225,6 +229,10 @@ class Sweep:
         self.forward_steps += 1
         self.forward_seconds += time.perf_counter() - start
         self.bar.update(1)
+
+    @property
+    def launches_skipped(self) -> int:
+        return self._runner.launches_skipped
 
     def _set_work(self, state: State | None) -> None:
         """Make `state` the live state (the caller's hold passes to it), releasing the old one."""

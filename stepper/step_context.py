@@ -195,11 +195,18 @@ class StepRunner:
         self._kinds = [(name, pool.kind(spec.shape, spec.dtype)) for name, spec in model.states.items()]
         self._params = model.params
         self._param_labels = {id(a._storage): "s.params." + name for name, a in self._params.items()}
+        self.launches_skipped = 0
 
-    def run(self, n: int, prev: State, record: bool = False, donors=()):
+    def run(self, n: int, prev: State, record: bool = False, donors=(), outputs_dead: bool = False):
         """Run step n from `prev`; return (next State, its StepContext, the tape, the loss array or
         None). The caller owns one hold on every next and scratch array. With `record`, the arrays
-        carry gradients while the step runs (see GradSlots); none are left attached."""
+        carry gradients while the step runs (see GradSlots); none are left attached.
+
+        `outputs_dead`: nothing will read what the step computes (a recorded step whose adjoint
+        runs next: adjoints replay the forward from the step's inputs). Its launches are then held
+        until something needs their results (Tape.defer_launches), and whatever is still held when
+        the step ends, its last launch at least, is dropped unrun (`launches_skipped` counts them).
+        The step's s.next, scratch and running loss then hold no values."""
         model, pool = self.model, self.pool
         take = pool.take
         nxt = State({name: take(kind) for name, kind in self._kinds})
@@ -214,14 +221,19 @@ class StepRunner:
         protected = {id(a._storage): "s.prev." + name for name, a in prev.items()}
         protected.update(self._param_labels)
         tape = StepTape(protected, self.deterministic, ctx)
+        if outputs_dead:
+            tape.defer_launches()
         # Every write the runtime sees (launches, copies, assign, fill_) bumps the array's version.
         versions = list(map(_version, nxt.values()))
         loss = None
         try:
-            with tape:
-                model.step_fn(ctx)
-                if self.running_loss is not None:
-                    loss = check_scalar_loss(self.running_loss(ctx), "running_loss(s)")
+            try:
+                with tape:
+                    model.step_fn(ctx)
+                    if self.running_loss is not None:
+                        loss = check_scalar_loss(self.running_loss(ctx), "running_loss(s)")
+            finally:
+                self.launches_skipped += tape.drop_deferred()
             tape.end_step()
             if any(map(operator.eq, map(_version, nxt.values()), versions)):
                 missing = [name for (name, a), v in zip(nxt.items(), versions) if a._storage.version == v]

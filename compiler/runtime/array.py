@@ -17,7 +17,7 @@ import numpy as np
 
 from ..types import ArrayType, ValueType, as_dtype, float32, int32, matrix, vector
 from .device import get_device, require_cuda
-from .tape import RecordedOp, active_tape, caller_location
+from .tape import RecordedOp, active_tape, caller_location, settle
 
 __all__ = ["array", "zeros", "ones", "full", "empty", "zeros_like", "ones_like", "full_like",
            "empty_like", "clone", "copy"]
@@ -103,6 +103,7 @@ def _from_data(data, dtype, shape, copy: bool):
     dt = None if dtype is None else _dtype_arg(dtype, "array")
     storage = None
     if isinstance(data, array):
+        settle()
         src, dt, storage = data._data, dt or data.dtype, data._storage
     elif isinstance(data, np.ndarray) or hasattr(data, "__array_interface__") or hasattr(data, "__dlpack__"):
         src = data if isinstance(data, np.ndarray) else (
@@ -241,6 +242,7 @@ class array:
     @property
     def ptr(self) -> int:
         """Address of the first element."""
+        settle()
         return self._data.ctypes.data
 
     @property
@@ -277,15 +279,19 @@ class array:
         self._grad = value
 
     # -- interop -----------------------------------------------------------------------------------
+    # Every way to the data on the host settles held launches first (see Tape.defer_launches).
     def numpy(self) -> np.ndarray:
         """A NumPy view of the data (no copy): shape ``self.shape + dtype.inner_shape``."""
+        settle()
         return self._data.view()
 
     @property
     def __array_interface__(self) -> dict:
+        settle()
         return self._data.__array_interface__
 
     def __dlpack__(self, *args, **kwargs):
+        settle()
         return self._data.__dlpack__(*args, **kwargs)
 
     def __dlpack_device__(self):
@@ -295,11 +301,13 @@ class array:
         return self.shape[0]
 
     def __repr__(self) -> str:
+        settle()
         body = np.array2string(self._data, separator=", ", prefix="array(")
         grad = ", requires_grad=True" if self.requires_grad else ""
         return f"array({body}, dtype={self._dtype}, device='{self._device}'{grad})"
 
     def __str__(self) -> str:
+        settle()
         return str(self._data)
 
     def to(self, device) -> "array":
@@ -333,6 +341,7 @@ class array:
             tape._note_write(self)
 
     def _host_write(self, name: str) -> None:
+        settle()
         tape = active_tape()
         if tape is not None:
             tape.check_writes(RecordedOp(name, {}, {"array": self}, {}, _noop, caller_location()))
@@ -380,6 +389,7 @@ def _flat(a: array) -> np.ndarray:
 
 
 def _copy_elements(name: str, dest: array, src: array, dest_offset: int, src_offset: int, count: int):
+    settle()
     tape = active_tape()
     if tape is not None:
         def backward():
@@ -423,6 +433,7 @@ def clone(src: array, device=None, requires_grad: bool | None = None) -> array:
         raise TypeError(f"clone(src=...): expected an array, got {type(src).__name__}")
     _check_device(device, "clone")
     grad = src.requires_grad if requires_grad is None else requires_grad
+    settle()
     out = array._wrap(src._data.copy(), src.dtype, requires_grad=grad)
     tape = active_tape()
     if tape is not None and grad and src.requires_grad:

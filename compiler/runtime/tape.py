@@ -68,6 +68,18 @@ def active_tape() -> "Tape | None":
     return stack[-1] if stack else None
 
 
+_held = 0      # tapes that defer launches (Tape.defer_launches): while 0, `settle` costs one test
+
+
+def settle() -> None:
+    """Run every held launch of this thread's tapes: called before anything reads or writes array
+    data (a launch, host access), so held launches are never observed as not having run."""
+    if _held:
+        for tape in _stack():
+            if tape._deferred:
+                tape.run_deferred()
+
+
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _OUR_DIRS = tuple(os.path.join(_ROOT, pkg) + os.sep for pkg in ("compiler", "checkpoint", "stepper"))
 
@@ -130,6 +142,40 @@ class Tape:
         self._reads: dict[int, _ReadRecord] = {}     # id of the array's storage -> record
         self._seeded: dict[int, "array"] = {}        # id(array) -> array seeded by backward, for zero()
         self._depth = 0
+        self._deferred: list | None = None           # held CPU launches, see defer_launches
+
+    # -- launches whose results may never be needed ------------------------------------------------
+    def defer_launches(self) -> None:
+        """Hold the CPU launches recorded on this tape until something needs their results: a later
+        launch, or host access to any array (`run_deferred` runs them, in order). Whoever knows that
+        nothing will read what the last of them wrote can then drop it (`drop_deferred`): the
+        stepper does, for a recorded step whose adjoint runs next (the adjoint replays the forward
+        from the step's inputs; the step's outputs die unread)."""
+        global _held
+        if self._deferred is None:
+            self._deferred = []
+            _held += 1
+
+    def hold(self, run: Callable[[], None]) -> bool:
+        """Keep `run` (a launch) for later if this tape defers launches; False if it does not."""
+        if self._deferred is None:
+            return False
+        self._deferred.append(run)
+        return True
+
+    def run_deferred(self) -> None:
+        while self._deferred:
+            self._deferred.pop(0)()
+
+    def drop_deferred(self) -> int:
+        """Forget the held launches without running them and stop deferring; how many there were."""
+        global _held
+        if self._deferred is None:
+            return 0
+        dropped = len(self._deferred)
+        self._deferred = None
+        _held -= 1
+        return dropped
 
     # -- recording -----------------------------------------------------------------------------
     def __enter__(self) -> "Tape":
