@@ -68,13 +68,11 @@ def active_tape() -> "Tape | None":
     return stack[-1] if stack else None
 
 
-_held = 0      # tapes that defer launches (Tape.defer_launches): while 0, `settle` costs one test
-
-
 def settle() -> None:
     """Run every held launch of this thread's tapes: called before anything reads or writes array
-    data (a launch, host access), so held launches are never observed as not having run."""
-    if _held:
+    data (a launch, host access), so held launches are never observed as not having run. While no
+    tape of this thread defers launches (Tape.defer_launches), it costs one test."""
+    if getattr(_local, "held", 0):
         for tape in _stack():
             if tape._deferred:
                 tape.run_deferred()
@@ -151,10 +149,9 @@ class Tape:
         nothing will read what the last of them wrote can then drop it (`drop_deferred`): the
         stepper does, for a recorded step whose adjoint runs next (the adjoint replays the forward
         from the step's inputs; the step's outputs die unread)."""
-        global _held
         if self._deferred is None:
             self._deferred = []
-            _held += 1
+            _local.held = getattr(_local, "held", 0) + 1
 
     def hold(self, run: Callable[[], None]) -> bool:
         """Keep `run` (a launch) for later if this tape defers launches; False if it does not."""
@@ -169,12 +166,11 @@ class Tape:
 
     def drop_deferred(self) -> int:
         """Forget the held launches without running them and stop deferring; how many there were."""
-        global _held
         if self._deferred is None:
             return 0
         dropped = len(self._deferred)
         self._deferred = None
-        _held -= 1
+        _local.held -= 1
         return dropped
 
     # -- recording -----------------------------------------------------------------------------
