@@ -3,18 +3,19 @@
 Stencils guard their neighbour loads (``if j > 0: lap += u[i, j - 1]``). A load under a branch keeps
 the C++ compiler from vectorising the thread loop, although for all but a thread or two at each end
 of a row the branch always goes the same way. This pass finds every comparison between a thread
-index (``tid()[k]`` plus a constant) and a bound that the launch fixes (integer constants, array
-extents, integer scalar arguments, the launch's own extents, and sums, differences and integer
-multiples of these),
-and decides it for the threads in the middle of the launch: a bound made of constants alone sits
-near the start of the axis (the middle lies above it), any other bound near the end (the middle
-lies below it). Periodic indices, ``(i + 1) % n`` or ``(i + n - 1) % n`` with n fixed by the launch,
-are ``i + 1`` and ``i - 1`` in the middle. The variant has each such comparison replaced by the
-value it takes in the middle and each periodic index by its plain value, and records the box where
-that holds: per axis, the middle starts at the largest of `lower` and
-ends before the smallest of `upper`. The entry point evaluates those bounds once per launch and
-runs the variant inside the box, the original body outside it, so the result is the same whatever
-the bounds' values (an empty box runs the original everywhere).
+index plus an offset and a bound, where offsets and bounds are integers the launch fixes (constants,
+array extents, integer scalar arguments, the launch's own extents, and sums, differences and
+integer multiples of these), and decides it for the threads in the middle of the launch: a bound
+made of constants alone sits near the start of the axis (the middle lies above it), any other bound
+near the end (the middle lies below it). Periodic indices, ``(i + 1) % n`` or ``(i + n - 1) % n``
+with n fixed by the launch, are ``i + 1`` and ``i - 1`` in the middle.
+
+The variant has each such comparison replaced by the value it takes in the middle (an ``if`` on it
+by the branch taken) and each periodic index by its plain value, and records the box where that
+holds: per axis, the middle starts at the largest of `lower` and ends before the smallest of
+`upper`. The entry point evaluates those bounds once per launch and runs the variant inside the
+box, the original body outside it, so the result is the same whatever the bounds' values (an empty
+box runs the original everywhere).
 """
 from __future__ import annotations
 
