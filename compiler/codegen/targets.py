@@ -78,6 +78,23 @@ class Target:
     interiors: bool = False    # whether entries run interior variants (compiler/interior.py) in the middle
 
 
+# The adjoint and gather entries of a target take the same arguments: the forward's packed buffer,
+# the gradients' (same layout) and the loop tape.
+_CPU_ADJOINT_HEAD = """extern "C" int {name}(const char* buf, const char* adj_args, uint64_t* tape, int64_t capacity, int count_only,
+                      int64_t* counts, int serial) {{
+    const launch_t L = *(const launch_t*)buf;
+    const {name}_args_t A = *(const {name}_args_t*)(buf + sizeof(launch_t));
+    const {name}_args_t G = *(const {name}_args_t*)(adj_args + sizeof(launch_t));
+"""
+_CUDA_ADJOINT_HEAD = """struct __align__(8) {name}_buf_t {{ char bytes[{size}]; }};
+extern "C" __global__ void __launch_bounds__({block}) {name}(const __grid_constant__ {name}_buf_t buf,
+        const __grid_constant__ {name}_buf_t adj_buf, uint64_t* tape, int64_t capacity, int count_only,
+        int64_t* counts) {{
+    const launch_t& L = *(const launch_t*)buf.bytes;
+    const {name}_args_t& A = *(const {name}_args_t*)(buf.bytes + sizeof(launch_t));
+    const {name}_args_t& G = *(const {name}_args_t*)(adj_buf.bytes + sizeof(launch_t));
+"""
+
 CPU = Target(
     header=CPU_HEADER,
     thread_qualifier="static",
@@ -89,12 +106,7 @@ CPU = Target(
 {extents}
 {nest}}}
 """,
-    adjoint_entry="""extern "C" int {name}(const char* buf, const char* adj_args, uint64_t* tape, int64_t capacity, int count_only,
-                      int64_t* counts, int serial) {{
-    const launch_t L = *(const launch_t*)buf;
-    const {name}_args_t A = *(const {name}_args_t*)(buf + sizeof(launch_t));
-    const {name}_args_t G = *(const {name}_args_t*)(adj_args + sizeof(launch_t));
-    const int in_order = serial || L.n < {threshold};   // no other thread runs: plain adds suffice
+    adjoint_entry=_CPU_ADJOINT_HEAD + """    const int in_order = serial || L.n < {threshold};   // no other thread runs: plain adds suffice
     int overflow = 0;
 {extents}
     #pragma omp parallel for {collapse}schedule(static) firstprivate(A, G) reduction(|:overflow) if (L.n >= {threshold} && !serial)
@@ -110,19 +122,11 @@ CPU = Target(
     # The gather form keeps no tape and each thread writes only its own elements; the loop nest is
     # written out twice so that the common case (every gradient present) runs the instantiation
     # without null checks, which vectorises.
-    gather_entry="""extern "C" int {name}(const char* buf, const char* adj_args, uint64_t* tape, int64_t capacity, int count_only,
-                      int64_t* counts, int serial) {{
-    const launch_t L = *(const launch_t*)buf;
-    const {name}_args_t A = *(const {name}_args_t*)(buf + sizeof(launch_t));
-    const {name}_args_t G = *(const {name}_args_t*)(adj_args + sizeof(launch_t));
-    const int in_order = serial || L.n < {threshold};
+    gather_entry=_CPU_ADJOINT_HEAD + """    const int in_order = serial || L.n < {threshold};
 {extents}
     if ({all_grads}) {{
 {nest}    }} else {{
-        #pragma omp parallel for {collapse}schedule(static) firstprivate(A, G) if (L.n >= {threshold} && !serial)
-{loops}        sp::tape_t tp = {{nullptr, 1, 0, 0, 0, 0, in_order}};
-        {name}_thread<false>({tids}, L, A, G, tp);
-{closing}    }}
+{plain_nest}    }}
     return 0;
 }}
 """,
@@ -149,14 +153,7 @@ extern "C" __global__ void __launch_bounds__({block}) {name}_forward(const __gri
 """,
     # counts (optional, device memory) gets each thread's words in the counting pass; the maximum
     # also lands in sp_tape_words so the host need not reduce n counts.
-    adjoint_entry="""struct __align__(8) {name}_buf_t {{ char bytes[{size}]; }};
-extern "C" __global__ void __launch_bounds__({block}) {name}(const __grid_constant__ {name}_buf_t buf,
-        const __grid_constant__ {name}_buf_t adj_buf, uint64_t* tape, int64_t capacity, int count_only,
-        int64_t* counts) {{
-    const launch_t& L = *(const launch_t*)buf.bytes;
-    const {name}_args_t& A = *(const {name}_args_t*)(buf.bytes + sizeof(launch_t));
-    const {name}_args_t& G = *(const {name}_args_t*)(adj_buf.bytes + sizeof(launch_t));
-    """ + _GRID_STRIDE + """ {{
+    adjoint_entry=_CUDA_ADJOINT_HEAD + """    """ + _GRID_STRIDE + """ {{
 {decompose}
         sp::tape_t tp = {{tape + t, L.n, 0, capacity, count_only, 0, 0}};
         {name}_thread<false>({tids}, L, A, G, tp);
@@ -168,14 +165,7 @@ extern "C" __global__ void __launch_bounds__({block}) {name}(const __grid_consta
     }}
 }}
 """,
-    gather_entry="""struct __align__(8) {name}_buf_t {{ char bytes[{size}]; }};
-extern "C" __global__ void __launch_bounds__({block}) {name}(const __grid_constant__ {name}_buf_t buf,
-        const __grid_constant__ {name}_buf_t adj_buf, uint64_t* tape, int64_t capacity, int count_only,
-        int64_t* counts) {{
-    const launch_t& L = *(const launch_t*)buf.bytes;
-    const {name}_args_t& A = *(const {name}_args_t*)(buf.bytes + sizeof(launch_t));
-    const {name}_args_t& G = *(const {name}_args_t*)(adj_buf.bytes + sizeof(launch_t));
-    const bool all_grads = {all_grads};
+    gather_entry=_CUDA_ADJOINT_HEAD + """    const bool all_grads = {all_grads};
     """ + _GRID_STRIDE + """ {{
 {decompose}
         sp::tape_t tp = {{nullptr, L.n, 0, 0, 0, 0, 0}};
@@ -276,9 +266,11 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
         nest = _interior_nest(fn.tid_ndim, fn.name + call, interior.function.name + call, interior, private, prelude)
     else:
         nest = _plain_nest(fn.tid_ndim, fn.name + call, private, prelude)
+    # the gather entry without every gradient: the instantiation with null checks, everywhere
+    plain_nest = _plain_nest(fn.tid_ndim, f"{fn.name}_thread<false>({tids}, L, A, G, tp);", private, prelude)
     entry = entry_template.format(
         name=fn.name, size=buffer_size(fn.params), threshold=PARALLEL_THRESHOLD, block=CUDA_BLOCK_SIZE,
-        all_grads=all_grads, nest=nest, **space)
+        all_grads=all_grads, nest=nest, plain_nest=plain_nest, **space)
     return "\n".join(lines) + "\n" + entry
 
 
