@@ -203,7 +203,7 @@ def launch(kernel: Kernel, dim, inputs=(), outputs=(), device=None, debug: bool 
     if device != "cpu":
         from . import launch_cuda
         launch_cuda.forward(kernel, compiled, buffer, values[0], debug, deterministic, device)
-        _mark_written(sig, args)
+        _mark_written(sig, args, tape)
         return
     module = kernel.entry(debug)
     # Without atomics a forward's result does not depend on thread order: only atomics need serial.
@@ -215,11 +215,7 @@ def launch(kernel: Kernel, dim, inputs=(), outputs=(), device=None, debug: bool 
         entry(buffer, int(serial))
     if debug:
         _raise_if_out_of_bounds(module, kernel)
-    for k in sig.written:
-        written = args[k]
-        written._storage.version += 1        # what array._mark_written does, without a second tape lookup
-        if tape is not None:
-            tape._note_write(written)
+    _mark_written(sig, args, tape)
 
 
 def _gpu(device: str) -> str:
@@ -230,9 +226,14 @@ def _gpu(device: str) -> str:
     return str(dev)
 
 
-def _mark_written(sig, args):
+def _mark_written(sig, args, tape):
+    """What array._mark_written does for every argument the kernel writes, with the tape the
+    launch already looked up."""
     for k in sig.written:
-        args[k]._mark_written()
+        written = args[k]
+        written._storage.version += 1
+        if tape is not None:
+            tape._note_write(written)
 
 
 def _raise_if_out_of_bounds(module, kernel):
