@@ -56,7 +56,6 @@ class Sweep:
         self.schedule = schedule
         self.tiers = tiers
         self.deterministic = deterministic
-        self.running_loss = running_loss
         self.until = until
         self.check_finite = check_finite
         self.bar = progress
@@ -251,7 +250,7 @@ class Sweep:
                 self.deps[dst].add(n)
             return
         if dst is _WORK:
-            state = self.tiers.read_into(src, n, self.pool, self.model.states)
+            state = self.tiers.read_into(src, n, self.model.states)
             self._set_work(state)
             self.pos = n
         elif dst in (_RAM, _DISK):

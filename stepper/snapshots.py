@@ -180,7 +180,7 @@ class Tiers:
         self.io_seconds += time.perf_counter() - start
         self._track_ram(tier)
 
-    def read_into(self, tier, n: int, pool: BufferPool, specs) -> State:
+    def read_into(self, tier, n: int, specs) -> State:
         """Snapshot n as a State whose versions the caller holds once: a held RAM snapshot's own,
         else fresh versions loaded from the storage."""
         start = time.perf_counter()
@@ -191,7 +191,7 @@ class Tiers:
             snap = storage.read(n)
             arrays = {}
             for name, spec in specs.items():
-                arr = pool.acquire(spec.shape, spec.dtype, zero=False)
+                arr = self.pool.acquire(spec.shape, spec.dtype, zero=False)
                 np.copyto(arr.numpy(), snap.arrays[name])
                 arrays[name] = arr
             state = State(arrays)
@@ -202,7 +202,7 @@ class Tiers:
         start = time.perf_counter()
         source, target = self._storage(src), self._storage(dst)
         if isinstance(target, HeldStates):
-            state = self.read_into(src, n, self.pool, specs)
+            state = self.read_into(src, n, specs)
             target.write(n, state)
             self.pool.release_all(state.values())
         else:
