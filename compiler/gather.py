@@ -10,11 +10,12 @@ once. No two threads write the same element, so the launch runs in parallel with
 the order of every sum is fixed by the offsets alone: the result is the same on any number of
 threads (deterministic without running serially).
 
-Each offset's pass is a copy of the adjoint body with fresh locals, so the C++ compiler sees what
-each pass needs and drops the rest (in a 5-point stencil, a neighbour's pass keeps a multiply).
-A pass runs thread ``p - c`` clamped into the launch (always a thread that exists, so its loads are
-the ones the forward made) and keeps its sum only when ``p - c`` was inside: no branch on the
-offset, so the thread loop still vectorises.
+Each offset's pass is a copy of the adjoint body with fresh locals, from which dead code
+elimination (compiler/dce.py) keeps what reaches that offset (in a 5-point stencil, a neighbour's
+pass keeps a multiply). A pass runs thread ``p - c`` clamped into the launch (always a thread that
+exists, so its loads are the ones the forward made) and keeps its sum only when ``p - c`` was
+inside: no branch on the offset, so the thread loop still vectorises. Along a periodic index
+(``(i + 1) % n`` with n the extent) the pass wraps ``p - c`` around the axis instead.
 
 Arrays that do not qualify (an index that is not tid + constant on its own axis, a gradient the
 kernel also reads, a rank other than the launch's) keep the scatter; it runs in the zero-offset
@@ -35,7 +36,8 @@ from .types import bool_, int32
 @dataclass(frozen=True)
 class GatherAdjoint:
     """The gather form of a kernel's adjoint. Valid for a launch only when every array in `arrays`
-    has exactly the launch's extents (`launch` checks; else the scatter adjoint runs).
+    has exactly the launch's extents and every divisor in `wraps` is its axis's extent (`launch`
+    checks; else the scatter adjoint runs).
     `scatters`: some accumulations still scatter (atomics unless serial).
 
     `function` serves every thread; `interior` the threads in the middle of the launch, where no
@@ -86,7 +88,7 @@ def gather_adjoint(adjoint: ir.Function) -> GatherAdjoint | None:
     lower = [(Bound(max(0, *(c[k][0] for c in passes))),) for k in range(ndim)]
     upper = [(Bound(min(0, *(c[k][0] for c in passes)), ((1, ("extent", k)),)),) for k in range(ndim)]
     # Each pass copies the whole adjoint and keeps what reaches its offset: drop the rest here, not
-    # in the C++ compiler (a quarter of the lines, half the compile time of a stencil module).
+    # in the C++ compiler (half the C++ lines of a stencil module).
     unclamped = eliminate_dead_code(_build(adjoint, body, eligible, site_offset, passes, clamp=False))
     interior = interior_variant(unclamped, unclamped.name, lower, upper)
     interior = dataclasses.replace(interior, function=eliminate_dead_code(interior.function))

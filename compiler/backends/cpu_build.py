@@ -13,15 +13,15 @@ OpenMP: the library is then built single-threaded and a debug log says so).
 the SSE2 baseline): float results stay the same bits on every machine, because each IEEE operation
 is exact whatever the vector width, ``-ffp-contract=off`` stops the compiler from fusing ``a*b+c``
 into an FMA, and there is no fast-math (which would reorder sums). A native library only runs on
-CPUs like the one it was built on, so the cache key and the file name include this CPU's model and
-feature flags.
+CPUs like the one it was built on, so its file name carries this CPU's model and feature flags.
 
-Cache: the library is ``<cache_dir>/<name>-<source key>-<compiler key><ext>``. The source key
-hashes the source text, every header under ``include_dirs``, the extra flags and our version; the
-compiler key hashes the compiler's path, file stamp and ``--version`` output, and the full flag list.
-A cache hit runs no compiler (its ``--version`` is asked once per process). The generated source is
-kept next to the library as ``<name>-<source key>.cpp`` for inspection. Without any C++ compiler a
-library built earlier from the same source key, by whichever compiler, is reused.
+Cache: the library is ``<cache_dir>/<name>-<source key>-<compiler key>[-<cpu tag>]<ext>``. The
+source key hashes the source text, every header under ``include_dirs``, the extra flags and our
+version; the compiler key hashes the compiler's path, file stamp and ``--version`` output, and the
+full flag list; the CPU tag (native builds only) this CPU's model and flags. A cache hit runs no
+compiler (its ``--version`` is asked once per process). The generated source is kept next to the
+library as ``<name>-<source key>.cpp`` for inspection. Without any C++ compiler a library built
+earlier from the same source key, by whichever compiler, is reused if it runs on this CPU.
 """
 from __future__ import annotations
 
