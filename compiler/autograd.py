@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import inspect
 import warnings
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable
 
@@ -40,27 +39,14 @@ import numpy as np
 
 from .kernel import Kernel
 from .launch import launch
-from .runtime import tape as _tape_module
 from .runtime.array import array, clone
-from .runtime.tape import Tape
+from .runtime.tape import Tape, outside_tapes
 from .types import float32
 
 __all__ = ["jacobian", "jacobian_fd", "gradcheck", "gradcheck_tape", "jacobian_plot", "loop_tape_words"]
 
 # float32 finite differences: a step near cbrt(float32 eps) balances rounding and truncation error.
 _EPS_FLOAT32 = 2.0 ** -10
-
-
-@contextmanager
-def _outside_tapes():
-    """Nothing records while inside: our own runs must never land on a user's Tape."""
-    stack = _tape_module._stack()
-    saved = list(stack)
-    stack.clear()
-    try:
-        yield
-    finally:
-        stack[:] = saved
 
 
 @dataclass
@@ -107,7 +93,7 @@ class _KernelProblem(_Problem):
             raise ValueError(f"{self.label} takes {len(params)} argument(s) ({names}), got {len(args)} in "
                              "inputs + outputs")
         copies: dict[int, array] = {}
-        with _outside_tapes():
+        with outside_tapes():
             self.args = [copies.setdefault(id(a), clone(a)) if isinstance(a, array) else a for a in args]
         uses = kernel.compiled().uses
         self.inputs, self.outputs, self._baseline = [], [], []
@@ -246,7 +232,7 @@ def _step(x: float, dtype, eps: float) -> float:
 def _jacobian_fd(problem: _Problem, pairs, eps: float, max_inputs_per_var: int) -> dict:
     wanted = {(i.name, o.name) for i, o in pairs}
     result = {}
-    with _outside_tapes():
+    with outside_tapes():
         for inp in problem.inputs:
             outs = [o for o in problem.outputs if (inp.name, o.name) in wanted]
             if not outs:
@@ -308,7 +294,7 @@ def jacobian_fd(function, dim=None, inputs=None, outputs=None, input_output_mask
     """
     problem = _problem(function, dim, inputs, outputs, device)
     if not problem.outputs:
-        with _outside_tapes():
+        with outside_tapes():
             problem.run()
     pairs = _selected_pairs(problem, input_output_mask)
     _require_pairs(problem, pairs)

@@ -17,7 +17,7 @@ from .errors import CompileError, OverwriteError
 from .graph import CapturedLaunch, capturing
 from .kernel import Kernel
 from .runtime.array import array
-from .runtime.tape import RecordedOp, active_tape, caller_location, settle
+from .runtime.tape import RecordedOp, active_tape, caller_location, settle, untaped_deterministic
 from .types import ArrayType, ScalarType, VectorType
 
 _HEADER = "q4q"
@@ -197,7 +197,7 @@ def launch(kernel: Kernel, dim, inputs=(), outputs=(), device=None, debug: bool 
             "a Tape is recording, and replays would bypass it; capture outside the Tape" if tape is not None else
             "debug=True launches cannot be captured" if debug else "only CPU launches can be captured so far"))
     if deterministic is None:
-        deterministic = tape is not None and tape.deterministic
+        deterministic = tape.deterministic if tape is not None else untaped_deterministic()
     if tape is not None:
         _record(tape, kernel, compiled, sig, args, dims, buffer, debug, deterministic, device)
     if device != "cpu":

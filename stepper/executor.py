@@ -201,7 +201,10 @@ class Sweep:
         prev = self.work
         pool = self.pool
         donors = self.carry.values() if record and self.carry else ()     # see GradSlots
-        nxt, ctx, tape, loss = self._runner.run(n, prev, record, donors, outputs_dead)
+        if record or n >= self.seen:
+            nxt, ctx, tape, loss = self._runner.run(n, prev, record, donors, outputs_dead)
+        else:                   # a recomputation of a step that ran (checked) before
+            nxt, ctx, tape, loss = self._runner.rerun(n, prev)
         scratch = ctx._scratch
         if n >= self.seen:      # first time this step runs: its loss, finiteness, progress
             if loss is not None:

@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass
 
 from compiler import OverwriteError, Tape, array
+from compiler.runtime.tape import outside_tapes
 
 from .errors import ModelError
 from .state import State
@@ -196,6 +197,24 @@ class StepRunner:
         self._params = model.params
         self._param_labels = {id(a._storage): "s.params." + name for name, a in self._params.items()}
         self.launches_skipped = 0
+
+    def rerun(self, n: int, prev: State):
+        """Run step n again from the state it ran from before (a recomputation between
+        checkpoints), without a tape: that run checked its writes, and a step function is a
+        function of its state, so this one makes the same launches. Nothing records or checks
+        them and no running loss is computed; the launches keep the runner's `deterministic`, so
+        the state comes out with the same bits. Returns what `run` does, with no tape and no loss."""
+        model, pool = self.model, self.pool
+        take = pool.take
+        nxt = State({name: take(kind) for name, kind in self._kinds})
+        ctx = StepContext(n, model.t0 + n * model.dt, model.dt, prev, nxt, self._params, pool)
+        try:
+            with outside_tapes(self.deterministic):
+                model.step_fn(ctx)
+        except BaseException:
+            pool.release_all((*nxt.values(), *ctx._scratch.values()))
+            raise
+        return nxt, ctx, None, None
 
     def run(self, n: int, prev: State, record: bool = False, donors=(), outputs_dead: bool = False):
         """Run step n from `prev`; return (next State, its StepContext, the tape, the loss array or

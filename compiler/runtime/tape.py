@@ -38,7 +38,7 @@ from ..errors import OverwriteError
 if TYPE_CHECKING:
     from .array import array
 
-__all__ = ["RecordedOp", "Tape", "active_tape", "caller_location"]
+__all__ = ["RecordedOp", "Tape", "active_tape", "caller_location", "outside_tapes"]
 
 
 @dataclass(eq=False, slots=True)
@@ -68,13 +68,44 @@ def active_tape() -> "Tape | None":
     return stack[-1] if stack else None
 
 
+class outside_tapes:
+    """``with outside_tapes():`` nothing records, whatever tapes the caller is inside (for runs of
+    our own that must never land on a user's Tape). A None on the stack hides the tapes below it
+    from `active_tape`; `settle` still runs their held launches. Launches inside that name no
+    `deterministic` take this block's, as a recording Tape's launches take the Tape's."""
+
+    __slots__ = ("deterministic", "_outer")
+
+    def __init__(self, deterministic: bool = False):
+        self.deterministic = deterministic
+
+    def __enter__(self) -> None:
+        _stack().append(None)
+        self._outer = getattr(_local, "deterministic", False)
+        _local.deterministic = self.deterministic
+
+    def __exit__(self, *exc_info) -> bool:
+        stack = _stack()
+        for i in range(len(stack) - 1, -1, -1):
+            if stack[i] is None:
+                del stack[i]
+                break
+        _local.deterministic = self._outer
+        return False
+
+
+def untaped_deterministic() -> bool:
+    """The `deterministic` of a launch that names none and runs on no tape (see outside_tapes)."""
+    return getattr(_local, "deterministic", False)
+
+
 def settle() -> None:
     """Run every held launch of this thread's tapes: called before anything reads or writes array
     data (a launch, host access), so held launches are never observed as not having run. While no
     tape of this thread defers launches (Tape.defer_launches), it costs one test."""
     if getattr(_local, "held", 0):
         for tape in _stack():
-            if tape._deferred:
+            if tape is not None and tape._deferred:
                 tape.run_deferred()
 
 
