@@ -134,10 +134,14 @@ def _build(adjoint: ir.Function, body, eligible: dict[str, ir.Param], site_offse
     zero = ((0, False),) * ndim
     for c in passes:
         out += _pass(body, c, p, extent, totals, site_offset, keep_scatter=c == zero, clamp=clamp, loc=loc)
+    # One write per element of each gathered gradient: where the launch says the gradient is new
+    # memory (its bit of the fresh mask, bit k for parameter k), it stores instead of adding.
+    bits = {param.name: k for k, param in enumerate(adjoint.params) if k < 63}
     for name, total in totals.items():
         value = ir.Temp(total.type)
         out.append(ir.ReadVar(value, total, loc))
-        out.append(ir.AccumGrad(ir.ArrayRef(eligible[name], adjoint=True), tuple(p), value, loc, exclusive=True))
+        out.append(ir.AccumGrad(ir.ArrayRef(eligible[name], adjoint=True), tuple(p), value, loc, exclusive=True,
+                                fresh_bit=bits.get(name)))
     name = adjoint.name.replace("_adjoint", "") + ("_gather" if clamp else "_gather_interior")
     return ir.Function(name, adjoint.params, tuple(out), loc, ndim)
 

@@ -213,12 +213,16 @@ class Pop:
 @dataclass(frozen=True)
 class AccumGrad:
     """Adjoint functions only: `adj_array[indices] += value` (no-op without a grad). Atomic unless the
-    launch is serial, or `exclusive`: no other thread of the launch touches that element."""
+    launch is serial, or `exclusive`: no other thread of the launch touches that element.
+    `fresh_bit` (gather forms: the only accumulation into each element of the array): when that
+    bit of the launch's fresh mask is set, the gradient's memory is new and stands for zeros, and
+    the accumulation stores ``0 + value`` without reading it (the same bits as adding to a zero)."""
     array: ArrayRef
     indices: tuple[Operand, ...]
     value: Operand
     loc: Loc
     exclusive: bool = False
+    fresh_bit: int | None = None
 
 
 @dataclass(frozen=True)

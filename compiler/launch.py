@@ -17,7 +17,7 @@ from .errors import CompileError, OverwriteError
 from .graph import CapturedLaunch, capturing
 from .kernel import Kernel
 from .runtime.array import array
-from .runtime.tape import RecordedOp, active_tape, caller_location, settle, untaped_deterministic
+from .runtime.tape import RecordedOp, active_tape, caller_location, settle, untaped_deterministic, zero_fresh
 from .types import ArrayType, ScalarType, VectorType
 
 _HEADER = "q4q"
@@ -267,7 +267,8 @@ def _record(tape, kernel, compiled, sig, args, dims, buffer, debug, deterministi
         {n: args[k] for n, k in sig.accumulates},
         functools.partial(_run_adjoint, kernel, compiled, sig, args, dims, buffer, debug, deterministic),
         caller_location(),
-        (kernel, dims, args, device)))
+        (kernel, dims, args, device),
+        takes_fresh=True))
 
 
 def _gather_fits(gather, sig, args, dims) -> bool:
@@ -287,26 +288,45 @@ def _gather_fits(gather, sig, args, dims) -> bool:
     return True
 
 
-def _run_adjoint(kernel, compiled, sig, args, dims, buffer, debug, serial):
+def _fresh_mask(fresh: dict, sig, args, gathered) -> int:
+    """The adjoint's fresh mask (see Tape.backward's `fresh`): bit k where parameter k's gradient
+    is a pending new array that the gather form writes whole, once per element (`gathered`, and
+    no other argument shares its gradient). Every other pending gradient of this launch is
+    zero-filled now. Both leave `fresh`."""
+    grads = [(k, args[k].grad) for _, k in sig.arrays if args[k].grad is not None]
+    storages = [id(g._storage) for _, g in grads]
+    mask = 0
+    for k, g in grads:
+        if fresh.get(id(g._storage)) is g and sig.params[k].name in gathered and k < 63 \
+                and storages.count(id(g._storage)) == 1:
+            del fresh[id(g._storage)]
+            mask |= 1 << k
+        else:
+            zero_fresh(fresh, g)
+    return mask
+
+
+def _run_adjoint(kernel, compiled, sig, args, dims, buffer, debug, serial, fresh=None):
     if compiled.adjoint is None:
         return
-    values = [0] * 5
+    device = next((a.device for a in args if isinstance(a, array)), "cpu")
+    gather = compiled.gather if device == "cpu" and _gather_fits(compiled.gather, sig, args, dims) else None
+    values = [_fresh_mask(fresh, sig, args, gather.arrays if gather else ()) if fresh else 0, 0, 0, 0, 0]
     for p, a in zip(sig.params, args):
         if isinstance(p.type, ArrayType):
             values += _array_values(a.grad if a.requires_grad else None, like=a)
         else:
             values += _zero_values(p.type)
     adj_buffer = sig.packer.pack(*values)
-    device = next((a.device for a in args if isinstance(a, array)), "cpu")
     if device != "cpu":
         from . import launch_cuda
         launch_cuda.adjoint(kernel, compiled, buffer, adj_buffer, math.prod(dims), debug, serial, device)
         return
     module = kernel.entry(debug)
     adjoint = compiled.adjoint
-    if _gather_fits(compiled.gather, sig, args, dims):
+    if gather is not None:
         # Parallel and deterministic by construction; serial only for what still scatters.
-        adjoint, serial = compiled.gather.function, serial and compiled.gather.scatters
+        adjoint, serial = gather.function, serial and gather.scatters
     fn = module.function(adjoint.name, adjoint=True)
     n = math.prod(dims)
     tape_memory, capacity = None, 0

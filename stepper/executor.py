@@ -318,14 +318,17 @@ class Sweep:
         # The carry holds exactly the float states (see _seed): those get gradients.
         prev_grads = [a for name, a in rec.prev.items() if name in carry]
         scratch_grads = [a for a in rec.scratch.values() if a.dtype.is_float and a._grad is None]
-        for a in (*prev_grads, *scratch_grads):
-            set_grad(a, pool.acquire_like(a, zero=True))
+        # New gradient versions, not zero-filled: the tape fills what an adjoint would add to and
+        # lets a gather form overwrite the rest (Tape.backward's `fresh`).
+        fresh = [pool.acquire_like(a, zero=False) for a in (*prev_grads, *scratch_grads)]
+        for a, grad in zip((*prev_grads, *scratch_grads), fresh):
+            set_grad(a, grad)
         seeds = {}
         if rec.loss is not None:
             if rec.loss.grad is None:
                 rec.loss.requires_grad = True
             seeds[rec.loss] = 1.0
-        rec.tape.backward(grads=seeds)
+        rec.tape.backward(grads=seeds, fresh=fresh)
         # The previous state's gradient is the new carry; the old carry (on s.next) and the scratch
         # gradients go back to the pool.
         self.carry = {name: a._grad for name, a in rec.prev.items() if name in carry}

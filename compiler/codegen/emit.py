@@ -172,6 +172,10 @@ class FunctionEmitter:
     def s_AccumGrad(self, s):
         idx = ", ".join(self.x(i) for i in s.indices)
         grad = "adj_" + s.array.param.name
+        if s.fresh_bit is not None:
+            self.line(f"if (GRADS || {grad}.data) sp::gather_grad(sp::address({grad}, {idx}), {self.x(s.value)}, "
+                      f"(tp.fresh >> {s.fresh_bit}) & 1);")
+            return
         serial = "1" if s.exclusive else "tp.serial"
         self.line(f"if (GRADS || {grad}.data) sp::accum_grad(sp::address({grad}, {idx}), {self.x(s.value)}, {serial});")
 

@@ -328,11 +328,16 @@ struct tape_t {
     int count_only;
     int overflow;
     int serial;        // deterministic launch: threads run one after another, so no atomics needed
+    int64_t fresh;     // gather forms: bit k set = parameter k's gradient is new memory standing for zeros
 };
 // Adjoints scatter into gradient arrays: atomically, or with a plain add when threads run serially
 // (the compare-and-swap loop costs far more than the add, and the order is then fixed anyway).
 template <typename T> SP_FUNC void accum_grad(T* p, const T& v, int serial) {
     if (serial) *p = add(*p, v); else atomic_add_at(p, v); }
+// A gather form's one write per gradient element: into fresh memory it stores 0 + v (the bits of
+// adding v to a zeroed gradient) without reading what is there, so nobody zero-fills it first.
+template <typename T> SP_FUNC void gather_grad(T* p, const T& v, int64_t fresh) {
+    *p = add(fresh ? T() : *p, v); }
 template <typename T> SP_FUNC void push(tape_t& tp, const T& v) {
     const int W = (sizeof(T) + 7) / 8;
     if (tp.count_only) { tp.pos += W; return; }

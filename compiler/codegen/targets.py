@@ -85,6 +85,7 @@ _CPU_ADJOINT_HEAD = """extern "C" int {name}(const char* buf, const char* adj_ar
     const launch_t L = *(const launch_t*)buf;
     const {name}_args_t A = *(const {name}_args_t*)(buf + sizeof(launch_t));
     const {name}_args_t G = *(const {name}_args_t*)(adj_args + sizeof(launch_t));
+    const int64_t fresh = *(const int64_t*)adj_args;    // the adjoint buffer's header: the fresh mask
 """
 _CUDA_ADJOINT_HEAD = """struct __align__(8) {name}_buf_t {{ char bytes[{size}]; }};
 extern "C" __global__ void __launch_bounds__({block}) {name}(const __grid_constant__ {name}_buf_t buf,
@@ -93,6 +94,7 @@ extern "C" __global__ void __launch_bounds__({block}) {name}(const __grid_consta
     const launch_t& L = *(const launch_t*)buf.bytes;
     const {name}_args_t& A = *(const {name}_args_t*)(buf.bytes + sizeof(launch_t));
     const {name}_args_t& G = *(const {name}_args_t*)(adj_buf.bytes + sizeof(launch_t));
+    const int64_t fresh = *(const int64_t*)adj_buf.bytes;    // the adjoint buffer's header: the fresh mask
 """
 
 CPU = Target(
@@ -112,7 +114,7 @@ CPU = Target(
     #pragma omp parallel for {collapse}schedule(static) firstprivate(A, G) reduction(|:overflow) if (L.n >= {threshold} && !serial)
 {loops}        const int64_t t = {flat};
         // Thread-major on the CPU: a thread's words are contiguous, as its core walks them in order.
-        sp::tape_t tp = {{tape + t * capacity, 1, 0, capacity, count_only, 0, in_order}};
+        sp::tape_t tp = {{tape + t * capacity, 1, 0, capacity, count_only, 0, in_order, fresh}};
         {name}_thread<false>({tids}, L, A, G, tp);
         if (count_only) counts[t] = tp.pos;
         overflow |= tp.overflow;
@@ -155,7 +157,7 @@ extern "C" __global__ void __launch_bounds__({block}) {name}_forward(const __gri
     # also lands in sp_tape_words so the host need not reduce n counts.
     adjoint_entry=_CUDA_ADJOINT_HEAD + """    """ + _GRID_STRIDE + """ {{
 {decompose}
-        sp::tape_t tp = {{tape + t, L.n, 0, capacity, count_only, 0, 0}};
+        sp::tape_t tp = {{tape + t, L.n, 0, capacity, count_only, 0, 0, fresh}};
         {name}_thread<false>({tids}, L, A, G, tp);
         if (count_only) {{
             if (counts) counts[t] = tp.pos;
@@ -168,7 +170,7 @@ extern "C" __global__ void __launch_bounds__({block}) {name}_forward(const __gri
     gather_entry=_CUDA_ADJOINT_HEAD + """    const bool all_grads = {all_grads};
     """ + _GRID_STRIDE + """ {{
 {decompose}
-        sp::tape_t tp = {{nullptr, L.n, 0, 0, 0, 0, 0}};
+        sp::tape_t tp = {{nullptr, L.n, 0, 0, 0, 0, 0, fresh}};
         if (all_grads) {name}_thread<true>({tids}, L, A, G, tp);
         else {name}_thread<false>({tids}, L, A, G, tp);
     }}
@@ -259,7 +261,7 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
     tids = space["tids"]
     if adjoint:     # the gather entry's common case: every gradient present, no tape
         call, private = f"_thread<true>({tids}, L, A, G, tp);", ("A", "G")
-        prelude = "sp::tape_t tp = {nullptr, 1, 0, 0, 0, 0, in_order};"
+        prelude = "sp::tape_t tp = {nullptr, 1, 0, 0, 0, 0, in_order, fresh};"
     else:
         call, private, prelude = f"_thread({tids}, L, A);", ("A",), ""
     if interior is not None:

@@ -50,6 +50,7 @@ class RecordedOp:
     backward: Callable[[], None]            # runs the adjoint; accumulates into .grad of the arrays
     where: str = ""                         # "file.py:42" of the user's call, for messages
     launch: tuple | None = None             # (kernel, dim, args, device) of a kernel launch, to re-launch it
+    takes_fresh: bool = False               # backward(fresh) handles new gradients itself (Tape.backward)
 
 
 _local = threading.local()   # per thread: the stack of tapes in `with` blocks, innermost last
@@ -66,6 +67,16 @@ def active_tape() -> "Tape | None":
     """The innermost tape whose ``with`` block this thread is in, or None (then nothing records)."""
     stack = getattr(_local, "stack", None)
     return stack[-1] if stack else None
+
+
+def zero_fresh(pending: dict, grad: "array") -> bool:
+    """Zero-fill `grad`'s memory if it is still pending in `pending` (Tape.backward's `fresh`, by
+    storage), and forget it there; whether it was."""
+    new = pending.pop(id(grad._storage), None)
+    if new is None:
+        return False
+    new._data.fill(0)
+    return True
 
 
 class outside_tapes:
@@ -302,12 +313,16 @@ class Tape:
             record.version = arr.version
 
     # -- differentiating ---------------------------------------------------------------------------
-    def backward(self, loss: "array | None" = None, grads: dict | None = None) -> None:
+    def backward(self, loss: "array | None" = None, grads: dict | None = None, *, fresh=()) -> None:
         """Run the recorded adjoints in reverse order, accumulating into ``.grad`` of the arrays.
 
         `loss`: a one-element float array with ``requires_grad=True``; 1.0 is added to its grad.
         `grads`: ``{array: seed}``; each seed (an array or array-like of the same shape) is added to
         ``array.grad``, copied, never adopted. Gradients accumulate: call `zero` between passes.
+        `fresh`: gradient arrays whose memory is new (not zeroed) and stands for zeros. An adjoint
+        that writes every element of one (a gather form) stores into it instead of adding; any
+        other use zero-fills it first, and backward zero-fills what nothing used. It spares
+        filling memory that is about to be overwritten (the stepper's new gradient versions).
         """
         if self._depth > 0:
             raise RuntimeError("Tape.backward() was called while the tape is still recording (inside "
@@ -321,11 +336,24 @@ class Tape:
             seeds.append(self._seed_values(loss, 1.0, "backward(loss)"))
         for arr, seed in (grads or {}).items():
             seeds.append(self._seed_values(arr, seed, "backward(grads={array: seed})"))
-        for arr, values in seeds:
-            arr.grad._data += values
-            self._seeded.setdefault(id(arr), arr)
-        for op in reversed(self._ops):
-            op.backward()
+        pending = {id(g._storage): g for g in fresh}      # see `fresh`: fill or overwrite before use
+        try:
+            for arr, values in seeds:
+                zero_fresh(pending, arr.grad)
+                arr.grad._data += values
+                self._seeded.setdefault(id(arr), arr)
+            for op in reversed(self._ops):
+                if pending and op.takes_fresh:
+                    op.backward(pending)
+                else:
+                    if pending:
+                        for g in pending.values():
+                            g._data.fill(0)
+                        pending.clear()
+                    op.backward()
+        finally:
+            for g in pending.values():
+                g._data.fill(0)
 
     def _seed_values(self, arr, seed, where: str):
         from .array import array
