@@ -407,7 +407,7 @@ def gradcheck_tape(tape: Tape, eps: float = 1e-4, atol: float = 1e-3, rtol: floa
         recorded = getattr(op, "launch", None)
         if recorded is None:
             continue
-        kernel, dim, args, device = recorded
+        kernel, dim, args, device = recorded[:4]
         name = kernel.__name__
         if (allow and name not in allow) or name in deny:
             continue

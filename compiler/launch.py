@@ -260,15 +260,46 @@ def _record(tape, kernel, compiled, sig, args, dims, buffer, debug, deterministi
         raise CompileError(f"kernel '{kernel.__name__}' cannot be differentiated: {e}", e.loc.filename,
                            e.loc.lineno, e.loc.col, line,
                            "launch it outside the Tape, or give the function a @func_replay / @func_grad / adj_snippet")
-    tape.record(RecordedOp(
+    tape.record(_recorded_op(kernel, compiled, sig, args, dims, buffer, debug, deterministic, device,
+                             caller_location()))
+
+
+def _recorded_op(kernel, compiled, sig, args, dims, buffer, debug, deterministic, device, where) -> RecordedOp:
+    return RecordedOp(
         sig.op_name,
         {n: args[k] for n, k in sig.reads},
         {n: args[k] for n, k in sig.writes},
         {n: args[k] for n, k in sig.accumulates},
         functools.partial(_run_adjoint, kernel, compiled, sig, args, dims, buffer, debug, deterministic),
-        caller_location(),
-        (kernel, dims, args, device),
-        takes_fresh=True))
+        where,
+        (kernel, dims, args, device, debug, deterministic),
+        takes_fresh=True)
+
+
+def relaunch(kernel: Kernel, dims: tuple, args: list, deterministic: bool, tape=None, where: str = "",
+             run: bool = True) -> None:
+    """Launch again, on the CPU, what a checked `launch` ran before, with arguments of the same
+    kinds (each array of the dtype, rank and layout that launch accepted; scalars as they were
+    given): a step trace's replay (stepper/trace.py). Nothing is checked. With `tape`, the launch
+    is recorded there as `launch` records it; ``run=False`` records it without running it (for
+    outputs nothing will read: the adjoint replays the forward from the inputs)."""
+    compiled = kernel.compiled()
+    sig = _signature(kernel)
+    values = [math.prod(dims), *dims, *_ONES[len(dims):]]
+    for p, expect, a in zip(sig.params, sig.expect, args):
+        if type(a) is array:
+            values += a.__dict__.get("_launch_abi") or _array_values(a)
+        elif type(expect) is frozenset and type(a) in expect:
+            values.append(a)
+        else:
+            values += _check_argument(kernel, p, a, "cpu")
+    buffer = sig.packer.pack(*values)
+    if tape is not None:
+        tape.record(_recorded_op(kernel, compiled, sig, args, dims, buffer, False, deterministic, "cpu", where))
+    if run:
+        settle()
+        kernel.entry(False).function(sig.forward_name, adjoint=False)(buffer, int(deterministic and sig.has_atomics))
+    _mark_written(sig, args, tape)
 
 
 def _gather_fits(gather, sig, args, dims) -> bool:

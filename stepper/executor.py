@@ -65,7 +65,8 @@ class Sweep:
         self._ahead: deque = deque()
         self.pool = BufferPool(model.device, model.zero_buffers)
         tiers.attach(self.pool)
-        self._runner = StepRunner(model, self.pool, deterministic=deterministic, running_loss=running_loss)
+        self._runner = StepRunner(model, self.pool, deterministic=deterministic, running_loss=running_loss,
+                                  traced=True)
         self.work: State | None = self._load_initial(initial)
         self.pos = 0
         self.recorded: dict[int, RecordedStep] = {}
@@ -201,11 +202,15 @@ class Sweep:
         prev = self.work
         pool = self.pool
         donors = self.carry.values() if record and self.carry else ()     # see GradSlots
-        if record or n >= self.seen:
-            nxt, ctx, tape, loss = self._runner.run(n, prev, record, donors, outputs_dead)
-        else:                   # a recomputation of a step that ran (checked) before
-            nxt, ctx, tape, loss = self._runner.rerun(n, prev)
-        scratch = ctx._scratch
+        runner = self._runner
+        if n >= self.seen:
+            nxt, scratch, tape, loss = runner.run(n, prev, record, donors, outputs_dead)
+        elif not record:        # a recomputation of a step that ran (checked) before
+            nxt, scratch, tape, loss = runner.rerun(n, prev)
+        elif runner.replays_recording():
+            nxt, scratch, tape, loss = runner.record_replay(n, prev, outputs_dead)
+        else:
+            nxt, scratch, tape, loss = runner.run(n, prev, record, donors, outputs_dead)
         if n >= self.seen:      # first time this step runs: its loss, finiteness, progress
             if loss is not None:
                 self.step_losses.append(float(loss.numpy().reshape(-1)[0]))

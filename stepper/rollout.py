@@ -130,8 +130,8 @@ def _run(model, values, start, steps, store, meta, *, callback, every, record_ev
             store.write(start, work.numpy(), meta)
             written += 1
         while steps is None or n < steps:
-            nxt, ctx, _tape, _ = run(n, work)
-            pool.release_all((*ctx._scratch.values(), *work.values()))
+            nxt, scratch, _tape, _ = run(n, work)
+            pool.release_all((*scratch.values(), *work.values()))
             work = nxt
             n += 1
             bar.update(1)

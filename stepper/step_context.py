@@ -18,6 +18,7 @@ from compiler.runtime.tape import outside_tapes
 
 from .errors import ModelError
 from .state import State
+from .trace import StepTrace, trace_step
 from .versions import BufferPool, set_grad
 
 __all__ = ["StepContext", "StepTape", "RecordedStep", "StepRunner"]
@@ -30,8 +31,10 @@ class StepTape(Tape):
         super().__init__(deterministic=deterministic)
         self._protected = protected          # id(storage) -> "s.prev.x" / "s.params.k"
         self._ctx = ctx                      # names the step's other buffers in messages
+        self.writes_checked = 0              # recorded ops and host writes (see stepper/trace.py)
 
     def check_writes(self, op) -> None:
+        self.writes_checked += 1
         protected = self._protected
         for arr in op.writes.values():
             if id(arr._storage) in protected:
@@ -92,6 +95,7 @@ class StepContext:
         self._pool = pool
         self._grads = grads
         self._scratch: dict[str, array] = {}
+        self._scratch_zero: dict[str, bool | None] = {}      # the zero= each was asked with
 
     def scratch(self, name: str, shape, dtype=float, zero: bool | None = None) -> array:
         """A buffer for this step only: a fresh version every step, so a later step never overwrites
@@ -107,6 +111,7 @@ class StepContext:
                                  f"earlier in this step and now with shape {dims} of {dt}; use another name")
             return arr
         arr = self._scratch[name] = self._pool.acquire(dims, dt, zero)
+        self._scratch_zero[name] = zero
         if self._grads is not None:
             self._grads.attach(arr)
         return arr
@@ -189,7 +194,7 @@ class StepRunner:
     Kinds of its states' versions, the labels that name its parameters in messages) is worked out
     once, here, rather than on every step."""
 
-    def __init__(self, model, pool: BufferPool, *, deterministic: bool, running_loss=None):
+    def __init__(self, model, pool: BufferPool, *, deterministic: bool, running_loss=None, traced: bool = False):
         self.model, self.pool = model, pool
         self.deterministic = deterministic
         self.running_loss = running_loss
@@ -197,16 +202,31 @@ class StepRunner:
         self._params = model.params
         self._param_labels = {id(a._storage): "s.params." + name for name, a in self._params.items()}
         self.launches_skipped = 0
+        # With `traced`, `run` reads each step's trace off its tape: `trace` is the one every step
+        # has made so far (None before the first), False once a step could not be traced or two
+        # differed (stepper/trace.py).
+        self.traced = traced
+        self.trace: StepTrace | None | bool = None
 
     def rerun(self, n: int, prev: State):
         """Run step n again from the state it ran from before (a recomputation between
         checkpoints), without a tape: that run checked its writes, and a step function is a
         function of its state, so this one makes the same launches. Nothing records or checks
         them and no running loss is computed; the launches keep the runner's `deterministic`, so
-        the state comes out with the same bits. Returns what `run` does, with no tape and no loss."""
+        the state comes out with the same bits. Every step's trace being the same, the launches
+        run from it, without the step function. Returns what `run` does, with no tape and no loss."""
         model, pool = self.model, self.pool
         take = pool.take
         nxt = State({name: take(kind) for name, kind in self._kinds})
+        trace = self.trace
+        if trace:
+            scratch = self._take_scratch(trace)
+            try:
+                trace.run(prev, nxt, scratch)
+            except BaseException:
+                pool.release_all((*nxt.values(), *scratch.values()))
+                raise
+            return nxt, scratch, None, None
         ctx = StepContext(n, model.t0 + n * model.dt, model.dt, prev, nxt, self._params, pool)
         try:
             with outside_tapes(self.deterministic):
@@ -214,11 +234,45 @@ class StepRunner:
         except BaseException:
             pool.release_all((*nxt.values(), *ctx._scratch.values()))
             raise
-        return nxt, ctx, None, None
+        return nxt, ctx._scratch, None, None
+
+    def replays_recording(self) -> bool:
+        """Whether `record_replay` can stand in for recording a step that ran before."""
+        return bool(self.trace) and self.trace.differentiable
+
+    def record_replay(self, n: int, prev: State, outputs_dead: bool = False):
+        """`run(n, prev, record=True, outputs_dead=...)` for a step that ran before, checked, from
+        this state, built from the trace: its launches are recorded on a fresh tape (and run, but
+        for the last one when `outputs_dead`) without the step function, its GradSlots or checks."""
+        pool = self.pool
+        take = pool.take
+        trace = self.trace
+        nxt = State({name: take(kind) for name, kind in self._kinds})
+        scratch = self._take_scratch(trace)
+        tape = Tape(self.deterministic)
+        try:
+            trace.run(prev, nxt, scratch, tape, skip_last=outputs_dead)
+        except BaseException:
+            pool.release_all((*nxt.values(), *scratch.values()))
+            raise
+        if outputs_dead:
+            self.launches_skipped += 1
+        loss = scratch[trace.loss.name] if trace.loss is not None else None
+        return nxt, scratch, tape, loss
+
+    def _take_scratch(self, trace) -> dict:
+        acquire = self.pool.acquire
+        return {name: acquire(shape, dtype, zero) for name, shape, dtype, zero in trace.scratch}
+
+    def _observe(self, tape, prev, nxt, ctx, loss) -> None:
+        if self.trace is None:
+            self.trace = trace_step(tape, prev, nxt, ctx._scratch, ctx._scratch_zero, loss) or False
+        elif not self.trace.matches(tape, prev, nxt, ctx._scratch, ctx._scratch_zero, loss):
+            self.trace = False
 
     def run(self, n: int, prev: State, record: bool = False, donors=(), outputs_dead: bool = False):
-        """Run step n from `prev`; return (next State, its StepContext, the tape, the loss array or
-        None). The caller owns one hold on every next and scratch array. With `record`, the arrays
+        """Run step n from `prev`; return (next State, its scratch buffers by name, the tape, the loss
+        array or None). The caller owns one hold on every next and scratch array. With `record`, the arrays
         carry gradients while the step runs (see GradSlots); none are left attached.
 
         `outputs_dead`: nothing will read what the step computes (a recorded step whose adjoint
@@ -269,4 +323,6 @@ class StepRunner:
             raise
         if grads is not None:
             grads.detach()
-        return nxt, ctx, tape, loss
+        if self.traced and self.trace is not False:
+            self._observe(tape, prev, nxt, ctx, loss)
+        return nxt, ctx._scratch, tape, loss

@@ -49,7 +49,7 @@ class RecordedOp:
     accumulates: dict[str, "array"]         # argument name -> array the op only accumulates into
     backward: Callable[[], None]            # runs the adjoint; accumulates into .grad of the arrays
     where: str = ""                         # "file.py:42" of the user's call, for messages
-    launch: tuple | None = None             # (kernel, dim, args, device) of a kernel launch, to re-launch it
+    launch: tuple | None = None             # (kernel, dims, args, device, debug, deterministic) of a launch
     takes_fresh: bool = False               # backward(fresh) handles new gradients itself (Tape.backward)
 
 

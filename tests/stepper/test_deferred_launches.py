@@ -51,9 +51,12 @@ def test_a_later_launch_runs_the_held_one_first():
 
 
 def test_host_access_runs_the_held_launch_first():
+    """The step fills a buffer on the host, so it has no trace (stepper/trace.py) and its function
+    runs on every evaluation, recorded ones included: each looks at its output."""
     seen = []
 
     def looks_at_its_output(s):
+        s.scratch("unused", 4).fill_(1.0)
         sp.launch(double, 4, inputs=[s.prev.x], outputs=[s.next.x])
         seen.append(np.array_equal(s.next.x.numpy(), 2.0 * s.prev.x.numpy()))
     model, initial = chain_model(looks_at_its_output)

@@ -1,0 +1,139 @@
+"""Step traces: the launches a step made, with its own buffers as slots, so that a step that already
+ran (checked, under its StepTape) can run again without its Python function.
+
+A trace is read off a step's tape after its first run. Each launch keeps its kernel, dims and
+`deterministic`, and each argument is either a slot (``Slot("prev", "u")``, ``Slot("next", "u")``,
+``Slot("scratch", "force")``), filled with that step's versions at replay, or the value itself (a
+scalar, a parameter, any other array the step only reads). A step is traced only when everything it
+wrote went through a recorded CPU launch into s.next or s.scratch (no copies, assign or fill_, no
+debug launches, no writes to arrays of its own making).
+
+The executor replays a trace only while every step of the run has had the same one (a step function
+whose launches do not depend on the step: the common case). That keeps one trace per run, and a step
+whose trace differs turns replays off for the rest of the run. Replays rely on what recomputation
+relies on anyway: a step function is a function of its state. It makes the same launches when it
+runs again from the same state.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from compiler import array
+from compiler.launch import relaunch
+
+__all__ = ["Slot", "StepTrace", "trace_step"]
+
+
+@dataclass(frozen=True, slots=True)
+class Slot:
+    """One of a step's own buffers: ``group`` is "prev", "next" or "scratch"."""
+    group: str
+    name: str
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class TracedLaunch:
+    kernel: object
+    dims: tuple
+    args: tuple                # a Slot, or the argument itself
+    deterministic: bool
+    where: str                 # the user's launch line, for messages from a replayed step's tape
+
+
+def _same_argument(a, b) -> bool:
+    if isinstance(a, Slot) or isinstance(b, Slot):
+        return a == b
+    if isinstance(a, array) or isinstance(b, array):
+        return a is b
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, np.ndarray):              # a vector or matrix argument given as an array
+        return a.dtype == b.dtype and np.array_equal(a, b)
+    try:
+        return bool(a == b)
+    except (TypeError, ValueError):
+        return False
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class StepTrace:
+    launches: tuple[TracedLaunch, ...]
+    scratch: tuple                 # (name, shape, dtype, zero) of each s.scratch buffer, in order
+    loss: Slot | None              # the running loss's buffer
+    differentiable: bool           # every kernel has an adjoint (else recording must raise, so it runs)
+
+    def matches(self, tape, prev, nxt, scratch: dict, scratch_zero: dict, loss) -> bool:
+        """Whether the step that just ran under `tape` (as for `trace_step`) made this trace."""
+        ops = tape._ops
+        if tape.writes_checked != len(ops) or len(ops) != len(self.launches) or len(scratch) != len(self.scratch):
+            return False
+        for (name, shape, dtype, zero), (have, a) in zip(self.scratch, scratch.items()):
+            if name != have or a.shape != shape or a.dtype != dtype or scratch_zero.get(name) != zero:
+                return False
+        groups = {"prev": prev, "next": nxt, "scratch": scratch}
+        if (loss is None) != (self.loss is None) or loss is not None and groups[self.loss.group].get(self.loss.name) is not loss:
+            return False
+        own_memory = None
+        for op, traced in zip(ops, self.launches):
+            if op.launch is None:
+                return False
+            kernel, dims, args, device, debug, deterministic = op.launch
+            if kernel is not traced.kernel or tuple(dims) != traced.dims or deterministic != traced.deterministic \
+                    or device != "cpu" or debug or len(args) != len(traced.args):
+                return False
+            for a, t in zip(args, traced.args):
+                if type(t) is Slot:
+                    if groups[t.group].get(t.name) is not a:
+                        return False
+                elif not _same_argument(a, t):
+                    return False
+                elif type(a) is array:         # the same array as before: still not a view of ours?
+                    if own_memory is None:
+                        own_memory = {id(b._storage) for group in groups.values() for b in group.values()}
+                    if id(a._storage) in own_memory:
+                        return False
+        return True
+
+    def run(self, prev, nxt, scratch: dict, tape=None, skip_last: bool = False) -> None:
+        """The step's launches on these versions (`scratch` by name, already taken). With `tape`,
+        each is also recorded there; `skip_last` records the last one without running it."""
+        groups = {"prev": prev, "next": nxt, "scratch": scratch}
+        last = len(self.launches) - 1
+        for k, t in enumerate(self.launches):
+            args = [groups[a.group][a.name] if type(a) is Slot else a for a in t.args]
+            relaunch(t.kernel, t.dims, args, t.deterministic, tape, t.where, run=not (skip_last and k == last))
+
+
+def trace_step(tape, prev, nxt, scratch: dict, scratch_zero: dict, loss) -> StepTrace | None:
+    """The trace of a step that just ran under `tape` (a StepTape) from `prev` into `nxt` with these
+    scratch buffers, or None when the step cannot be replayed (see the module docstring)."""
+    if tape.writes_checked != len(tape._ops):
+        return None                  # a write the tape checked but did not record: a copy, fill_, ...
+    slots = {}
+    for group, arrays in (("prev", prev), ("next", nxt), ("scratch", scratch)):
+        for name, a in arrays.items():
+            slots[id(a)] = Slot(group, name)
+    writable = {id(a) for a in (*nxt.values(), *scratch.values())}
+    own_memory = {id(a._storage) for group in (prev, nxt, scratch) for a in group.values()}
+    launches = []
+    differentiable = True
+    for op in tape._ops:
+        if op.launch is None:
+            return None
+        kernel, dims, args, device, debug, deterministic = op.launch
+        if device != "cpu" or debug:
+            return None
+        if any(id(a) not in writable for a in (*op.writes.values(), *op.accumulates.values())):
+            return None              # writes into an array the step did not get from its pool
+        if any(isinstance(a, array) and id(a) not in slots and id(a._storage) in own_memory for a in args):
+            return None              # a view of one of the step's buffers: it would outlive them
+        if kernel.compiled().adjoint_error is not None:
+            differentiable = False
+        launches.append(TracedLaunch(kernel, tuple(dims), tuple(slots.get(id(a), a) if isinstance(a, array) else a
+                                                                for a in args), deterministic, op.where))
+    if loss is not None and id(loss) not in slots:
+        return None
+    spec = tuple((name, a.shape, a.dtype, scratch_zero.get(name)) for name, a in scratch.items())
+    return StepTrace(tuple(launches), spec, slots.get(id(loss)) if loss is not None else None, differentiable)

@@ -1,0 +1,147 @@
+"""Step traces (stepper/trace.py): a step that ran, checked, is recomputed and re-recorded from the
+launches it made, without its Python function, while every step has made the same launches. Steps
+whose launches differ, or that write other than through launches, run their function every time.
+Either way, every schedule gives store-all's bits."""
+import numpy as np
+import pytest
+
+import stepper as sp
+from step_kernels import double
+from stepper_models import chain_initial, chain_model
+
+F32 = sp.array(dtype=float)
+F64 = sp.array(dtype=sp.float64)
+STEPS = 24
+
+
+@sp.kernel
+def drift(x: F64, t: sp.float64, y: F64):
+    i = sp.tid()
+    y[i] = x[i] + 0.01 * sp.sin(t + x[i])
+
+
+@sp.kernel
+def halve(x: F64, y: F64):
+    i = sp.tid()
+    y[i] = 0.5 * x[i] + 0.1 * x[i] * x[i]
+
+
+@sp.kernel
+def nudge(x: F64, acc: F64, y: F64):
+    i = sp.tid()
+    y[i] = x[i] - 0.01 * acc[0] * x[i]
+
+
+@sp.kernel
+def square_sum(x: F64, out: F64):
+    i = sp.tid()
+    sp.atomic_add(out, 0, x[i] * x[i])
+
+
+def loss(state):
+    out = sp.zeros(1, dtype=sp.float64, requires_grad=True)
+    sp.launch(square_sum, state.x.shape[0], inputs=[state.x], outputs=[out])
+    return out
+
+
+def counting_model(step):
+    """A one-state float64 model whose step function counts its calls."""
+    calls = []
+    model = sp.Model(dt=0.1)
+    model.state("x", 8, sp.float64)
+
+    @model.step
+    def counted(s):
+        calls.append(s.n)
+        step(s)
+    return model, calls, {"x": sp.array(np.linspace(-1.0, 1.0, 8), dtype=sp.float64)}
+
+
+def same_bits(a, b):
+    assert a.loss == b.loss
+    for name in a.grads:
+        np.testing.assert_array_equal(a.grads[name].numpy(), b.grads[name].numpy(), err_msg=name)
+
+
+SCHEDULES = [lambda: sp.Revolve(STEPS, 3), lambda: sp.Revolve(STEPS, 6), lambda: sp.Online(4),
+             lambda: sp.MultiLevel(STEPS, 2, 4)]
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_a_traced_step_function_runs_once_per_step_and_gives_store_alls_bits(schedule, tmp_path):
+    """chain_model's step (a force into s.scratch, then an integrator reading it, parameters with
+    gradients) makes the same launches every step: recomputations and recordings replay them."""
+    model, initial = chain_model(), chain_initial()
+    stored = model.gradient(initial, STEPS, loss=loss, schedule=sp.StoreAll(STEPS))
+    calls = []
+    step = model.step_fn
+    model.step_fn = lambda s: (calls.append(s.n), step(s))
+    result = model.gradient(initial, STEPS, loss=loss, schedule=schedule(), storage=tmp_path / "s.h5",
+                            **({"until": lambda state: False} if isinstance(schedule(), sp.Online) else {}))
+    assert sorted(calls) == list(range(STEPS))                 # each step's function ran once
+    assert result.stats.forward_steps > STEPS                  # and yet the schedule recomputed
+    same_bits(stored, result)
+
+
+def test_a_step_whose_launches_depend_on_the_step_is_not_replayed():
+    """s.t reaches the kernel as a scalar: every step's launches differ, so each evaluation runs
+    the step function, and the gradient still has store-all's bits and matches finite differences."""
+    model, calls, initial = counting_model(
+        lambda s: sp.launch(drift, 8, inputs=[s.prev.x, s.t], outputs=[s.next.x]))
+    stored = model.gradient(initial, STEPS, loss=loss, schedule=sp.StoreAll(STEPS))
+    del calls[:]
+    result = model.gradient(initial, STEPS, loss=loss, schedule=sp.Revolve(STEPS, 3))
+    assert len(calls) == result.stats.forward_steps > STEPS
+    same_bits(stored, result)
+    x0 = initial["x"].numpy().copy()
+
+    def f(x):
+        for n in range(STEPS):
+            x = x + 0.01 * np.sin(0.1 * n + x)
+        return float(np.sum(x * x))
+    dx = np.random.default_rng(0).standard_normal(8)
+    fd = (f(x0 + 1e-6 * dx) - f(x0 - 1e-6 * dx)) / 2e-6
+    assert abs(result.grads["x"].numpy() @ dx - fd) <= 1e-7 * abs(fd)
+
+
+def test_a_step_that_branches_on_its_index_is_not_replayed():
+    def alternating(s):
+        kernel = halve if s.n % 2 else drift
+        args = [s.prev.x] if s.n % 2 else [s.prev.x, 0.0]
+        sp.launch(kernel, 8, inputs=args, outputs=[s.next.x])
+    model, calls, initial = counting_model(alternating)
+    stored = model.gradient(initial, STEPS, loss=loss, schedule=sp.StoreAll(STEPS))
+    del calls[:]
+    result = model.gradient(initial, STEPS, loss=loss, schedule=sp.Revolve(STEPS, 3))
+    assert len(calls) == result.stats.forward_steps
+    same_bits(stored, result)
+
+
+def test_a_step_that_writes_on_the_host_is_not_replayed():
+    def fills_then_launches(s):
+        s.scratch("unused", 8, sp.float64).fill_(1.0)
+        sp.launch(halve, 8, inputs=[s.prev.x], outputs=[s.next.x])
+    model, calls, initial = counting_model(fills_then_launches)
+    stored = model.gradient(initial, STEPS, loss=loss, schedule=sp.StoreAll(STEPS))
+    del calls[:]
+    result = model.gradient(initial, STEPS, loss=loss, schedule=sp.Revolve(STEPS, 3))
+    assert len(calls) == result.stats.forward_steps
+    same_bits(stored, result)
+
+
+def test_replayed_scratch_buffers_are_zero_filled_as_asked():
+    """An accumulating scratch buffer must be zero again in every replay (zero_buffers=True), and
+    one asked for with zero=False is left as the pool hands it over (the kernel stores all of it)."""
+    def accumulate(s):
+        acc = s.scratch("acc", 8, sp.float64)
+        sp.launch(square_sum, 8, inputs=[s.prev.x], outputs=[acc])        # acc[0] += sum x^2
+        tmp = s.scratch("tmp", 8, sp.float64, zero=False)
+        sp.launch(halve, 8, inputs=[s.prev.x], outputs=[tmp])
+        sp.launch(nudge, 8, inputs=[tmp, acc], outputs=[s.next.x])
+    model, calls, initial = counting_model(accumulate)
+    stored = model.gradient(initial, STEPS, loss=loss, schedule=sp.StoreAll(STEPS))
+    del calls[:]
+    result = model.gradient(initial, STEPS, loss=loss, schedule=sp.Revolve(STEPS, 3))
+    assert sorted(calls) == list(range(STEPS))
+    same_bits(stored, result)
+    np.testing.assert_array_equal(result.final.x.numpy(), stored.final.x.numpy())
