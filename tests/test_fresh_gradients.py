@@ -10,29 +10,10 @@ import numpy as np
 
 import compiler as sp
 from compiler.launch import _fresh_mask, _signature
+from test_gather_adjoint import B, C, wave, wave_adjoint_reference
 
-F2 = sp.array(dtype=float, ndim=2)
 F1 = sp.array(dtype=float)
 I1 = sp.array(dtype=sp.int32)
-C, B = 0.25, 0.1
-
-
-@sp.kernel
-def wave(up: F2, u: F2, c: float, b: float, u_next: F2):
-    i, j = sp.tid()
-    n = u.shape[0]
-    m = u.shape[1]
-    x = u[i, j]
-    lap = -4.0 * x
-    if i > 0:
-        lap += u[i - 1, j]
-    if i < n - 1:
-        lap += u[i + 1, j]
-    if j > 0:
-        lap += u[i, j - 1]
-    if j < m - 1:
-        lap += u[i, j + 1]
-    u_next[i, j] = 2.0 * x - up[i, j] + c * lap - b * x * x * x
 
 
 @sp.kernel
@@ -68,17 +49,6 @@ def run_wave(up, u, w, fresh, same=False):
         sp.launch(wave, u.shape, inputs=[u if same else up, u, C, B], outputs=[out])
     tape.backward(grads={out: w}, fresh=fresh)
     return tape
-
-
-def wave_adjoint_reference(u, w):
-    """d(sum(w * u_next))/du in float64: the transposed 5-point stencil plus the local terms."""
-    u, w = u.astype(np.float64), w.astype(np.float64)
-    g = (2.0 - 4.0 * C - 3.0 * B * u * u) * w
-    g[1:, :] += C * w[:-1, :]
-    g[:-1, :] += C * w[1:, :]
-    g[:, 1:] += C * w[:, :-1]
-    g[:, :-1] += C * w[:, 1:]
-    return g
 
 
 def test_a_gather_form_overwrites_fresh_gradients_with_the_bits_of_adding_to_zeros():

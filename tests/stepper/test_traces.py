@@ -83,16 +83,23 @@ def test_a_traced_step_function_runs_once_per_step_and_gives_store_alls_bits(sch
     same_bits(stored, result)
 
 
-def test_a_step_whose_launches_depend_on_the_step_is_not_replayed():
-    """s.t reaches the kernel as a scalar: every step's launches differ, so each evaluation runs
-    the step function, and the gradient still has store-all's bits and matches finite differences."""
-    model, calls, initial = counting_model(
-        lambda s: sp.launch(drift, 8, inputs=[s.prev.x, s.t], outputs=[s.next.x]))
+def runs_at_every_evaluation(step):
+    """A Revolve gradient of `step`'s model calls the step function at every forward evaluation
+    and gives store-all's bits; returns it and the initial state."""
+    model, calls, initial = counting_model(step)
     stored = model.gradient(initial, STEPS, loss=loss, schedule=sp.StoreAll(STEPS))
     del calls[:]
     result = model.gradient(initial, STEPS, loss=loss, schedule=sp.Revolve(STEPS, 3))
     assert len(calls) == result.stats.forward_steps > STEPS
     same_bits(stored, result)
+    return result, initial
+
+
+def test_a_step_whose_launches_depend_on_the_step_is_not_replayed():
+    """s.t reaches the kernel as a scalar: every step's launches differ, so each evaluation runs
+    the step function, and the gradient still has store-all's bits and matches finite differences."""
+    result, initial = runs_at_every_evaluation(
+        lambda s: sp.launch(drift, 8, inputs=[s.prev.x, s.t], outputs=[s.next.x]))
     x0 = initial["x"].numpy().copy()
 
     def f(x):
@@ -109,24 +116,14 @@ def test_a_step_that_branches_on_its_index_is_not_replayed():
         kernel = halve if s.n % 2 else drift
         args = [s.prev.x] if s.n % 2 else [s.prev.x, 0.0]
         sp.launch(kernel, 8, inputs=args, outputs=[s.next.x])
-    model, calls, initial = counting_model(alternating)
-    stored = model.gradient(initial, STEPS, loss=loss, schedule=sp.StoreAll(STEPS))
-    del calls[:]
-    result = model.gradient(initial, STEPS, loss=loss, schedule=sp.Revolve(STEPS, 3))
-    assert len(calls) == result.stats.forward_steps
-    same_bits(stored, result)
+    runs_at_every_evaluation(alternating)
 
 
 def test_a_step_that_writes_on_the_host_is_not_replayed():
     def fills_then_launches(s):
         s.scratch("unused", 8, sp.float64).fill_(1.0)
         sp.launch(halve, 8, inputs=[s.prev.x], outputs=[s.next.x])
-    model, calls, initial = counting_model(fills_then_launches)
-    stored = model.gradient(initial, STEPS, loss=loss, schedule=sp.StoreAll(STEPS))
-    del calls[:]
-    result = model.gradient(initial, STEPS, loss=loss, schedule=sp.Revolve(STEPS, 3))
-    assert len(calls) == result.stats.forward_steps
-    same_bits(stored, result)
+    runs_at_every_evaluation(fills_then_launches)
 
 
 def test_replayed_scratch_buffers_are_zero_filled_as_asked():
