@@ -222,7 +222,7 @@ class StepRunner:
         if trace:
             scratch = self._take_scratch(trace)
             try:
-                trace.run(prev, nxt, scratch)
+                trace.run(prev, nxt, scratch, with_loss=False)
             except BaseException:
                 pool.release_all((*nxt.values(), *scratch.values()))
                 raise
@@ -264,10 +264,10 @@ class StepRunner:
         acquire = self.pool.acquire
         return {name: acquire(shape, dtype, zero) for name, shape, dtype, zero in trace.scratch}
 
-    def _observe(self, tape, prev, nxt, ctx, loss) -> None:
+    def _observe(self, tape, prev, nxt, ctx, loss, step_ops: int) -> None:
         if self.trace is None:
-            self.trace = trace_step(tape, prev, nxt, ctx._scratch, ctx._scratch_zero, loss) or False
-        elif not self.trace.matches(tape, prev, nxt, ctx._scratch, ctx._scratch_zero, loss):
+            self.trace = trace_step(tape, prev, nxt, ctx._scratch, ctx._scratch_zero, loss, step_ops) or False
+        elif not self.trace.matches(tape, prev, nxt, ctx._scratch, ctx._scratch_zero, loss, step_ops):
             self.trace = False
 
     def run(self, n: int, prev: State, record: bool = False, donors=(), outputs_dead: bool = False):
@@ -303,6 +303,7 @@ class StepRunner:
             try:
                 with tape:
                     model.step_fn(ctx)
+                    step_ops = len(tape._ops)            # the rest are the running loss's
                     if self.running_loss is not None:
                         loss = check_scalar_loss(self.running_loss(ctx), "running_loss(s)")
             finally:
@@ -324,5 +325,5 @@ class StepRunner:
         if grads is not None:
             grads.detach()
         if self.traced and self.trace is not False:
-            self._observe(tape, prev, nxt, ctx, loss)
+            self._observe(tape, prev, nxt, ctx, loss, step_ops)
         return nxt, ctx._scratch, tape, loss

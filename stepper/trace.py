@@ -63,11 +63,13 @@ class StepTrace:
     scratch: tuple                 # (name, shape, dtype, zero) of each s.scratch buffer, in order
     loss: Slot | None              # the running loss's buffer
     differentiable: bool           # every kernel has an adjoint (else recording must raise, so it runs)
+    step_launches: int             # the step function's launches; the running loss's follow them
 
-    def matches(self, tape, prev, nxt, scratch: dict, scratch_zero: dict, loss) -> bool:
+    def matches(self, tape, prev, nxt, scratch: dict, scratch_zero: dict, loss, step_ops: int) -> bool:
         """Whether the step that just ran under `tape` (as for `trace_step`) made this trace."""
         ops = tape._ops
-        if tape.writes_checked != len(ops) or len(ops) != len(self.launches) or len(scratch) != len(self.scratch):
+        if tape.writes_checked != len(ops) or len(ops) != len(self.launches) or len(scratch) != len(self.scratch) \
+                or step_ops != self.step_launches:
             return False
         for (name, shape, dtype, zero), (have, a) in zip(self.scratch, scratch.items()):
             if name != have or a.shape != shape or a.dtype != dtype or scratch_zero.get(name) != zero:
@@ -96,19 +98,22 @@ class StepTrace:
                         return False
         return True
 
-    def run(self, prev, nxt, scratch: dict, tape=None, skip_last: bool = False) -> None:
+    def run(self, prev, nxt, scratch: dict, tape=None, skip_last: bool = False, with_loss: bool = True) -> None:
         """The step's launches on these versions (`scratch` by name, already taken). With `tape`,
-        each is also recorded there; `skip_last` records the last one without running it."""
+        each is also recorded there; `skip_last` records the last one without running it.
+        ``with_loss=False`` leaves out the running loss's launches (a recomputation needs no loss)."""
         groups = {"prev": prev, "next": nxt, "scratch": scratch}
-        last = len(self.launches) - 1
-        for k, t in enumerate(self.launches):
+        launches = self.launches if with_loss else self.launches[:self.step_launches]
+        last = len(launches) - 1
+        for k, t in enumerate(launches):
             args = [groups[a.group][a.name] if type(a) is Slot else a for a in t.args]
             relaunch(t.kernel, t.dims, args, t.deterministic, tape, t.where, run=not (skip_last and k == last))
 
 
-def trace_step(tape, prev, nxt, scratch: dict, scratch_zero: dict, loss) -> StepTrace | None:
+def trace_step(tape, prev, nxt, scratch: dict, scratch_zero: dict, loss, step_ops: int) -> StepTrace | None:
     """The trace of a step that just ran under `tape` (a StepTape) from `prev` into `nxt` with these
-    scratch buffers, or None when the step cannot be replayed (see the module docstring)."""
+    scratch buffers, or None when the step cannot be replayed (see the module docstring). The first
+    `step_ops` ops are the step function's, the rest the running loss's."""
     if tape.writes_checked != len(tape._ops):
         return None                  # a write the tape checked but did not record: a copy, fill_, ...
     slots = {}
@@ -136,4 +141,5 @@ def trace_step(tape, prev, nxt, scratch: dict, scratch_zero: dict, loss) -> Step
     if loss is not None and id(loss) not in slots:
         return None
     spec = tuple((name, a.shape, a.dtype, scratch_zero.get(name)) for name, a in scratch.items())
-    return StepTrace(tuple(launches), spec, slots.get(id(loss)) if loss is not None else None, differentiable)
+    return StepTrace(tuple(launches), spec, slots.get(id(loss)) if loss is not None else None, differentiable,
+                     step_ops)

@@ -142,3 +142,24 @@ def test_replayed_scratch_buffers_are_zero_filled_as_asked():
     assert sorted(calls) == list(range(STEPS))
     same_bits(stored, result)
     np.testing.assert_array_equal(result.final.x.numpy(), stored.final.x.numpy())
+
+
+def test_recomputations_leave_out_the_running_loss(monkeypatch):
+    """The running loss's launches are part of the trace (a recording's adjoint needs them), but
+    a recomputation replays only the step function's: the loss kernel runs once per recording."""
+    import stepper.trace as trace
+    relaunched = []
+    real = trace.relaunch
+    monkeypatch.setattr(trace, "relaunch", lambda kernel, *a, **k: (relaunched.append(kernel), real(kernel, *a, **k)))
+
+    def running(s):
+        out = s.scratch("loss", 1, sp.float64)
+        sp.launch(square_sum, 8, inputs=[s.next.x], outputs=[out])
+        return out
+    model, calls, initial = counting_model(lambda s: sp.launch(halve, 8, inputs=[s.prev.x], outputs=[s.next.x]))
+    stored = model.gradient(initial, STEPS, loss=loss, running_loss=running, schedule=sp.StoreAll(STEPS))
+    result = model.gradient(initial, STEPS, loss=loss, running_loss=running, schedule=sp.Revolve(STEPS, 3))
+    same_bits(stored, result)
+    replays = result.stats.forward_steps - STEPS                 # every evaluation but the first runs
+    assert relaunched.count(halve) == replays
+    assert relaunched.count(square_sum) == STEPS - 1             # recordings only (the last ran first)
