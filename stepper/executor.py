@@ -203,11 +203,9 @@ class Sweep:
         pool = self.pool
         donors = self.carry.values() if record and self.carry else ()     # see GradSlots
         runner = self._runner
-        if n >= self.seen:
-            nxt, scratch, tape, loss = runner.run(n, prev, record, donors, outputs_dead)
-        elif not record:        # a recomputation of a step that ran (checked) before
+        if n < self.seen and not record:          # a recomputation of a step that ran (checked) before
             nxt, scratch, tape, loss = runner.rerun(n, prev)
-        elif runner.replays_recording():
+        elif n < self.seen and runner.replays_recording():
             nxt, scratch, tape, loss = runner.record_replay(n, prev, outputs_dead)
         else:
             nxt, scratch, tape, loss = runner.run(n, prev, record, donors, outputs_dead)

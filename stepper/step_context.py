@@ -116,16 +116,12 @@ class StepContext:
             self._grads.attach(arr)
         return arr
 
-    @property
-    def scratch_buffers(self) -> dict[str, array]:
-        return dict(self._scratch)
-
 
 @dataclass(eq=False, slots=True)
 class RecordedStep:
     """A step kept for its adjoint: its tape and the versions it read and wrote (held in the pool)."""
     n: int
-    tape: StepTape
+    tape: Tape                         # a StepTape, or a plain Tape replayed from the step trace
     prev: State
     next: State
     scratch: dict[str, array]
@@ -215,18 +211,12 @@ class StepRunner:
         them and no running loss is computed; the launches keep the runner's `deterministic`, so
         the state comes out with the same bits. Every step's trace being the same, the launches
         run from it, without the step function. Returns what `run` does, with no tape and no loss."""
+        if self.trace:
+            nxt, scratch = self._replay(prev, with_loss=False)
+            return nxt, scratch, None, None
         model, pool = self.model, self.pool
         take = pool.take
         nxt = State({name: take(kind) for name, kind in self._kinds})
-        trace = self.trace
-        if trace:
-            scratch = self._take_scratch(trace)
-            try:
-                trace.run(prev, nxt, scratch, with_loss=False)
-            except BaseException:
-                pool.release_all((*nxt.values(), *scratch.values()))
-                raise
-            return nxt, scratch, None, None
         ctx = StepContext(n, model.t0 + n * model.dt, model.dt, prev, nxt, self._params, pool)
         try:
             with outside_tapes(self.deterministic):
@@ -244,25 +234,26 @@ class StepRunner:
         """`run(n, prev, record=True, outputs_dead=...)` for a step that ran before, checked, from
         this state, built from the trace: its launches are recorded on a fresh tape (and run, but
         for the last one when `outputs_dead`) without the step function, its GradSlots or checks."""
-        pool = self.pool
-        take = pool.take
-        trace = self.trace
-        nxt = State({name: take(kind) for name, kind in self._kinds})
-        scratch = self._take_scratch(trace)
         tape = Tape(self.deterministic)
+        nxt, scratch = self._replay(prev, tape=tape, skip_last=outputs_dead)
+        if outputs_dead:
+            self.launches_skipped += 1
+        loss = self.trace.loss
+        return nxt, scratch, tape, scratch[loss.name] if loss is not None else None
+
+    def _replay(self, prev: State, **run) -> tuple[State, dict]:
+        """The trace's launches from `prev` into new versions (`run`: StepTrace.run's options);
+        returns s.next and the scratch buffers, held once by the caller."""
+        pool, trace = self.pool, self.trace
+        take, acquire = pool.take, pool.acquire
+        nxt = State({name: take(kind) for name, kind in self._kinds})
+        scratch = {name: acquire(shape, dtype, zero) for name, shape, dtype, zero in trace.scratch}
         try:
-            trace.run(prev, nxt, scratch, tape, skip_last=outputs_dead)
+            trace.run(prev, nxt, scratch, **run)
         except BaseException:
             pool.release_all((*nxt.values(), *scratch.values()))
             raise
-        if outputs_dead:
-            self.launches_skipped += 1
-        loss = scratch[trace.loss.name] if trace.loss is not None else None
-        return nxt, scratch, tape, loss
-
-    def _take_scratch(self, trace) -> dict:
-        acquire = self.pool.acquire
-        return {name: acquire(shape, dtype, zero) for name, shape, dtype, zero in trace.scratch}
+        return nxt, scratch
 
     def _observe(self, tape, prev, nxt, ctx, loss, step_ops: int) -> None:
         if self.trace is None:

@@ -66,7 +66,11 @@ class StepTrace:
     step_launches: int             # the step function's launches; the running loss's follow them
 
     def matches(self, tape, prev, nxt, scratch: dict, scratch_zero: dict, loss, step_ops: int) -> bool:
-        """Whether the step that just ran under `tape` (as for `trace_step`) made this trace."""
+        """Whether the step that just ran under `tape` (as for `trace_step`) made this trace.
+        Every first run of a step asks, so this walks the tape against the trace in place: building
+        the step's own trace and comparing costs 11 us a step against 2.5 us. Arguments at a slot's
+        place must be that slot's array and the rest the very values traced, so what `trace_step`
+        found of the writes holds here too; only views of the step's buffers need looking at again."""
         ops = tape._ops
         if tape.writes_checked != len(ops) or len(ops) != len(self.launches) or len(scratch) != len(self.scratch) \
                 or step_ops != self.step_launches:

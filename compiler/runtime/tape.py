@@ -79,6 +79,12 @@ def zero_fresh(pending: dict, grad: "array") -> bool:
     return True
 
 
+def _zero_all_fresh(pending: dict) -> None:
+    for grad in pending.values():
+        grad._data.fill(0)
+    pending.clear()
+
+
 class outside_tapes:
     """``with outside_tapes():`` nothing records, whatever tapes the caller is inside (for runs of
     our own that must never land on a user's Tape). A None on the stack hides the tapes below it
@@ -343,17 +349,15 @@ class Tape:
                 arr.grad._data += values
                 self._seeded.setdefault(id(arr), arr)
             for op in reversed(self._ops):
-                if pending and op.takes_fresh:
+                if not pending:
+                    op.backward()
+                elif op.takes_fresh:
                     op.backward(pending)
                 else:
-                    if pending:
-                        for g in pending.values():
-                            g._data.fill(0)
-                        pending.clear()
+                    _zero_all_fresh(pending)
                     op.backward()
         finally:
-            for g in pending.values():
-                g._data.fill(0)
+            _zero_all_fresh(pending)
 
     def _seed_values(self, arr, seed, where: str):
         from .array import array
