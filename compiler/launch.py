@@ -378,3 +378,26 @@ def _run_adjoint(kernel, compiled, sig, args, dims, buffer, debug, serial, fresh
     if overflow:
         raise RuntimeError(f"internal error: the adjoint of kernel '{kernel.__name__}' overflowed its measured tape "
                            f"({capacity} words per thread); please report this with the kernel's source")
+
+
+def packed_forward(kernel: Kernel, dims: tuple, args: list, deterministic: bool):
+    """What `relaunch` would run, unrun: ``(entry address, packed buffer, serial flag, offsets)``,
+    where ``offsets[k]`` is the byte offset in the buffer of argument k's data pointer (None for a
+    non-array). A native driver (stepper/native_loop.py) calls the CPU forward entry
+    ``void f(const char* buffer, int serial)`` itself, patching array pointers between calls."""
+    import ctypes
+    sig = _signature(kernel)
+    values = [math.prod(dims), *dims, *_ONES[len(dims):]]
+    offsets, fmt = [], "<" + _HEADER
+    for p, expect, a in zip(sig.params, sig.expect, args):
+        offsets.append(struct.calcsize(fmt) if isinstance(p.type, ArrayType) else None)
+        fmt += _slot_format(p.type)
+        if type(a) is array:
+            values += a.__dict__.get("_launch_abi") or _array_values(a)
+        elif type(expect) is frozenset and type(a) in expect:
+            values.append(a)
+        else:
+            values += _check_argument(kernel, p, a, "cpu")
+    entry = kernel.entry(False).function(sig.forward_name, adjoint=False)
+    return (ctypes.cast(entry, ctypes.c_void_p).value, sig.packer.pack(*values),
+            int(deterministic and sig.has_atomics), offsets)

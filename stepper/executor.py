@@ -24,6 +24,7 @@ from checkpoint import Copy, EndForward, EndReverse, Forward, Move, Reverse, Sto
 from compiler import array
 
 from .errors import ModelError, NonFiniteError
+from .native_loop import NativeLoops
 from .state import State
 from .step_context import RecordedStep, StepRunner, StepTape, check_scalar_loss
 from .versions import BufferPool, set_grad
@@ -49,6 +50,10 @@ class Sweep:
     """One execution of `schedule` (an iterable of our actions) for `model` from `initial`
     (``{name: ndarray}``). See the module docstring for what each action does."""
 
+    # Recomputations of a traced step run as native loops (stepper/native_loop.py); tests turn this
+    # off on an instance to compare with the step-by-step path.
+    native_loops = True
+
     def __init__(self, model, initial: dict, steps: int | None, schedule, tiers, *, deterministic: bool,
                  running_loss=None, until=None, check_finite: bool = False, progress=None, convert=None):
         self.model = model
@@ -67,6 +72,7 @@ class Sweep:
         tiers.attach(self.pool)
         self._runner = StepRunner(model, self.pool, deterministic=deterministic, running_loss=running_loss,
                                   traced=True)
+        self.native = NativeLoops(self.pool, model.states)
         self.work: State | None = self._load_initial(initial)
         self.pos = 0
         self.recorded: dict[int, RecordedStep] = {}
@@ -182,6 +188,8 @@ class Sweep:
         ahead = self._ahead[0] if self._ahead else None
         dead_last = record and type(ahead) is Reverse and ahead.n1 == n1 and n1 - 1 < self.seen
         n = a.n0
+        if not record and not self.online and self.native_loops and min(n1, self.seen) - n > 0:
+            n = self._advance_native(n, min(n1, self.seen))
         while n < n1:
             self._step(n, record, dead_last and n == n1 - 1)
             n += 1
@@ -191,6 +199,21 @@ class Sweep:
                 break
         if record and a.storage in (_RAM, _DISK):
             self.deps[a.storage].add(a.n0)
+
+    def _advance_native(self, n: int, n1: int) -> int:
+        """Recompute steps n .. n1-1 (all run before) in one native call where the step is traced;
+        return the step reached (n where the Python path must do them)."""
+        start = time.perf_counter()
+        nxt = self.native.advance(self._runner.trace, self.work, n1 - n)
+        if nxt is None:
+            return n
+        self.pool.release_all(self.work.values())
+        self.work = nxt
+        self.pos = n1
+        self.forward_steps += n1 - n
+        self.forward_seconds += time.perf_counter() - start
+        self.bar.update(n1 - n)
+        return n1
 
     def _stop(self, n: int) -> bool:
         if self.steps is not None and n >= self.steps:

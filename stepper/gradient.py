@@ -30,6 +30,8 @@ class GradientStats:
     gradients and RAM snapshots (``peak_buffer_bytes`` + RAM snapshots at that time).
     ``launches_skipped``: launches of recorded steps that were reversed at once, whose results
     nothing read, so they never ran (the adjoint replays the forward from the step's inputs).
+    ``native_steps``: recomputations of a traced step run by the native step loop (one call per
+    ``Forward`` action instead of Python once per step; stepper/native_loop.py).
     """
     steps: int
     forward_steps: int
@@ -44,6 +46,7 @@ class GradientStats:
     io_seconds: float = 0.0          # time the run waited for snapshot storage
     total_seconds: float = 0.0
     launches_skipped: int = 0
+    native_steps: int = 0
 
     def snapshots_written(self, tier=StorageType.RAM) -> int:
         return self.snapshots.get(tier, TierStats()).snapshots_written
@@ -138,7 +141,8 @@ def finish_stats(sweep: Sweep, started: float) -> GradientStats:
         peak_memory_bytes=sweep.peak_bytes, peak_buffer_bytes=sweep.pool.peak_allocated_bytes,
         peak_ram_snapshot_bytes=sweep.tiers.peak_ram_bytes, forward_seconds=sweep.forward_seconds,
         adjoint_seconds=sweep.adjoint_seconds, io_seconds=sweep.tiers.io_seconds,
-        total_seconds=time.perf_counter() - started, launches_skipped=sweep.launches_skipped)
+        total_seconds=time.perf_counter() - started, launches_skipped=sweep.launches_skipped,
+        native_steps=sweep.native.steps)
 
 
 def gradient(model, initial, steps=None, loss=None, schedule=None, storage=None, *, running_loss=None,

@@ -161,5 +161,7 @@ def test_recomputations_leave_out_the_running_loss(monkeypatch):
     result = model.gradient(initial, STEPS, loss=loss, running_loss=running, schedule=sp.Revolve(STEPS, 3))
     same_bits(stored, result)
     replays = result.stats.forward_steps - STEPS                 # every evaluation but the first runs
-    assert relaunched.count(halve) == replays
+    # recomputations run in the native step loop (stepper/native_loop.py), recordings from Python
+    assert result.stats.native_steps > 0
+    assert relaunched.count(halve) + result.stats.native_steps == replays
     assert relaunched.count(square_sum) == STEPS - 1             # recordings only (the last ran first)

@@ -1,0 +1,188 @@
+"""Native step loops: a run of recomputed steps handed to compiled code in one call.
+
+A recomputation between checkpoints (``Forward(n0, n1)`` recording nothing, over steps that ran
+before) replays the step's trace (stepper/trace.py) once per step from Python: each replay takes new
+versions from the pool, packs every launch's arguments and calls each kernel through ctypes, about
+30-40 us a step on top of the kernels. Here the whole run is one foreign call instead: the trace's
+launches are packed once (`compiler.launch.packed_forward`), and a small C++ driver calls their
+CPU forward entry points back to back, step after step, writing the current buffers' pointers into
+the packed arguments before each step.
+
+The buffer ring: the state the run starts from (held by someone else: a snapshot, the live state)
+is only read, by the first step; each state then alternates between two new versions, A and B, so
+step k reads what step k-1 wrote and never a buffer it writes. Scratch buffers are reused by every
+step (nothing records them). What the Python path zero-fills on each take (s.next when the model's
+`zero_buffers`, scratch asked with zero) the driver zero-fills before each step, so every launch
+sees the same inputs as a replay from Python and the state comes out with the same bits: same entry
+points, same packed arguments, same serial flags, same order.
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+
+from compiler.backends.cpu_build import build_cpu_library, load_cpu_library
+from compiler.launch import packed_forward
+from compiler.runtime.tape import settle
+
+from .state import State
+from .trace import Slot
+
+__all__ = ["NativeLoops"]
+
+log = logging.getLogger(__name__)
+
+_DRIVER = r"""
+#include <cstdint>
+#include <cstring>
+typedef void (*forward_t)(const char*, int);
+struct sp_launch { forward_t entry; char* buf; int64_t serial; };
+struct sp_patch { int64_t launch; int64_t offset; int64_t slot; };   // buf + offset <- slots[slot]
+struct sp_state { int64_t prev; int64_t next; void* spare; };        // slot indices, the second new version
+struct sp_zero { int64_t slot; int64_t nbytes; };
+
+// Runs `steps` steps. slots[] holds the buffers of the first step; after step k each state's prev
+// slot takes what its next slot held, and its next slot the buffer that is free again (the spare
+// after the first step: the starting state is never written). On return the prev slots hold the
+// last step's result and the next slots the other version.
+extern "C" void sp_advance(int64_t steps, const sp_launch* launches, int64_t n_launches,
+                           const sp_patch* patches, int64_t n_patches, void** slots,
+                           const sp_state* states, int64_t n_states, const sp_zero* zeros, int64_t n_zeros) {
+    for (int64_t k = 0; k < steps; ++k) {
+        for (int64_t p = 0; p < n_patches; ++p)
+            std::memcpy(launches[patches[p].launch].buf + patches[p].offset, &slots[patches[p].slot], sizeof(void*));
+        for (int64_t z = 0; z < n_zeros; ++z)
+            std::memset(slots[zeros[z].slot], 0, (size_t)zeros[z].nbytes);
+        for (int64_t l = 0; l < n_launches; ++l)
+            launches[l].entry(launches[l].buf, (int)launches[l].serial);
+        for (int64_t s = 0; s < n_states; ++s) {
+            void* old = slots[states[s].prev];
+            slots[states[s].prev] = slots[states[s].next];
+            slots[states[s].next] = k == 0 ? states[s].spare : old;
+        }
+    }
+}
+"""
+
+
+class _Launch(ctypes.Structure):
+    _fields_ = [("entry", ctypes.c_void_p), ("buf", ctypes.c_void_p), ("serial", ctypes.c_int64)]
+
+
+class _Patch(ctypes.Structure):
+    _fields_ = [("launch", ctypes.c_int64), ("offset", ctypes.c_int64), ("slot", ctypes.c_int64)]
+
+
+class _StateSlots(ctypes.Structure):
+    _fields_ = [("prev", ctypes.c_int64), ("next", ctypes.c_int64), ("spare", ctypes.c_void_p)]
+
+
+class _Zero(ctypes.Structure):
+    _fields_ = [("slot", ctypes.c_int64), ("nbytes", ctypes.c_int64)]
+
+
+_driver = None
+
+
+def _advance_function():
+    """The driver's entry point, built (or loaded from the kernel cache) on first use."""
+    global _driver
+    if _driver is None:
+        fn = load_cpu_library(build_cpu_library(_DRIVER, "stepper_native_loop")).sp_advance
+        fn.argtypes = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
+                       ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64]
+        fn.restype = None
+        _driver = fn
+    return _driver
+
+
+class _Plan:
+    """One trace's step launches packed for the driver, with the tables that do not change between
+    runs. Slot numbering: the states' prev versions, then their next versions, then the scratch
+    buffers the step's launches use."""
+
+    def __init__(self, trace, states: list[str], prev: State, nxt: State, scratch: dict, zero_next: bool):
+        launches = trace.launches[:trace.step_launches]        # a recomputation computes no loss
+        used = {a.name for t in launches for a in t.args if type(a) is Slot and a.group == "scratch"}
+        self.scratch = [spec for spec in trace.scratch if spec[0] in used]
+        index = {("prev", name): k for k, name in enumerate(states)}
+        index.update({("next", name): len(states) + k for k, name in enumerate(states)})
+        index.update({("scratch", spec[0]): 2 * len(states) + k for k, spec in enumerate(self.scratch)})
+        groups = {"prev": prev, "next": nxt, "scratch": scratch}
+        self.buffers, patches = [], []
+        self.launches = (_Launch * len(launches))()
+        for k, t in enumerate(launches):
+            args = [groups[a.group][a.name] if type(a) is Slot else a for a in t.args]
+            entry, packed, serial, offsets = packed_forward(t.kernel, t.dims, args, t.deterministic)
+            buf = ctypes.create_string_buffer(packed, len(packed))
+            self.buffers.append(buf)                 # the driver patches them: they must stay alive
+            self.launches[k] = _Launch(entry, ctypes.addressof(buf), serial)
+            patches += [_Patch(k, offsets[j], index[(a.group, a.name)]) for j, a in enumerate(t.args) if type(a) is Slot]
+        self.patches = (_Patch * len(patches))(*patches)
+        self.n_slots = 2 * len(states) + len(self.scratch)
+        self.states = (_StateSlots * len(states))(*[_StateSlots(k, len(states) + k, None) for k in range(len(states))])
+        zeros = [_Zero(len(states) + k, nxt[name]._data.nbytes) for k, name in enumerate(states)] if zero_next else []
+        zeros += [_Zero(2 * len(states) + k, scratch[name]._data.nbytes)
+                  for k, (name, shape, dtype, zero) in enumerate(self.scratch) if zero is not False and (zero or zero_next)]
+        self.zeros = (_Zero * len(zeros))(*zeros)
+
+
+class NativeLoops:
+    """Runs recomputations of a traced step for a Sweep (see the module docstring). `advance`
+    returns None where it cannot help (no trace, or the driver could not be built), and the caller
+    keeps to the Python path."""
+
+    def __init__(self, pool, states: dict):
+        self.pool = pool
+        self._kinds = [(name, pool.kind(spec.shape, spec.dtype)) for name, spec in states.items()]
+        self._plan: tuple | None = None            # (trace, _Plan)
+        self._broken = False
+        self.steps = 0                              # steps run natively (for stats and tests)
+        self.calls = 0
+
+    def advance(self, trace, prev: State, steps: int) -> State | None:
+        """Run `steps` (>= 1) recomputations of `trace` from `prev` (left held by the caller);
+        return the new state (one hold, the caller's), or None to say: use the Python path."""
+        if self._broken or not trace:
+            return None
+        try:
+            fn = _advance_function()
+        except Exception as exc:                    # no compiler, a failed build: Python still works
+            log.warning("native step loops are off (%s); recomputations run step by step", exc)
+            self._broken = True
+            return None
+        pool = self.pool
+        take, acquire = pool.take, pool.acquire
+        a = {name: take(kind, zero=False) for name, kind in self._kinds}
+        b = {name: take(kind, zero=False) for name, kind in self._kinds}
+        plan = self._plan[1] if self._plan is not None and self._plan[0] is trace else None
+        scratch_specs = plan.scratch if plan is not None else trace.scratch
+        scratch = {name: acquire(shape, dtype, zero=False) for name, shape, dtype, _ in scratch_specs}
+        try:
+            if plan is None:
+                plan = _Plan(trace, [name for name, _ in self._kinds], prev, State(a), scratch, pool.zero)
+                self._plan = (trace, plan)
+                unused = [name for name in scratch if name not in {s[0] for s in plan.scratch}]
+                pool.release_all([scratch.pop(name) for name in unused])
+            names = [name for name, _ in self._kinds]
+            slots = (ctypes.c_void_p * plan.n_slots)(
+                *[prev[n].ptr for n in names], *[a[n].ptr for n in names], *[scratch[s[0]].ptr for s in plan.scratch])
+            for k, n in enumerate(names):
+                plan.states[k].spare = b[n].ptr
+            settle()                                 # launches a Tape holds run first
+            fn(steps, plan.launches, len(plan.launches), plan.patches, len(plan.patches), slots,
+               plan.states, len(names), plan.zeros, len(plan.zeros))
+        except BaseException:
+            pool.release_all((*a.values(), *b.values(), *scratch.values()))
+            raise
+        result, other = {}, []
+        for k, n in enumerate(names):
+            mine, spare = (a[n], b[n]) if slots[k] == a[n].ptr else (b[n], a[n])
+            result[n] = mine
+            other.append(spare)
+        for arr in (*a.values(), *b.values(), *scratch.values()):
+            arr._storage.version += 1                # written, as launches mark what they write
+        pool.release_all((*other, *scratch.values()))
+        self.steps += steps
+        self.calls += 1
+        return State(result)

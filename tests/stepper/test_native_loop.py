@@ -1,0 +1,176 @@
+"""Native step loops (stepper/native_loop.py): recomputations of a traced step run as one compiled
+call per Forward action, not Python once per step, and give the bits of the step-by-step path and
+of store-all."""
+import numpy as np
+import pytest
+
+import stepper as sp
+import stepper.native_loop as native_loop
+from stepper.executor import Sweep
+from stepper_models import chain_initial, chain_model, spring_forces, integrate_particles
+
+F64 = sp.array(dtype=sp.float64)
+F32 = sp.array(dtype=float)
+V3 = sp.array(dtype=sp.vec3)
+STEPS = 30
+
+
+@sp.kernel
+def square_sum(x: F64, out: F64):
+    i = sp.tid()
+    sp.atomic_add(out, 0, x[i] * x[i])
+
+
+@sp.kernel
+def interior_smooth(x: F64, y: F64):
+    i = sp.tid()                          # leaves y[0] and y[n-1] alone: they must be zero-filled
+    n = x.shape[0]
+    if i > 0 and i < n - 1:
+        y[i] = 0.25 * x[i - 1] + 0.5 * x[i] + 0.25 * x[i + 1] + 0.01 * x[i] * x[i]
+
+
+@sp.kernel
+def accumulate_into(x: F64, acc: F64):
+    i = sp.tid()                          # acc += ...: needs its scratch zero-filled every step
+    sp.atomic_add(acc, 0, x[i])
+
+
+@sp.kernel
+def shift_by(x: F64, acc: F64, y: F64):
+    i = sp.tid()
+    y[i] = x[i] - 0.001 * acc[0]
+
+
+def loss(state):
+    out = sp.zeros(1, dtype=sp.float64, requires_grad=True)
+    sp.launch(square_sum, state.x.shape[0], inputs=[state.x], outputs=[out])
+    return out
+
+
+def same_bits(a, b):
+    assert a.loss == b.loss
+    for name in a.grads:
+        np.testing.assert_array_equal(a.grads[name].numpy(), b.grads[name].numpy(), err_msg=name)
+    for name in a.final:
+        np.testing.assert_array_equal(a.final[name].numpy(), b.final[name].numpy(), err_msg=name)
+
+
+def zero_relying_model(n=12):
+    """Two kernels, a scratch buffer that is accumulated into (zero-filled as asked) and a state
+    whose first and last elements only the zero fill of s.next sets."""
+    model = sp.Model()
+    model.state("x", n, sp.float64)
+
+    @model.step
+    def step(s):
+        acc = s.scratch("acc", 1, sp.float64)
+        sp.launch(accumulate_into, n, inputs=[s.prev.x], outputs=[acc])
+        mid = s.scratch("mid", n, sp.float64)
+        sp.launch(interior_smooth, n, inputs=[s.prev.x], outputs=[mid])
+        sp.launch(shift_by, n, inputs=[mid, acc], outputs=[s.next.x])
+    return model, {"x": sp.array(np.linspace(0.5, 1.5, n), dtype=sp.float64)}
+
+
+def gradients(model, initial, schedule, native: bool, monkeypatch, **kw):
+    monkeypatch.setattr(Sweep, "native_loops", native)
+    return model.gradient(initial, STEPS, loss=loss, schedule=schedule, **kw)
+
+
+SCHEDULES = [lambda: sp.Revolve(STEPS, 2), lambda: sp.Revolve(STEPS, 5), lambda: sp.MultiLevel(STEPS, 2, 3)]
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("make", [lambda: (chain_model(), chain_initial()), zero_relying_model])
+def test_native_recomputations_give_the_python_paths_and_store_alls_bits(schedule, make, monkeypatch, tmp_path):
+    model, initial = make()
+    storage = str(tmp_path / "snapshots.h5")
+    stored = gradients(model, initial, sp.StoreAll(STEPS), True, monkeypatch)
+    python = gradients(model, initial, schedule(), False, monkeypatch, storage=storage)
+    native = gradients(model, initial, schedule(), True, monkeypatch, storage=storage)
+    assert python.stats.native_steps == 0 and stored.stats.native_steps == 0
+    assert native.stats.native_steps > 0
+    assert native.stats.forward_steps == python.stats.forward_steps
+    same_bits(stored, python)
+    same_bits(stored, native)
+
+
+def test_recomputations_make_one_native_call_per_forward_action_and_no_python_launches(monkeypatch):
+    """Each recomputing Forward is one call into the driver; Python relaunches only recordings."""
+    import stepper.trace as trace
+    relaunched, calls = [], []
+    real_relaunch, real_advance = trace.relaunch, native_loop.NativeLoops.advance
+    monkeypatch.setattr(trace, "relaunch", lambda kernel, *a, **k: (relaunched.append(kernel),
+                                                                    real_relaunch(kernel, *a, **k)))
+
+    def advance(self, trace_, prev, steps):
+        calls.append(steps)
+        return real_advance(self, trace_, prev, steps)
+    monkeypatch.setattr(native_loop.NativeLoops, "advance", advance)
+    model, initial = chain_model(), chain_initial()
+    result = model.gradient(initial, STEPS, loss=loss, schedule=sp.Revolve(STEPS, 3))
+    recomputed, seen = [], 0              # steps of each recording-free Forward that ran before
+    for a in sp.Revolve(STEPS, 3):
+        if type(a) is sp.Forward:
+            if not a.write_adj_deps and min(a.n1, seen) > a.n0:
+                recomputed.append(min(a.n1, seen) - a.n0)
+            seen = max(seen, a.n1)
+    assert calls == recomputed
+    assert sum(calls) == result.stats.native_steps > 0
+    # every launch relaunched from Python belongs to a recording (2 launches a step)
+    assert len(relaunched) == 2 * (result.stats.recorded_steps - 1)
+
+
+def test_a_step_that_is_not_traced_stays_on_the_python_path(monkeypatch):
+    """A step whose launches depend on its index is not replayed: nothing runs natively."""
+    n = 16
+    model = sp.Model()
+    model.state("x", n, sp.float64)
+    initial = {"x": sp.array(np.linspace(0.5, 1.5, n), dtype=sp.float64)}
+
+    @model.step
+    def step(s):
+        acc = s.scratch("acc", 1, sp.float64)
+        sp.launch(accumulate_into, n if s.n % 2 else n - 1, inputs=[s.prev.x], outputs=[acc])
+        sp.launch(shift_by, n, inputs=[s.prev.x, acc], outputs=[s.next.x])
+    stored = gradients(model, initial, sp.StoreAll(STEPS), True, monkeypatch)
+    result = gradients(model, initial, sp.Revolve(STEPS, 3), True, monkeypatch)
+    assert result.stats.native_steps == 0
+    same_bits(stored, result)
+
+
+def test_native_loops_run_deterministic_atomics_in_order(monkeypatch):
+    """Float atomics scattered into a vec3 force (spring_forces) run serially in deterministic
+    mode, in the native loop too: the state has the bits of store-all."""
+    n = 64
+    model = sp.Model(dt=0.01)
+    model.state("x", n, sp.vec3)
+    model.state("v", n, sp.vec3)
+    model.param("k", sp.array(np.array([3.0], np.float32)))
+    model.param("g", sp.array(np.array([9.8], np.float32)))
+
+    @model.step
+    def step(s):
+        f = s.scratch("f", n, sp.vec3)
+        sp.launch(spring_forces, n - 1, inputs=[s.prev.x, s.params.k], outputs=[f])
+        sp.launch(integrate_particles, n, inputs=[s.prev.x, s.prev.v, f, s.params.g, s.dt],
+                  outputs=[s.next.x, s.next.v])
+    rng = np.random.default_rng(1)
+    x0 = np.stack([np.arange(n), np.zeros(n), np.zeros(n)], 1).astype(np.float32) * 1.1
+    initial = {"x": sp.array(x0 + 0.01 * rng.standard_normal((n, 3)).astype(np.float32), dtype=sp.vec3),
+               "v": sp.array(np.zeros((n, 3), np.float32), dtype=sp.vec3)}
+
+    def vec_loss(state):
+        out = sp.zeros(1, requires_grad=True)
+        sp.launch(vec_square_sum, n, inputs=[state.x], outputs=[out])
+        return out
+    monkeypatch.setattr(Sweep, "native_loops", True)
+    stored = model.gradient(initial, STEPS, loss=vec_loss, schedule=sp.StoreAll(STEPS))
+    native = model.gradient(initial, STEPS, loss=vec_loss, schedule=sp.Revolve(STEPS, 3))
+    assert native.stats.native_steps > 0
+    same_bits(stored, native)
+
+
+@sp.kernel
+def vec_square_sum(x: V3, out: F32):
+    i = sp.tid()
+    sp.atomic_add(out, 0, sp.dot(x[i], x[i]))
