@@ -8,9 +8,14 @@ equinox, in one run on one machine.
 The problem (peer_impls/problem.py): u_next = 2u - u_prev + C lap(u) - B u^3, C = 0.25, B = 1e-3,
 zero Dirichlet boundaries, u_prev = u = u0 (a Gaussian bump), loss 0.5 sum(u_final^2), gradient
 with respect to u0. Each configuration runs in a fresh process, so its peak resident memory is its
-own (the parent reads it with os.wait4), and libraries never share an allocator. Per configuration:
+own (the parent reads it with os.wait4), and libraries never share an allocator. The
+configurations run in `--rounds` interleaved rounds (A B C A B C ...; a fresh process each time) so
+that a busy machine slows every contender alike; times are medians with their spread (min-max).
+Configurations ending in -1core run pinned to one core. Per configuration:
 
 - forward time (a rollout, no gradient) and gradient time (loss and dloss/du0), compilation excluded;
+- ours: the kernel-only bound (step evaluations x the step kernel's time + reverse steps x its
+  adjoint's, both measured in the worker by calling the entry points back to back) and wall / bound;
 - peak RSS of the process, the RSS after importing the library (the idle baseline), their
   difference, and the peak above the RSS just before the gradient (what the gradient itself held,
   measured by resetting the kernel's high-water mark through /proc/self/clear_refs);
@@ -71,6 +76,8 @@ def _reset_peak() -> bool:
 
 def worker(cfg: Config, n: int, steps: int, repeat: int, count: bool, grad_path: str | None) -> dict:
     import importlib
+    if cfg.one_core:                 # before the import: a library sizes its thread pools on import
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     t0 = time.perf_counter()
     module = importlib.import_module(f"peer_impls.{cfg.module}")
     out = {"config": cfg.name, "n": n, "steps": steps, "import_s": time.perf_counter() - t0,
@@ -106,6 +113,8 @@ def worker(cfg: Config, n: int, steps: int, repeat: int, count: bool, grad_path:
     out["forward_steps_closed_form"] = runner.forward_steps()
     out["grad_abs_max"] = float(np.abs(grad).max())
     out["finite"] = bool(np.all(np.isfinite(grad)))
+    if hasattr(runner, "kernel_times") and not count:
+        out["kernel_forward_s"], out["kernel_adjoint_s"] = runner.kernel_times()
     out["loadavg_end"] = os.getloadavg()[0]
     if grad_path:
         np.save(grad_path, grad)
@@ -179,6 +188,44 @@ def machine_info() -> dict:
             "python": platform.python_version()}
 
 
+def combine(reports: list[dict]) -> dict:
+    """One configuration's rounds as one report: the first round's, with `forward_s`, `gradient_s`
+    and the kernel prices replaced by their medians (the rounds' values kept in `*_rounds`), and
+    peaks by their maxima. A round that failed makes the whole configuration fail."""
+    failed = [r for r in reports if "error" in r]
+    if failed:
+        return failed[0]
+    out = dict(reports[0])
+    for key in ("forward_s", "gradient_s", "kernel_forward_s", "kernel_adjoint_s", "wall_s"):
+        values = [r[key] for r in reports if r.get(key) is not None]
+        if values:
+            out[key + "_rounds"] = values
+            out[key] = float(np.median(values))
+    for key in ("peak_rss_mib", "gradient_peak_above_start_mib"):
+        out[key] = max(r[key] for r in reports)
+    out["loadavg_start_rounds"] = [r.get("loadavg_start") for r in reports]
+    return out
+
+
+def add_bound(r: dict, steps: int) -> None:
+    """The kernel-only bound of ours (step evaluations x the step kernel's time + reverse steps x its
+    adjoint's, prices measured in the same worker) and wall / bound, forward and gradient."""
+    if r.get("kernel_forward_s") is None or r.get("forward_steps") is None:
+        return
+    r["forward_bound_s"] = steps * r["kernel_forward_s"]
+    r["gradient_bound_s"] = r["forward_steps"] * r["kernel_forward_s"] + steps * r["kernel_adjoint_s"]
+    r["forward_over_bound"] = r["forward_s"] / r["forward_bound_s"]
+    r["gradient_over_bound"] = r["gradient_s"] / r["gradient_bound_s"]
+
+
+def spread(r: dict, key: str) -> str:
+    """'median (min-max)' over the rounds, or the single value."""
+    values = r.get(key + "_rounds")
+    if not values or len(values) < 2:
+        return fmt(r.get(key))
+    return f"{r[key]:.2f} ({min(values):.2f}-{max(values):.2f})"
+
+
 def rel_err(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
 
@@ -199,26 +246,35 @@ def markdown(results: list[dict], meta: dict) -> str:
         f"- worker environment: {meta['env']}",
         f"- one state (u_prev, u) = {2 * 4 * meta['n'] ** 2 / MiB:.2f} MiB; float32 everywhere",
         "",
-        "| configuration | stores | forward s | gradient s | gradient / forward | peak RSS MiB | "
+        f"- {meta['rounds']} interleaved rounds (a fresh process per configuration and round); times are "
+        "median (min-max) over the rounds; kernel bound: step evaluations x the kernel's time + reverse steps x "
+        "its adjoint's (ours only, measured in the same worker)",
+        "",
+        "| configuration | stores | forward s | gradient s | gradient / forward | kernel bound fwd / grad s | "
+        "wall / bound fwd / grad | peak RSS MiB | "
         "idle baseline MiB | peak - baseline MiB | gradient's own peak MiB | forward step evals | "
         "vs float64, 24 x 24 x 60 | vs float64, this size | vs " + meta["cross_ref"] + " |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         if "error" in r:
-            lines.append(f"| {r['config']} | {r['error']} | | | | | | | | | | | |")
+            lines.append(f"| {r['config']} | {r['error']} | | | | | | | | | | | | | |")
             continue
         ratio = r["gradient_s"] / r["forward_s"] if r.get("forward_s") else None
         evals = r.get("forward_steps")
         lines.append(
-            f"| {r['config']} | {r['stored']} | {fmt(r.get('forward_s'))} | {fmt(r['gradient_s'])} | "
-            f"{fmt(ratio, '.1f')} | {r['peak_rss_mib']:.0f} | {r['rss_import_mib']:.0f} | "
+            f"| {r['config']} | {r['stored']} | {spread(r, 'forward_s')} | {spread(r, 'gradient_s')} | "
+            f"{fmt(ratio, '.1f')} | {fmt(r.get('forward_bound_s'))} / {fmt(r.get('gradient_bound_s'))} | "
+            f"{fmt(r.get('forward_over_bound'))} / {fmt(r.get('gradient_over_bound'))} | "
+            f"{r['peak_rss_mib']:.0f} | {r['rss_import_mib']:.0f} | "
             f"{r['peak_rss_mib'] - r['rss_import_mib']:.0f} | {r['gradient_peak_above_start_mib']:.0f} | "
             f"{fmt(evals, ',d')}{'' if r.get('forward_steps_source') != 'closed form' else '*'} | "
             f"{fmt(r.get('check_rel_err'), '.1e')} | {fmt(r.get('ref64_rel_err'), '.1e')} | "
             f"{fmt(r.get('cross_rel_err'), '.1e')} |")
-    lines += ["", "\\* closed form (not counted). Load average (1 min) at the start of each run: " +
-              ", ".join(f"{r['config']} {r['loadavg_start']:.1f}" for r in results if "loadavg_start" in r) + "."]
+    lines += ["", "\\* closed form (not counted). Load average (1 min) at the start of each round: " +
+              ", ".join(f"{r['config']} " + "/".join(f"{x:.1f}" for x in r.get("loadavg_start_rounds", [])
+                                                     if x is not None)
+                        for r in results if "loadavg_start" in r) + "."]
     lines += ["", *meta.get("notes", [])]
     return "\n".join(lines) + "\n"
 
@@ -229,7 +285,9 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=None, help="time steps (default 10,000; 500 with --quick)")
     ap.add_argument("--quick", action="store_true", help="64 x 64, 500 steps")
     ap.add_argument("--only", nargs="*", default=None, help="configuration names or glob patterns")
-    ap.add_argument("--repeat", type=int, default=1, help="time each phase this many times, keep the best")
+    ap.add_argument("--repeat", type=int, default=1, help="time each phase this many times in a worker, keep the best")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (a fresh process per configuration "
+                    "and round); the table reports medians and spreads over them")
     ap.add_argument("--no-check", action="store_true", help="skip the float64 reference check")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per configuration")
     ap.add_argument("--out", default=None, help="JSON results (default benchmarks/results/peers[-quick].json)")
@@ -278,12 +336,21 @@ def main(argv=None) -> int:
                 check[cfg.name] = rel_err(np.load(path), g_ref) if "error" not in r else None
             print(f"check {cfg.name}: rel err vs float64 {check[cfg.name]}", flush=True)
 
-    # 2. the benchmark, one fresh process per configuration
+    # 2. the benchmark: rounds of one fresh process per configuration, interleaved (A B C A B C ...)
+    #    so that a busy machine slows every contender alike; the table shows medians and spreads.
+    rounds: dict[str, list[dict]] = {cfg.name: [] for cfg in cfgs}
     results, grads = [], {}
     with tempfile.TemporaryDirectory() as tmp:
+        for k in range(args.rounds):
+            for cfg in cfgs:
+                path = os.path.join(tmp, cfg.name + ".npy")
+                r = run_worker(cfg, n, steps, args.repeat, False, path if k == 0 else None, args.timeout)
+                rounds[cfg.name].append(r)
+                brief = {k: r.get(k) for k in ("forward_s", "gradient_s", "peak_rss_mib", "error")}
+                print(f"round {k + 1}/{args.rounds} {cfg.name}: {brief}", flush=True)
         for cfg in cfgs:
+            r = combine(rounds[cfg.name])
             path = os.path.join(tmp, cfg.name + ".npy")
-            r = run_worker(cfg, n, steps, args.repeat, False, path, args.timeout)
             if "error" not in r:
                 grads[cfg.name] = np.load(path)
                 if cfg.countable:
@@ -294,10 +361,9 @@ def main(argv=None) -> int:
                     r["forward_steps"], r["forward_steps_source"] = r["stats"]["forward_steps"], "result.stats"
                 else:
                     r["forward_steps"], r["forward_steps_source"] = r["forward_steps_closed_form"], "closed form"
+                add_bound(r, steps)
             r["check_rel_err"] = check.get(cfg.name)
             results.append(r)
-            brief = {k: r.get(k) for k in ("forward_s", "gradient_s", "peak_rss_mib", "forward_steps", "error")}
-            print(f"{cfg.name}: {brief}", flush=True)
         # 3. the float64 reference at this size (JAX, x64, nested remat), unless JAX is missing
         ref_path, ref = os.path.join(tmp, "float64.npy"), None
         if not args.no_check:
@@ -314,7 +380,7 @@ def main(argv=None) -> int:
     versions = {}
     for r in results:
         versions.update({k: v for k, v in r.get("versions", {}).items() if k != "devices"})
-    meta = {"n": n, "steps": steps, "command": command,
+    meta = {"n": n, "steps": steps, "command": command, "rounds": args.rounds,
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "machine": machine_info(), "versions": versions, "cross_ref": cross_ref,
             "budgets": {"segment": seg, "small": small, "large": large}, "notes": NOTES,

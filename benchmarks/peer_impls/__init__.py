@@ -19,6 +19,7 @@ class Config:
     kwargs: dict = field(default_factory=dict)
     countable: bool = False   # forward evaluations can be counted by a callback run on a tiny grid
     family: str = ""     # "ours" or the peer's library
+    one_core: bool = False   # the worker runs pinned to one core (sched_setaffinity before the import)
 
 
 def budgets(steps: int) -> tuple[int, int, int]:
@@ -45,6 +46,10 @@ def configs(steps: int) -> list[Config]:
         Config("jax-remat-per-step", "jax_peers", "JaxRunner", {"mode": "remat"}, True, "jax"),
         Config(f"jax-nested-remat-{seg}", "jax_peers", "JaxRunner", {"mode": "nested", "segment": seg}, True,
                "jax"),
+        # JAX on one core is often its best configuration on a busy 2-core machine
+        Config("jax-scan-1core", "jax_peers", "JaxRunner", {"mode": "scan"}, True, "jax", True),
+        Config(f"jax-nested-remat-{seg}-1core", "jax_peers", "JaxRunner", {"mode": "nested", "segment": seg}, True,
+               "jax", True),
         Config(f"equinox-k{small}", "jax_peers", "JaxRunner", {"mode": "equinox", "k": small}, True, "equinox"),
         Config(f"equinox-k{large}", "jax_peers", "JaxRunner", {"mode": "equinox", "k": large}, True, "equinox"),
         Config("warp-tape", "warp_peer", "WarpRunner", {}, False, "warp"),
@@ -56,6 +61,9 @@ def configs(steps: int) -> list[Config]:
                False, "ours"),
         Config(f"ours-revolve-{large}", "ours", "OursRunner", {"schedule": "revolve", "snapshots": large},
                False, "ours"),
+        # the same with recomputations step by step from Python (before native step loops)
+        Config(f"ours-revolve-{large}-stepwise", "ours", "OursRunner",
+               {"schedule": "revolve", "snapshots": large, "native": False}, False, "ours"),
         Config(f"ours-multilevel-{small}+{large}", "ours", "OursRunner",
                {"schedule": "multilevel", "snapshots": small, "disk": large}, False, "ours"),
     ]

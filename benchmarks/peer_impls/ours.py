@@ -69,7 +69,10 @@ def loss(state):
 
 class OursRunner:
     def __init__(self, n: int, steps: int, schedule: str, snapshots: int | None = None, disk: int = 0,
-                 deterministic: bool = True, count: bool = False):
+                 deterministic: bool = True, count: bool = False, native: bool = True):
+        if not native:                              # this worker process only: recompute step by step
+            from stepper.executor import Sweep
+            Sweep.native_loops = False
         self.n, self.steps, self.kind = n, steps, schedule
         self.snapshots, self.disk, self.deterministic = snapshots, disk, deterministic
         self.model = make_model(n)
@@ -117,6 +120,42 @@ class OursRunner:
                  "snapshots_ram": st.snapshots_written(sp.StorageType.RAM),
                  "snapshots_disk": st.snapshots_written(sp.StorageType.DISK)}
         return float(result.loss), g, stats
+
+    def kernel_times(self, calls: int = 300) -> tuple[float, float]:
+        """Seconds per call of the step kernel and of its adjoint, each called back to back on the
+        same buffers through its ctypes entry point (about a microsecond of ctypes per call
+        included): the kernel-only bound's prices."""
+        import time
+        n = self.n
+        up, u = (sp.array(self.u0.copy(), dtype=sp.float32, requires_grad=True) for _ in range(2))
+        up_next, u_next = (sp.zeros((n, n), dtype=sp.float32, requires_grad=True) for _ in range(2))
+        args = [up, u, C, B, up_next, u_next]
+        with sp.capture() as graph:
+            sp.launch(wave_step, (n, n), inputs=args[:4], outputs=args[4:])
+        launch = graph.launches[0]
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            launch.entry(launch.buffer, launch.serial)
+        forward = (time.perf_counter() - t0) / calls
+        module = wave_step.entry(False)
+        real, seen = module.function, []
+
+        def spy(name, adjoint):                     # catch the adjoint entry and its arguments
+            fn = real(name, adjoint)
+            return (lambda *a: (seen.append((fn, a)), fn(*a))[1]) if adjoint else fn
+        module.function = spy
+        try:
+            tape = sp.Tape()
+            with tape:
+                sp.launch(wave_step, (n, n), inputs=args[:4], outputs=args[4:])
+            tape.backward(grads={u_next: np.ones((n, n), np.float32), up_next: np.ones((n, n), np.float32)})
+        finally:
+            module.function = real
+        fn, a = seen[-1]
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn(*a)
+        return forward, (time.perf_counter() - t0) / calls
 
     def forward_steps(self) -> int | None:
         return None                                # reported by result.stats

@@ -54,8 +54,15 @@ static __device__ void report_out_of_bounds(int site, int64_t i, int64_t j, int6
 }
 """
 
-# Below this many threads OpenMP's fork/join costs more than the work.
+# Below this many threads a launch runs on one thread: OpenMP's fork/join costs more than the work.
+# For a kernel whose threads each do a fixed, small amount of work (no loops, no user snippets) the
+# bar is higher: measured with benchmarks/parallel_threshold.py on a 2-core VM, the 2-D wave step
+# takes 4.5 us at 64 x 64 and 14 us at 128 x 128 on one thread, while a parallel launch that waits
+# at OpenMP's barrier for a thread the busy machine descheduled took 0.4-2 ms at every size (load
+# average 5); on a quiet machine 2 threads gain at most a few microseconds below ~32k threads.
+# A kernel with loops may do any amount of work per thread, so it keeps the lower bar.
 PARALLEL_THRESHOLD = 4096
+LOOP_FREE_PARALLEL_THRESHOLD = 32768
 # Threads per CUDA block; the launcher must use the same number (`__launch_bounds__`).
 CUDA_BLOCK_SIZE = 256
 
@@ -251,6 +258,7 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
     struct, where the target runs one) and the target's entry around it."""
     adjoint = entry_template is not target.forward_entry
     interior = interior if target.interiors else None
+    threshold = parallel_threshold(fn)
     lines = [FunctionEmitter(fn, debug=debug, sites=sites).args_struct(f"{fn.name}_args_t")]
     lines += _thread_function(fn, debug, sites, target, adjoint, fn.name)
     if interior is not None:
@@ -265,13 +273,15 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
     else:
         call, private, prelude = f"_thread({tids}, L, A);", ("A",), ""
     if interior is not None:
-        nest = _interior_nest(fn.tid_ndim, fn.name + call, interior.function.name + call, interior, private, prelude)
+        nest = _interior_nest(fn.tid_ndim, fn.name + call, interior.function.name + call, interior, private, prelude,
+                              threshold)
     else:
-        nest = _plain_nest(fn.tid_ndim, fn.name + call, private, prelude)
+        nest = _plain_nest(fn.tid_ndim, fn.name + call, private, prelude, threshold)
     # the gather entry without every gradient: the instantiation with null checks, everywhere
-    plain_nest = _plain_nest(fn.tid_ndim, f"{fn.name}_thread<false>({tids}, L, A, G, tp);", private, prelude)
+    plain_nest = _plain_nest(fn.tid_ndim, f"{fn.name}_thread<false>({tids}, L, A, G, tp);", private, prelude,
+                             threshold)
     entry = entry_template.format(
-        name=fn.name, size=buffer_size(fn.params), threshold=PARALLEL_THRESHOLD, block=CUDA_BLOCK_SIZE,
+        name=fn.name, size=buffer_size(fn.params), threshold=threshold, block=CUDA_BLOCK_SIZE,
         all_grads=all_grads, nest=nest, plain_nest=plain_nest, **space)
     return "\n".join(lines) + "\n" + entry
 
@@ -286,20 +296,26 @@ def _thread_function(fn: ir.Function, debug, sites, target: Target, adjoint: boo
     return [signature + " {", *em.params(adjoint), *em.declarations(), *em.body(), "}"]
 
 
-def _share(private) -> str:
+def parallel_threshold(fn: ir.Function) -> int:
+    """Threads below which `fn`'s CPU entry runs on one thread (see PARALLEL_THRESHOLD)."""
+    heavy = (ir.Loop, ir.ReverseLoop, ir.CustomAdjoint, ir.CustomReplay)
+    return PARALLEL_THRESHOLD if any(isinstance(s, heavy) for s in ir.walk(fn.body)) else LOOP_FREE_PARALLEL_THRESHOLD
+
+
+def _share(private, threshold: int) -> str:
     return (f"#pragma omp parallel for {{collapse}}schedule(static) firstprivate({', '.join(private)}) "
-            f"if (L.n >= {PARALLEL_THRESHOLD} && !serial)\n")
+            f"if (L.n >= {threshold} && !serial)\n")
 
 
-def _plain_nest(ndim: int, call: str, private, prelude: str) -> str:
+def _plain_nest(ndim: int, call: str, private, prelude: str, threshold: int) -> str:
     """The CPU loop nest: threads share out the outer indices (see _index_space)."""
     space = _index_space(ndim)
     pad = "    " * (ndim + 1)
-    return ("    " + _share(private).format(collapse=space["collapse"]) + space["loops"]
+    return ("    " + _share(private, threshold).format(collapse=space["collapse"]) + space["loops"]
             + (f"{pad}{prelude}\n" if prelude else "") + f"{pad}{call}\n" + space["closing"])
 
 
-def _interior_nest(ndim: int, edge: str, middle: str, interior, private, prelude: str) -> str:
+def _interior_nest(ndim: int, edge: str, middle: str, interior, private, prelude: str, threshold: int) -> str:
     """The CPU loop nest of an entry with an interior variant: the box [lo_k, hi_k) per axis is
     evaluated once; each row of the innermost index runs in three parts, the edges through `edge`
     and the part inside the box through `middle` (a row outside the box runs `edge` throughout)."""
@@ -318,7 +334,7 @@ def _interior_nest(ndim: int, edge: str, middle: str, interior, private, prelude
     if k == 0:
         # one index: the middle run alone is shared out among threads
         lines = ["    {", f"    {prelude}" if prelude else "", "    const int32_t a = (int32_t)lo0, b = (int32_t)hi0;",
-                 runs[0], "    " + _share(private + (("tp",) if prelude else ())).format(collapse=""),
+                 runs[0], "    " + _share(private + (("tp",) if prelude else ()), threshold).format(collapse=""),
                  runs[1], runs[2], "    }"]
         return "\n".join(box + [line for line in lines if line]) + "\n"
     mid = " && ".join(f"lo{a} <= i{a} && i{a} < hi{a}" for a in range(k))
@@ -328,7 +344,7 @@ def _interior_nest(ndim: int, edge: str, middle: str, interior, private, prelude
         f"{pad}const bool mid = {mid};",
         f"{pad}const int32_t a = mid ? (int32_t)lo{k} : e{k}, b = mid ? (int32_t)hi{k} : e{k};", *runs]
     collapse = f"collapse({k}) " if k > 1 else ""
-    return ("\n".join(box) + "\n    " + _share(private).format(collapse=collapse) + outer
+    return ("\n".join(box) + "\n    " + _share(private, threshold).format(collapse=collapse) + outer
             + "\n".join(inner) + "\n" + closing)
 
 
