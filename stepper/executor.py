@@ -207,8 +207,7 @@ class Sweep:
         nxt = self.native.advance(self._runner.trace, self.work, n1 - n)
         if nxt is None:
             return n
-        self.pool.release_all(self.work.values())
-        self.work = nxt
+        self.work = nxt                  # `advance` took over the hold on the old state
         self.pos = n1
         self.forward_steps += n1 - n
         self.forward_seconds += time.perf_counter() - start

@@ -8,9 +8,10 @@ launches are packed once (`compiler.launch.packed_forward`), and a small C++ dri
 CPU forward entry points back to back, step after step, writing the current buffers' pointers into
 the packed arguments before each step.
 
-The buffer ring: the state the run starts from (held by someone else: a snapshot, the live state)
-is only read, by the first step; each state then alternates between two new versions, A and B, so
-step k reads what step k-1 wrote and never a buffer it writes. Scratch buffers are reused by every
+The buffer ring: the state the run starts from is read by the first step only; each state then
+alternates between two versions, A and B, so step k reads what step k-1 wrote and never a buffer it
+writes. B is the starting version itself where nothing else holds it (the live state's own version,
+free once the first step has read it), so a run holds no more versions than the Python path. Scratch buffers are reused by every
 step (nothing records them). What the Python path zero-fills on each take (s.next when the model's
 `zero_buffers`, scratch asked with zero) the driver zero-fills before each step, so every launch
 sees the same inputs as a replay from Python and the state comes out with the same bits: same entry
@@ -141,8 +142,9 @@ class NativeLoops:
         self.calls = 0
 
     def advance(self, trace, prev: State, steps: int) -> State | None:
-        """Run `steps` (>= 1) recomputations of `trace` from `prev` (left held by the caller);
-        return the new state (one hold, the caller's), or None to say: use the Python path."""
+        """Run `steps` (>= 1) recomputations of `trace` from `prev`, taking over the caller's hold
+        on it; return the new state (one hold, the caller's), or None to say: use the Python path
+        (`prev` is then still the caller's)."""
         if self._broken or not trace:
             return None
         try:
@@ -154,7 +156,8 @@ class NativeLoops:
         pool = self.pool
         take, acquire = pool.take, pool.acquire
         a = {name: take(kind, zero=False) for name, kind in self._kinds}
-        b = {name: take(kind, zero=False) for name, kind in self._kinds}
+        # the second version: the starting one where only the caller holds it (see the docstring)
+        b = {name: prev[name] if pool.holds(prev[name]) == 1 else take(kind, zero=False) for name, kind in self._kinds}
         plan = self._plan[1] if self._plan is not None and self._plan[0] is trace else None
         scratch_specs = plan.scratch if plan is not None else trace.scratch
         scratch = {name: acquire(shape, dtype, zero=False) for name, shape, dtype, _ in scratch_specs}
@@ -173,7 +176,8 @@ class NativeLoops:
             fn(steps, plan.launches, len(plan.launches), plan.patches, len(plan.patches), slots,
                plan.states, len(names), plan.zeros, len(plan.zeros))
         except BaseException:
-            pool.release_all((*a.values(), *b.values(), *scratch.values()))
+            pool.release_all((*a.values(), *scratch.values()))
+            pool.release_all(arr for name, arr in b.items() if arr is not prev[name])
             raise
         result, other = {}, []
         for k, n in enumerate(names):
@@ -183,6 +187,7 @@ class NativeLoops:
         for arr in (*a.values(), *b.values(), *scratch.values()):
             arr._storage.version += 1                # written, as launches mark what they write
         pool.release_all((*other, *scratch.values()))
+        pool.release_all(arr for name, arr in prev.items() if b[name] is not arr)   # the caller's hold
         self.steps += steps
         self.calls += 1
         return State(result)

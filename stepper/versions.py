@@ -91,6 +91,11 @@ class BufferPool:
     def owns(self, arr: array) -> bool:
         return id(arr) in self._held
 
+    def holds(self, arr: array) -> int:
+        """How many holds `arr` has (0 if the pool does not hold it)."""
+        held = self._held.get(id(arr))
+        return held[0] if held is not None else 0
+
     def retain_all(self, arrays) -> None:
         """One more hold on each of `arrays` (a state's, usually: one call per state, not per array)."""
         held = self._held

@@ -90,6 +90,8 @@ def test_native_recomputations_give_the_python_paths_and_store_alls_bits(schedul
     assert python.stats.native_steps == 0 and stored.stats.native_steps == 0
     assert native.stats.native_steps > 0
     assert native.stats.forward_steps == python.stats.forward_steps
+    # the ring reuses the starting version: no more memory than step by step
+    assert native.stats.peak_memory_bytes <= python.stats.peak_memory_bytes
     same_bits(stored, python)
     same_bits(stored, native)
 
