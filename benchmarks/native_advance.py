@@ -62,6 +62,7 @@ def python_path(pool, runner, start, steps: int) -> float:
 
 def native_path(loops, runner, start, steps: int) -> float:
     t0 = time.perf_counter()
+    loops.pool.retain_all(start.values())           # advance takes over a hold; `start` keeps its own
     out = loops.advance(runner.trace, start, steps)
     loops.pool.release_all(out.values())
     return (time.perf_counter() - t0) / steps

@@ -137,7 +137,7 @@ class NativeLoops:
         self.pool = pool
         self._kinds = [(name, pool.kind(spec.shape, spec.dtype)) for name, spec in states.items()]
         self._plan: tuple | None = None            # (trace, _Plan)
-        self._broken = False
+        self._broken = pool.device != "cpu"        # the driver calls CPU entry points only
         self.steps = 0                              # steps run natively (for stats and tests)
         self.calls = 0
 
