@@ -27,6 +27,11 @@ class CudaError(RuntimeError):
 
 
 def _driver():
+    """The CUDA driver API: cuda-bindings', or the simulator's fake under STEPPER_CUDA_SIM=1."""
+    from . import cudasim
+    if cudasim.enabled():
+        from .cudasim import driver
+        return driver
     from cuda.bindings import driver
     return driver
 

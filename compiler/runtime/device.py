@@ -60,8 +60,9 @@ def get_device(spec: str | Device | None = None) -> Device:
 
 def _probe_driver() -> tuple[int, str]:
     """(number of CUDA devices, why there are none). Never raises: a missing driver is an answer."""
+    from ..backends.cuda_driver import _driver
     try:
-        from cuda.bindings import driver
+        driver = _driver()
     except ImportError as exc:
         return 0, f"cuda-bindings could not be imported: {exc}"
     try:
