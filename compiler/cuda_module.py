@@ -83,7 +83,8 @@ class LoadedCudaModule:
 
     def read(self, name: str, ctype):
         """Copy the global `name` to the host as a ctypes value (synchronises with the device)."""
-        from .backends.cuda_driver import _check, _driver
+        from .backends.cuda_driver import _check, _driver, primary_context
+        primary_context(self.ordinal)
         ptr, size = self._global(name)
         value = ctype()
         assert ctypes.sizeof(value) == size, (name, size)
@@ -92,6 +93,7 @@ class LoadedCudaModule:
 
     def write(self, name: str, value) -> None:
         """Overwrite the global `name` with the ctypes value `value`."""
-        from .backends.cuda_driver import _check, _driver
+        from .backends.cuda_driver import _check, _driver, primary_context
+        primary_context(self.ordinal)
         ptr, size = self._global(name)
         _check(_driver().cuMemcpyHtoD(ptr, ctypes.addressof(value), ctypes.sizeof(value)), f"cuMemcpyHtoD({name})")

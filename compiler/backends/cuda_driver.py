@@ -36,6 +36,15 @@ def _driver():
     return driver
 
 
+# Errors a failed kernel leaves in its context: every later call reports them, so the call that
+# raises is rarely the culprit.
+_LAUNCH_FAILURES = {"CUDA_ERROR_LAUNCH_FAILED", "CUDA_ERROR_ILLEGAL_ADDRESS", "CUDA_ERROR_ILLEGAL_INSTRUCTION",
+                    "CUDA_ERROR_MISALIGNED_ADDRESS", "CUDA_ERROR_HARDWARE_STACK_ERROR", "CUDA_ERROR_ASSERT"}
+_LAUNCH_FAILURE_HINT = (" (a kernel launched earlier failed, and the GPU context is unusable from now on; run with "
+                        "STEPPER_CUDA_SYNC=1 to wait for each launch and name the kernel that failed, and "
+                        "debug=True launches to check its indices)")
+
+
 def _check(result: tuple, what: str) -> Any:
     """Unpack a cuda-bindings ``(error, *values)`` tuple, raising :class:`CudaError` on an error."""
     err, *values = result
@@ -45,7 +54,8 @@ def _check(result: tuple, what: str) -> Any:
         text = driver.cuGetErrorString(err)[1]
         name = name.decode() if isinstance(name, bytes) else str(err)
         text = text.decode() if isinstance(text, bytes) else ""
-        raise CudaError(f"{what} failed: {name}: {text}")
+        hint = _LAUNCH_FAILURE_HINT if name in _LAUNCH_FAILURES else ""
+        raise CudaError(f"{what} failed: {name}: {text}{hint}")
     if not values:
         return None
     return values[0] if len(values) == 1 else tuple(values)

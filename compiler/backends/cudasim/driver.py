@@ -60,6 +60,10 @@ class CUdevice_attribute(enum.IntEnum):
     CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76
 
 
+class CUpointer_attribute(enum.IntEnum):
+    CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9
+
+
 class CUstreamCaptureMode(enum.IntEnum):
     CU_STREAM_CAPTURE_MODE_GLOBAL = 0
     CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1
@@ -116,8 +120,8 @@ class CUdevice(int):
 class CUstream:
     _ids = itertools.count(1)
 
-    def __init__(self, value=0):
-        self.value = int(value)
+    def __init__(self, value=0, flags=0):
+        self.value, self.flags = int(value), int(flags)
         self.capture: CUgraph | None = None
         self.context: CUcontext | None = None
 
@@ -211,8 +215,9 @@ def _stream(stream) -> CUstream | None:
 
 
 def _no_capture_on_legacy() -> None:
-    """Synchronous calls use the legacy stream, which may not depend on a capturing stream."""
-    if any(s.capture is not None for s in _streams.values()):
+    """Synchronous calls use the legacy stream, which may not depend on a capturing blocking stream
+    (a stream created with flags 0; CU_STREAM_NON_BLOCKING = 1 is exempt)."""
+    if any(s.capture is not None and not s.flags & 1 for s in _streams.values()):
         raise _Fail(CUresult.CUDA_ERROR_STREAM_CAPTURE_IMPLICIT)
 
 
@@ -333,6 +338,13 @@ def cuMemGetInfo():
     with _lock:
         used = sum(size for size, _, c in _allocations.values() if c is ctx)
     return TOTAL_MEMORY - used, TOTAL_MEMORY
+
+
+@_api
+def cuPointerGetAttribute(attr, ptr):
+    if attr != CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+        raise _Fail(CUresult.CUDA_ERROR_INVALID_VALUE)
+    return _device_range(ptr, 1)[2].ordinal
 
 
 @_api
@@ -489,7 +501,7 @@ def cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
 @_api
 def cuStreamCreate(flags):
     ctx = _context()
-    s = CUstream(next(CUstream._ids))
+    s = CUstream(next(CUstream._ids), flags)
     s.context = ctx
     _streams[s.value] = s
     return s
