@@ -279,17 +279,19 @@ def _recorded_op(kernel, compiled, sig, args, dims, buffer, debug, deterministic
 
 
 def relaunch(kernel: Kernel, dims: tuple, args: list, deterministic: bool, tape=None, where: str = "",
-             run: bool = True, device: str = "cpu") -> None:
-    """Launch again, on `device`, what a checked `launch` ran before, with arguments of the same
+             run: bool = True) -> None:
+    """Launch again, on the device it ran on, what a checked `launch` ran before, with arguments of the same
     kinds (each array of the dtype, rank and layout that launch accepted; scalars as they were
     given): a step trace's replay (stepper/trace.py). Nothing is checked. With `tape`, the launch
     is recorded there as `launch` records it; ``run=False`` records it without running it (for
     outputs nothing will read: the adjoint replays the forward from the inputs)."""
     compiled = kernel.compiled()
     sig = _signature(kernel)
+    device = "cpu"
     values = [math.prod(dims), *dims, *_ONES[len(dims):]]
     for p, expect, a in zip(sig.params, sig.expect, args):
         if type(a) is array:
+            device = a._device
             values += a.__dict__.get("_launch_abi") or _array_values(a)
         elif type(expect) is frozenset and type(a) in expect:
             values.append(a)
