@@ -9,6 +9,7 @@ Compiling needs only NVRTC, so every machine checks that each module compiles fo
 from __future__ import annotations
 
 import ctypes
+import functools
 from pathlib import Path
 
 from .backends import cudasim
@@ -31,6 +32,13 @@ def cuda_image(module, debug: bool, arch: str = DEFAULT_ARCH, output: str = "ptx
     return image, rendered
 
 
+@functools.cache
+def _check_toolkit() -> None:
+    from .backends import cuda_driver
+    from .backends.nvrtc import nvrtc_version
+    cuda_driver.check_toolkit(cuda_driver.driver_version(), nvrtc_version())
+
+
 def _safe_name(name: str, debug: bool) -> str:
     return "".join(c if c.isalnum() else "_" for c in name)[-40:] + ("_debug" if debug else "")
 
@@ -49,6 +57,7 @@ def cuda_module(module, debug: bool, device) -> "LoadedCudaModule":
             rendered = module.render(debug, target="cuda")
             image = cudasim.build_image(rendered.source, _safe_name(module.name, debug))
         else:
+            _check_toolkit()
             major, minor = cuda_driver.device_arch(device.ordinal)
             image, rendered = cuda_image(module, debug, arch=f"sm_{major}{minor}", output="cubin")
         loaded = _LOADED[key] = LoadedCudaModule(cuda_driver.load_module(image, device.ordinal), rendered.sites,

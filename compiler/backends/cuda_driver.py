@@ -144,6 +144,23 @@ def launch(function, grid: int | Sequence[int], block: int | Sequence[int], args
                                  ctypes.addressof(params), 0), "cuLaunchKernel")
 
 
+def driver_version() -> tuple[int, int]:
+    """The CUDA version the installed driver supports, e.g. (12, 4)."""
+    _init()
+    v = int(_check(_driver().cuDriverGetVersion(), "cuDriverGetVersion"))
+    return v // 1000, (v % 1000) // 10
+
+
+def check_toolkit(driver: tuple[int, int], nvrtc: tuple[int, int]) -> None:
+    """Raise CudaError when kernels NVRTC `nvrtc` builds cannot load on a driver for CUDA `driver`
+    (a newer major version than the driver's); the message names both and how to fix it."""
+    if nvrtc[0] > driver[0]:
+        raise CudaError(
+            f"NVRTC {nvrtc[0]}.{nvrtc[1]} builds kernels for CUDA {nvrtc[0]}, but the NVIDIA driver supports CUDA "
+            f"{driver[0]}.{driver[1]} only, so it could not load them. Install the NVRTC of the driver's CUDA "
+            f"(pip install 'nvidia-cuda-nvrtc-cu{driver[0]}' 'cuda-python=={driver[0]}.*') or update the driver.")
+
+
 def synchronize(device: int = 0) -> None:
     """Wait for all work on ``device``'s primary context (raises errors from earlier launches)."""
     primary_context(device)

@@ -590,7 +590,11 @@ def clone(src: array, device=None, requires_grad: bool | None = None) -> array:
 def _new(fn: str, shape, dtype, device, requires_grad: bool, zero: bool) -> array:
     device = _check_device(device, fn)
     dt = _dtype_arg(dtype, fn)
-    values = _allocate(device, _shape_arg(shape, fn) + dt.inner_shape, dt.np_dtype, zero)
+    shape = _shape_arg(shape, fn)
+    try:
+        values = _allocate(device, shape + dt.inner_shape, dt.np_dtype, zero)
+    except MemoryError as e:
+        raise MemoryError(f"{fn}(shape={shape}, dtype={dt}, device='{device}'): {e}") from None
     return array._wrap(values, dt, requires_grad=requires_grad, fn=fn, device=device)
 
 

@@ -21,6 +21,7 @@ Everything runs synchronously, in the calling thread; streams only order capture
 from __future__ import annotations
 
 import bisect
+import collections
 import ctypes
 import enum
 import itertools
@@ -169,6 +170,8 @@ _starts: list[int] = []                                              # sorted ke
 _pinned: dict[int, np.ndarray] = {}
 _streams: dict[int, CUstream] = {}
 _launches = itertools.count(1)
+# (entry name, grid, block, stream) of the latest launches and graph launches, for tests to inspect.
+recent_launches: collections.deque = collections.deque(maxlen=256)
 
 
 def _context() -> CUcontext:
@@ -488,6 +491,7 @@ def cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
               for k, size in enumerate(f.sizes)]
     argv = (ctypes.c_void_p * max(len(copies), 1))(*(ctypes.addressof(c) for c in copies))
     seed = int(os.environ.get("STEPPER_CUDA_SIM_SHUFFLE", "0") or 0)
+    recent_launches.append((f.name, (gx, gy, gz), (bx, by, bz), int(stream) if stream is not None else 0))
 
     def run():
         launch_seed = seed * 1_000_003 + next(_launches) if seed else 0
@@ -549,6 +553,8 @@ def cuGraphLaunch(exec_, stream):
     ctx = _context()
     if exec_.context is not ctx:
         raise _Fail(CUresult.CUDA_ERROR_INVALID_HANDLE)
+
+    recent_launches.append(("<graph>", len(exec_.nodes), None, int(stream) if stream is not None else 0))
 
     def run():
         for node in exec_.nodes:
