@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 
 SIM_DIR = Path(__file__).parent
-_ENTRY = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(')
+_ENTRY = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\([\d, ]+\) )?(\w+)\(')
 _GLOBAL = re.compile(r"^__device__ [\w ]+? (sp_\w+)(?:\[\d+\])? =", re.M)
 
 
