@@ -270,3 +270,26 @@ def test_cuda_array_interface_shares_memory_both_ways():
         a.__array_interface__
     with pytest.raises(TypeError, match="use .numpy"):
         np.asarray(a)
+
+
+def test_dlpack_shares_device_memory_and_releases_it():
+    import gc
+
+    from compiler.runtime import dlpack
+    a = sp.array(np.arange(6, dtype=np.float64).reshape(2, 3), device="cuda")
+    assert a.__dlpack_device__() == (2, 0)
+    b = sp.from_dlpack(a)
+    assert b.device == "cuda:0" and b.ptr == a.ptr and b.shape == (2, 3) and b.dtype == sp.float64
+    assert len(dlpack._exported) == 1                 # a's memory is held for b's sake
+    b.fill_(1.5)
+    np.testing.assert_array_equal(a.numpy(), 1.5)
+    v = sp.from_dlpack(a, dtype=sp.vector(3, sp.float64))
+    assert v.shape == (2,) and v.dtype == sp.vector(3, sp.float64)
+    del b, v
+    gc.collect()
+    assert len(dlpack._exported) == 0                 # the consumer called the deleters
+    a.__dlpack__()                                    # a capsule nobody consumes frees its tensor too
+    gc.collect()
+    assert len(dlpack._exported) == 0
+    cpu = sp.from_dlpack(np.arange(3, dtype=np.float32))
+    assert cpu.device == "cpu"

@@ -23,7 +23,7 @@ from .device import get_device, require_cuda
 from .tape import RecordedOp, active_tape, caller_location, settle
 
 __all__ = ["array", "zeros", "ones", "full", "empty", "zeros_like", "ones_like", "full_like",
-           "empty_like", "clone", "copy"]
+           "empty_like", "clone", "copy", "from_dlpack"]
 
 MAX_DIMS = 4
 
@@ -66,6 +66,26 @@ def _allocate(device: str, shape: tuple, np_dtype, zero: bool):
 
 def _on_gpu(data) -> bool:
     return hasattr(data, "__cuda_array_interface__") and not isinstance(data, np.ndarray)
+
+
+def from_dlpack(data, dtype=None, requires_grad: bool = False) -> "array":
+    """An array sharing the memory of any DLPack object (JAX, PyTorch, CuPy, NumPy), on its device,
+    without copying; `dtype` may give a vector or matrix type whose trailing dimensions the data has
+    (``from_dlpack(torch_xyz, dtype=vec3)`` for an ``(n, 3)`` tensor)."""
+    from .dlpack import from_dlpack as adopt
+    if not hasattr(data, "__dlpack__"):
+        raise TypeError(f"from_dlpack(data=...): {type(data).__name__} does not implement __dlpack__")
+    memory, device = adopt(data)
+    dt = _dtype_arg(dtype, "from_dlpack") if dtype is not None else _infer_dtype(np.empty(0, memory.dtype), False,
+                                                                                 "from_dlpack")
+    if np.dtype(dt.np_dtype) != memory.dtype:
+        raise ValueError(f"from_dlpack(data, dtype={dt}): the data holds {memory.dtype} values; no copy converts them")
+    if dt.inner_shape and tuple(memory.shape[-len(dt.inner_shape):]) != dt.inner_shape:
+        raise ValueError(f"from_dlpack(data, dtype={dt}): data of shape {memory.shape} does not end in {dt.inner_shape}")
+    out = array._wrap(memory, dt, fn="from_dlpack(data)", device=_check_device(device, "from_dlpack"))
+    if requires_grad:
+        out.requires_grad = True
+    return out
 
 
 def _adopt_cuda(obj, fn: str):
