@@ -20,7 +20,8 @@ from compiler import launch_cuda
 from compiler.backends import cuda_driver, cudasim
 from compiler.launch import LaunchError
 
-pytestmark = pytest.mark.skipif(not cudasim.enabled(), reason="runs on the CUDA simulator (STEPPER_CUDA_SIM=1)")
+pytestmark = [pytest.mark.cuda,
+              pytest.mark.skipif(not cudasim.enabled(), reason="runs on the CUDA simulator (STEPPER_CUDA_SIM=1)")]
 
 F = sp.array(dtype=float)
 
@@ -131,7 +132,8 @@ def test_a_gathered_adjoint_runs_parallel_and_deterministic():
     np.testing.assert_array_equal(results[0], results[1])
 
 
-def test_the_loop_tape_is_kept_and_grown_not_freed_per_launch():
+def test_the_loop_tape_is_kept_and_grown_not_freed_per_launch(monkeypatch):
+    monkeypatch.setattr(launch_cuda, "_TAPES", {})         # as in a fresh process
     x = sp.array(np.linspace(0.1, 0.9, 64, dtype=np.float32), device="cuda", requires_grad=True)
     y = sp.zeros(64, device="cuda", requires_grad=True)
     tape = sp.Tape()
@@ -293,3 +295,17 @@ def test_dlpack_shares_device_memory_and_releases_it():
     assert len(dlpack._exported) == 0
     cpu = sp.from_dlpack(np.arange(3, dtype=np.float32))
     assert cpu.device == "cpu"
+
+
+def test_the_gpu_command_runs(tmp_path):
+    """benchmarks/gpu.py, the command a GPU machine runs, in its quick mode (the numbers mean nothing here)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = tmp_path / "gpu.md"
+    proc = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "gpu.py"), "--skip-install", "--skip-tests",
+                           "--quick", "--out", str(out)], capture_output=True, text=True, timeout=600, cwd=root)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    table = out.read_text()
+    assert "On the CUDA simulator" in table
+    for row in ("| saxpy, 4,096 floats |", "| launch of a 32-thread kernel |", "| wave 16^2, 20 steps, forward |",
+                "| wave 16^2, 20 steps, gradient (Revolve-4) |"):
+        assert row in table
