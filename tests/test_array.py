@@ -298,11 +298,11 @@ def test_cuda_without_a_driver_says_what_to_do(monkeypatch):
         device_mod._driver_state.cache_clear()
 
 
-def test_a_missing_cuda_ordinal_names_the_devices_there_are(monkeypatch):
+def test_a_gpu_the_machine_lacks_is_named(monkeypatch):
     monkeypatch.setattr(device_mod, "_probe_driver", lambda: (1, ""))
     device_mod._driver_state.cache_clear()
     try:
-        with pytest.raises(RuntimeError, match=r"has 1 CUDA device\(s\) \(cuda:0 \.\. cuda:0\)"):
+        with pytest.raises(RuntimeError, match="has 1 CUDA device"):
             zeros(1, device="cuda:1")
     finally:
         device_mod._driver_state.cache_clear()

@@ -519,14 +519,15 @@ class array:
             self._data.zero()
 
     def _add_host(self, values, offset: int = 0, count: int | None = None) -> None:
-        """Add NumPy `values` to `count` flat elements from `offset` (all of them by default)."""
-        if self._device == "cpu":
-            _flat(self)[offset:offset + (self.size if count is None else count)] += values
-            return
-        host = self.numpy()
-        flat = host.reshape((-1,) + self._dtype.inner_shape)
-        flat[offset:offset + (self.size if count is None else count)] += values
-        self._data.write(host)
+        """Add NumPy `values` (broadcast to ``numpy().shape``) to every element, or add `values` to
+        `count` flat elements from `offset`."""
+        host = self._data if self._device == "cpu" else self._data.to_host()
+        if count is None:
+            host += values
+        else:
+            host.reshape((-1,) + self._dtype.inner_shape)[offset:offset + count] += values
+        if self._device != "cpu":
+            self._data.write(host)
 
 
 # -- copies ------------------------------------------------------------------------------------------
@@ -601,7 +602,7 @@ def clone(src: array, device=None, requires_grad: bool | None = None) -> array:
     if tape is not None and grad and src.requires_grad:
         def backward():
             if out.grad is not None and src.grad is not None:
-                src.grad._add_host(out.grad.numpy().reshape((-1,) + src.dtype.inner_shape))
+                src.grad._add_host(out.grad.numpy())
         tape.record(RecordedOp("clone(src)", {"src": src}, {"clone": out}, {}, backward, caller_location()))
     return out
 
