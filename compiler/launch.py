@@ -13,7 +13,8 @@ import struct
 
 import numpy as np
 
-from .errors import CompileError, OverwriteError
+from . import launch_cuda
+from .errors import CompileError, OverwriteError, raise_if_out_of_bounds
 from .graph import CapturedLaunch, capturing
 from .kernel import Kernel
 from .runtime.array import array
@@ -203,7 +204,6 @@ def launch(kernel: Kernel, dim, inputs=(), outputs=(), device=None, debug: bool 
     # Without atomics a forward's result does not depend on thread order: only atomics need serial.
     serial = deterministic and sig.has_atomics
     if device != "cpu":
-        from . import launch_cuda
         launch_cuda.forward(kernel, compiled, buffer, values[0], debug, serial, device, graph)
         if graph is not None:
             graph.note_writes(tuple(args[k] for k in sig.written), device)
@@ -216,7 +216,7 @@ def launch(kernel: Kernel, dim, inputs=(), outputs=(), device=None, debug: bool 
     if debug or tape is None or not tape.hold(functools.partial(entry, buffer, int(serial))):
         entry(buffer, int(serial))
     if debug:
-        _raise_if_out_of_bounds(module, kernel)
+        raise_if_out_of_bounds(module, kernel)
     _mark_written(sig, args, tape)
 
 
@@ -236,17 +236,6 @@ def _mark_written(sig, args, tape):
         written._storage.version += 1
         if tape is not None:
             tape._note_write(written)
-
-
-def _raise_if_out_of_bounds(module, kernel):
-    site = module.error_site.value
-    if site < 0:
-        return
-    module.error_site.value = -1
-    name, arr, loc = module.sites[site]
-    index = list(module.error_index)
-    raise IndexError(f"{loc}: kernel '{kernel.__name__}' indexed array '{arr}' out of bounds at {index} "
-                     "(first failure shown; checked because debug=True)")
 
 
 def _record(tape, kernel, compiled, sig, args, dims, buffer, debug, deterministic, device):
@@ -304,8 +293,7 @@ def relaunch(kernel: Kernel, dims: tuple, args: list, deterministic: bool, tape=
         settle()
         serial = deterministic and sig.has_atomics
         if device != "cpu":
-            from . import launch_cuda
-            launch_cuda.forward(kernel, compiled, buffer, values[0], False, serial, device)
+                launch_cuda.forward(kernel, compiled, buffer, values[0], False, serial, device)
         else:
             kernel.entry(False).function(sig.forward_name, adjoint=False)(buffer, int(serial))
     _mark_written(sig, args, tape)
@@ -363,7 +351,6 @@ def _run_adjoint(kernel, compiled, sig, args, dims, buffer, debug, serial, fresh
         # Parallel and deterministic by construction; serial only for what still scatters.
         adjoint, serial = gather.function, serial and gather.scatters
     if device != "cpu":
-        from . import launch_cuda
         launch_cuda.adjoint(kernel, compiled, adjoint, buffer, adj_buffer, math.prod(dims), debug, serial, device)
         return
     module = kernel.entry(debug)
@@ -383,7 +370,7 @@ def _run_adjoint(kernel, compiled, sig, args, dims, buffer, debug, serial, fresh
     overflow = fn(buffer, adj_buffer, tape_memory.ctypes.data if tape_memory is not None else None, capacity, 0, None,
                   int(serial))
     if debug:
-        _raise_if_out_of_bounds(module, kernel)
+        raise_if_out_of_bounds(module, kernel)
     if overflow:
         raise RuntimeError(f"internal error: the adjoint of kernel '{kernel.__name__}' overflowed its measured tape "
                            f"({capacity} words per thread); please report this with the kernel's source")

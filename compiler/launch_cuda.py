@@ -27,6 +27,7 @@ import os
 from .backends import cuda_driver
 from .codegen.targets import CUDA_BLOCK_SIZE
 from .cuda_module import cuda_module
+from .errors import raise_if_out_of_bounds
 from .runtime.cuda_array import DeviceBuffer
 from .runtime.device import get_device
 
@@ -58,7 +59,7 @@ def _synchronous() -> bool:
 
 
 class _DeviceScalar:
-    """`.value` reads/writes a device global, so launch._raise_if_out_of_bounds works unchanged."""
+    """`.value` reads/writes a device global, so errors.raise_if_out_of_bounds works unchanged."""
 
     def __init__(self, loaded, name, ctype):
         self.loaded, self.name, self.ctype = loaded, name, ctype
@@ -73,7 +74,7 @@ class _DeviceScalar:
 
 
 class _ErrorView:
-    """The loaded module seen through the attributes launch._raise_if_out_of_bounds reads."""
+    """The loaded module seen through the attributes errors.raise_if_out_of_bounds reads."""
 
     def __init__(self, loaded):
         self.sites = loaded.sites
@@ -96,8 +97,7 @@ def _run(kernel, fn, grid: int, block: int, args: list, ordinal: int, stream=Non
 
 def _after(kernel, loaded, debug: bool) -> None:
     if debug:
-        from .launch import _raise_if_out_of_bounds
-        _raise_if_out_of_bounds(_ErrorView(loaded), kernel)
+        raise_if_out_of_bounds(_ErrorView(loaded), kernel)
 
 
 def forward(kernel, compiled, buffer: bytes, n: int, debug: bool, serial: bool, device: str, graph=None) -> None:
