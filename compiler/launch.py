@@ -293,7 +293,7 @@ def relaunch(kernel: Kernel, dims: tuple, args: list, deterministic: bool, tape=
         settle()
         serial = deterministic and sig.has_atomics
         if device != "cpu":
-                launch_cuda.forward(kernel, compiled, buffer, values[0], False, serial, device)
+            launch_cuda.forward(kernel, compiled, buffer, values[0], False, serial, device)
         else:
             kernel.entry(False).function(sig.forward_name, adjoint=False)(buffer, int(serial))
     _mark_written(sig, args, tape)

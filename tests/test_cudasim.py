@@ -309,3 +309,30 @@ def test_the_gpu_command_runs(tmp_path):
     for row in ("| saxpy, 4,096 floats |", "| launch of a 32-thread kernel |", "| wave 16^2, 20 steps, forward |",
                 "| wave 16^2, 20 steps, gradient (Revolve-4) |"):
         assert row in table
+
+
+def test_checkpointed_gradients_on_the_gpu_keep_the_cpus_bits():
+    """The same model on the CPU and the (simulated) GPU, store-all and Revolve: the same bits."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "stepper"))
+    import stepper as st
+    import stepper_models as models
+    initial = {k: v.numpy() for k, v in models.chain_initial(16).items()}
+    results = {}
+    for device, schedule in (("cpu", st.StoreAll(300)), ("cuda", st.StoreAll(300)), ("cuda", st.Revolve(300, 6))):
+        model = models.chain_model(16)
+        cuda_model = st.Model(dt=model.dt, device=device)
+        for name, spec in model.states.items():
+            cuda_model.state(name, spec.shape, spec.dtype)
+        for name, p in model.params.items():
+            cuda_model.param(name, p.to(device))
+        cuda_model.step(model.step_fn)
+
+        def loss(state, device=device):
+            out = st.zeros(1, dtype=st.float64, device=device)
+            st.launch(models.sum_squares64, 16, inputs=[state.x], outputs=[out])
+            return out
+        r = cuda_model.gradient(initial, steps=300, loss=loss, schedule=schedule)
+        results[device, type(schedule).__name__] = (r.loss, r.grads["x"].numpy(), r.grads["k"].numpy())
+    reference = results["cpu", "StoreAll"]
+    for key, (loss, gx, gk) in results.items():
+        assert loss == reference[0] and np.array_equal(gx, reference[1]) and np.array_equal(gk, reference[2]), key

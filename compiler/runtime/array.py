@@ -17,15 +17,15 @@ import math
 
 import numpy as np
 
-from ..types import ArrayType, ValueType, as_dtype, float32, int32, matrix, vector
-from .cuda_array import DeviceBuffer, DeviceMemory
-from .device import get_device, require_cuda
+from ..types import ArrayType, ValueType, float32
+from .arguments import check_device as _check_device, check_grad_dtype as _check_grad_dtype, dtype_arg as _dtype_arg
+from .arguments import MAX_DIMS, infer_dtype as _infer_dtype, shape_arg as _shape_arg
+from .memory import adopt_cuda, allocate, on_device, on_gpu
 from .tape import RecordedOp, active_tape, caller_location, settle
 
 __all__ = ["array", "zeros", "ones", "full", "empty", "zeros_like", "ones_like", "full_like",
-           "empty_like", "clone", "copy", "from_dlpack"]
+           "empty_like", "clone", "copy"]
 
-MAX_DIMS = 4
 
 
 class _Storage:
@@ -38,122 +38,6 @@ class _Storage:
 
 def _noop() -> None:
     pass
-
-
-# -- argument checking -----------------------------------------------------------------------------
-def _check_device(device, fn: str) -> str:
-    try:
-        dev = get_device(device)
-        require_cuda(dev)
-    except (ValueError, RuntimeError) as e:
-        raise type(e)(f"{fn}(device={device!r}): {e}") from None
-    return str(dev)
-
-
-def _on(device: str, values: np.ndarray):
-    """`values` as the memory of an array on `device`: itself on the CPU, a device copy on a GPU."""
-    return values if device == "cpu" else DeviceMemory.from_host(values, get_device(device).ordinal)
-
-
-def _allocate(device: str, shape: tuple, np_dtype, zero: bool):
-    if device == "cpu":
-        return (np.zeros if zero else np.empty)(shape, np_dtype)
-    memory = DeviceMemory.empty(shape, np_dtype, get_device(device).ordinal)
-    if zero:
-        memory.zero()
-    return memory
-
-
-def _on_gpu(data) -> bool:
-    return hasattr(data, "__cuda_array_interface__") and not isinstance(data, np.ndarray)
-
-
-def from_dlpack(data, dtype=None, requires_grad: bool = False) -> "array":
-    """An array sharing the memory of any DLPack object (JAX, PyTorch, CuPy, NumPy), on its device,
-    without copying; `dtype` may give a vector or matrix type whose trailing dimensions the data has
-    (``from_dlpack(torch_xyz, dtype=vec3)`` for an ``(n, 3)`` tensor)."""
-    from .dlpack import from_dlpack as adopt
-    if not hasattr(data, "__dlpack__"):
-        raise TypeError(f"from_dlpack(data=...): {type(data).__name__} does not implement __dlpack__")
-    memory, device = adopt(data)
-    dt = _dtype_arg(dtype, "from_dlpack") if dtype is not None else _infer_dtype(np.empty(0, memory.dtype), False,
-                                                                                 "from_dlpack")
-    if np.dtype(dt.np_dtype) != memory.dtype:
-        raise ValueError(f"from_dlpack(data, dtype={dt}): the data holds {memory.dtype} values; no copy converts them")
-    if dt.inner_shape and tuple(memory.shape[-len(dt.inner_shape):]) != dt.inner_shape:
-        raise ValueError(f"from_dlpack(data, dtype={dt}): data of shape {memory.shape} does not end in {dt.inner_shape}")
-    out = array._wrap(memory, dt, fn="from_dlpack(data)", device=_check_device(device, "from_dlpack"))
-    if requires_grad:
-        out.requires_grad = True
-    return out
-
-
-def _adopt_cuda(obj, fn: str):
-    """(DeviceMemory, device) sharing the memory an object exposes through
-    ``__cuda_array_interface__`` (CuPy, PyTorch, Numba); it must be C-contiguous."""
-    from ..backends.cuda_driver import _check, _driver
-    iface = obj.__cuda_array_interface__
-    shape, dtype = tuple(iface["shape"]), np.dtype(iface["typestr"])
-    strides = iface.get("strides")
-    if strides is not None and tuple(strides) != DeviceMemory(None, shape, dtype).strides and math.prod(shape) > 1:
-        raise ValueError(f"{fn}: the device array is not C-contiguous (strides {tuple(strides)}); make it "
-                         "contiguous first (e.g. cupy.ascontiguousarray)")
-    ptr = int(iface["data"][0])
-    driver = _driver()
-    attr = driver.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
-    ordinal = int(_check(driver.cuPointerGetAttribute(attr, ptr), "cuPointerGetAttribute")) if ptr else 0
-    nbytes = math.prod(shape) * dtype.itemsize
-    return DeviceMemory(DeviceBuffer(nbytes, ordinal, ptr=ptr, owner=obj), shape, dtype), f"cuda:{ordinal}"
-
-
-def _dtype_arg(dtype, fn: str) -> ValueType:
-    try:
-        return as_dtype(dtype)
-    except TypeError as exc:
-        raise TypeError(f"{fn}(dtype={dtype!r}): {exc}") from None
-
-
-def _shape_arg(shape, fn: str) -> tuple[int, ...]:
-    dims = (shape,) if isinstance(shape, (int, np.integer)) else shape
-    try:
-        dims = tuple(dims)
-    except TypeError:
-        raise TypeError(f"{fn}(shape={shape!r}): shape must be an int or a tuple of ints") from None
-    if not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 0 for d in dims):
-        raise ValueError(f"{fn}(shape={shape!r}): shape must be non-negative ints")
-    if not 1 <= len(dims) <= MAX_DIMS:
-        raise ValueError(f"{fn}(shape={shape!r}): arrays have 1 to {MAX_DIMS} dimensions, got {len(dims)}")
-    return tuple(int(d) for d in dims)
-
-
-def _check_grad_dtype(dtype: ValueType, fn: str) -> None:
-    if not dtype.is_float:
-        raise TypeError(f"{fn}: requires_grad=True needs a floating-point dtype, got {dtype}")
-
-
-def _infer_dtype(values: np.ndarray, from_python: bool, fn: str, inner_ndim: int = 0) -> ValueType:
-    """Our type for `values`: NumPy's dtype is kept; Python numbers are float32/int32 (or bool).
-    With `inner_ndim` 1 or 2 the trailing dimensions make a vector or matrix type."""
-    kind = values.dtype.kind
-    if kind not in "biuf":
-        raise TypeError(f"{fn}: data must be numbers, got {values.dtype} values")
-    if from_python and kind == "f":
-        scalar = float32
-    elif from_python and kind in "iu":
-        info = np.iinfo(np.int32)
-        if values.size and (values.min() < info.min or values.max() > info.max):
-            raise ValueError(f"{fn}: integer data does not fit in int32; pass dtype=int64")
-        scalar = int32
-    else:
-        try:
-            scalar = as_dtype(values.dtype)
-        except TypeError as exc:
-            raise TypeError(f"{fn}: {exc}; pass dtype= to convert") from None
-    if inner_ndim == 1:
-        return vector(values.shape[-1], scalar)
-    if inner_ndim == 2:
-        return matrix(values.shape[-2:], scalar)
-    return scalar
 
 
 def _from_data(data, dtype, shape, copy: bool, device: str):
@@ -172,8 +56,8 @@ def _from_data(data, dtype, shape, copy: bool, device: str):
     if isinstance(data, array):
         settle()
         src, dt = data.numpy(), dt or data.dtype
-    elif _on_gpu(data):
-        memory, where = _adopt_cuda(data, fn)
+    elif on_gpu(data):
+        memory, where = adopt_cuda(data, fn)
         if not copy:
             if device != where:
                 raise ValueError(f"{fn}: copy=False adopts the device memory of the data, which is on {where}; "
@@ -214,7 +98,7 @@ def _from_data(data, dtype, shape, copy: bool, device: str):
             raise ValueError(f"array(data, dtype={dt}): expected data of shape {expected} for {dt} "
                              f"elements, got shape {src.shape}")
     if copy:
-        return _on(device, np.array(src, dtype=dt.np_dtype, order="C", copy=True)), dt, None
+        return on_device(device, np.array(src, dtype=dt.np_dtype, order="C", copy=True)), dt, None
     if device != "cpu":
         raise ValueError(f"{fn}: copy=False adopts host memory as a CPU array; for {device} pass an array "
                          "with __cuda_array_interface__ (CuPy, PyTorch) or use copy=True")
@@ -269,7 +153,7 @@ class array:
     def __init__(self, data=None, dtype=None, shape=None, device=None, requires_grad: bool = False,
                  copy: bool = True, ndim=None):
         if device is None:      # the data's own device if it lives on a GPU, else the CPU
-            device = data.device if isinstance(data, array) else "cuda" if _on_gpu(data) else "cpu"
+            device = data.device if isinstance(data, array) else "cuda" if on_gpu(data) else "cpu"
         device = _check_device(device, "array")
         if ndim is not None and shape is None and data is None:
             raise ValueError("array(): ndim= is for kernel annotations; give data or shape to create an array")
@@ -277,7 +161,7 @@ class array:
             if shape is None:
                 raise ValueError("array(): give data or shape")
             dt = _dtype_arg(float32 if dtype is None else dtype, "array")
-            values, storage = _allocate(device, _shape_arg(shape, "array") + dt.inner_shape, dt.np_dtype, True), None
+            values, storage = allocate(device, _shape_arg(shape, "array") + dt.inner_shape, dt.np_dtype, True), None
         else:
             values, dt, storage = _from_data(data, dtype, shape, copy, device)
         self._setup(values, dt, storage, device, requires_grad, "array(data=...)")
@@ -354,7 +238,7 @@ class array:
     def requires_grad(self, value: bool) -> None:
         if value and self._grad is None:
             _check_grad_dtype(self._dtype, "array")
-            self._grad = array._wrap(_allocate(self._device, self._data.shape, self._data.dtype, True), self._dtype,
+            self._grad = array._wrap(allocate(self._device, self._data.shape, self._data.dtype, True), self._dtype,
                                      device=self._device)
         elif not value:
             self._grad = None
@@ -595,7 +479,7 @@ def clone(src: array, device=None, requires_grad: bool | None = None) -> array:
     device = src.device if device is None else _check_device(device, "clone")
     grad = src.requires_grad if requires_grad is None else requires_grad
     settle()
-    out = array._wrap(_allocate(device, src._data.shape, src._data.dtype, False), src.dtype, requires_grad=grad,
+    out = array._wrap(allocate(device, src._data.shape, src._data.dtype, False), src.dtype, requires_grad=grad,
                       device=device)
     _move_elements(out, src, 0, 0, src.size)
     tape = active_tape()
@@ -613,7 +497,7 @@ def _new(fn: str, shape, dtype, device, requires_grad: bool, zero: bool) -> arra
     dt = _dtype_arg(dtype, fn)
     shape = _shape_arg(shape, fn)
     try:
-        values = _allocate(device, shape + dt.inner_shape, dt.np_dtype, zero)
+        values = allocate(device, shape + dt.inner_shape, dt.np_dtype, zero)
     except MemoryError as e:
         raise MemoryError(f"{fn}(shape={shape}, dtype={dt}, device='{device}'): {e}") from None
     return array._wrap(values, dt, requires_grad=requires_grad, fn=fn, device=device)

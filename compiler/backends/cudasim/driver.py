@@ -12,8 +12,8 @@ a real driver would, so that the bugs a first GPU run would show surface here in
 - fresh allocations hold garbage (0xFF bytes: NaN for floats), so a missing zero-fill shows;
 - a kernel that traps poisons the context: the launch itself succeeds (launches are asynchronous)
   and every later call returns CUDA_ERROR_LAUNCH_FAILED, as on a GPU;
-- during stream capture, launches and async copies on the capturing stream are recorded, and a
-  synchronous call on the legacy stream is an error (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT).
+- during stream capture, launches on the capturing stream are recorded, and a synchronous call
+  on the legacy stream is an error while a blocking stream captures (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT).
 
 Any call it does not implement raises AttributeError naming it: nothing is silently a no-op.
 Everything runs synchronously, in the calling thread; streams only order captures.
@@ -36,7 +36,7 @@ IMAGE_MAGIC = b"stepper-cudasim-image\0"
 DEVICES = 2                       # two devices, so that context switches are exercised
 SM_COUNT = 2                      # few SMs: launches of more than 2*32*256 threads loop grid-stride
 COMPUTE_CAPABILITY = (9, 0)
-TOTAL_MEMORY = 8 << 30
+TOTAL_MEMORY = 8 << 30            # per device
 DRIVER_VERSION = 13000
 
 
@@ -156,18 +156,12 @@ class CUgraphExec:
     context: CUcontext
 
 
-@dataclass(eq=False)
-class CUevent:
-    recorded: bool = False
-
-
 _lock = threading.RLock()
 _initialized = False
 _primary: dict[int, CUcontext] = {}
 _current = threading.local()
 _allocations: dict[int, tuple[int, np.ndarray, CUcontext]] = {}   # start -> (nbytes, memory, context)
 _starts: list[int] = []                                              # sorted keys of _allocations
-_pinned: dict[int, np.ndarray] = {}
 _streams: dict[int, CUstream] = {}
 _launches = itertools.count(1)
 # (entry name, grid, block, stream) of the latest launches and graph launches, for tests to inspect.
@@ -281,11 +275,6 @@ def cuDeviceGetAttribute(attr, dev):
 
 
 @_api
-def cuDeviceTotalMem(dev):
-    return TOTAL_MEMORY
-
-
-@_api
 def cuDevicePrimaryCtxRetain(dev):
     with _lock:
         return _primary.setdefault(int(dev), CUcontext(int(dev)))
@@ -294,11 +283,6 @@ def cuDevicePrimaryCtxRetain(dev):
 @_api
 def cuCtxSetCurrent(ctx):
     _current.context = ctx
-
-
-@_api
-def cuCtxGetCurrent():
-    return getattr(_current, "context", None)
 
 
 @_api
@@ -336,32 +320,10 @@ def cuMemFree(ptr):
 
 
 @_api
-def cuMemGetInfo():
-    ctx = _context()
-    with _lock:
-        used = sum(size for size, _, c in _allocations.values() if c is ctx)
-    return TOTAL_MEMORY - used, TOTAL_MEMORY
-
-
-@_api
 def cuPointerGetAttribute(attr, ptr):
     if attr != CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
         raise _Fail(CUresult.CUDA_ERROR_INVALID_VALUE)
     return _device_range(ptr, 1)[2].ordinal
-
-
-@_api
-def cuMemAllocHost(nbytes):
-    _context()
-    memory = np.empty(max(int(nbytes), 1), np.uint8)
-    _pinned[memory.ctypes.data] = memory
-    return memory.ctypes.data
-
-
-@_api
-def cuMemFreeHost(ptr):
-    if _pinned.pop(int(ptr), None) is None:
-        raise _Fail(CUresult.CUDA_ERROR_INVALID_VALUE)
 
 
 def _copy(dst: int, src: int, nbytes: int, dst_device: bool, src_device: bool):
@@ -388,24 +350,6 @@ def cuMemcpyDtoD(dst, src, nbytes):
     _run_or_capture(None, _copy(dst, src, int(nbytes), True, True))
 
 
-@_api
-def cuMemcpyHtoDAsync(dst, src, nbytes, stream):
-    _context()
-    _run_or_capture(stream, _copy(dst, src, int(nbytes), True, False))
-
-
-@_api
-def cuMemcpyDtoHAsync(dst, src, nbytes, stream):
-    _context()
-    _run_or_capture(stream, _copy(dst, src, int(nbytes), False, True))
-
-
-@_api
-def cuMemcpyDtoDAsync(dst, src, nbytes, stream):
-    _context()
-    _run_or_capture(stream, _copy(dst, src, int(nbytes), True, True))
-
-
 def _memset(ptr, value, nbytes):
     _device_range(ptr, int(nbytes))
     return lambda: ctypes.memset(int(ptr), int(value) & 0xFF, int(nbytes))
@@ -415,12 +359,6 @@ def _memset(ptr, value, nbytes):
 def cuMemsetD8(ptr, value, nbytes):
     _context()
     _run_or_capture(None, _memset(ptr, value, nbytes))
-
-
-@_api
-def cuMemsetD8Async(ptr, value, nbytes, stream):
-    _context()
-    _run_or_capture(stream, _memset(ptr, value, nbytes))
 
 
 # -- modules and launches ------------------------------------------------------------------------------
@@ -439,11 +377,6 @@ def cuModuleLoadData(image):
     if not os.path.exists(path):
         raise _Fail(CUresult.CUDA_ERROR_INVALID_IMAGE)
     return CUmodule(ctypes.CDLL(path), ctx, path)
-
-
-@_api
-def cuModuleUnload(module):
-    _context()
 
 
 @_api
@@ -501,7 +434,7 @@ def cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
     _run_or_capture(stream, run)
 
 
-# -- streams, events, graphs ---------------------------------------------------------------------------
+# -- streams and graphs ---------------------------------------------------------------------------
 @_api
 def cuStreamCreate(flags):
     ctx = _context()
@@ -514,14 +447,6 @@ def cuStreamCreate(flags):
 @_api
 def cuStreamDestroy(stream):
     _streams.pop(int(stream), None)
-
-
-@_api
-def cuStreamSynchronize(stream):
-    _context()
-    s = _stream(stream)
-    if s is not None and s.capture is not None:
-        raise _Fail(CUresult.CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)
 
 
 @_api
@@ -566,44 +491,6 @@ def cuGraphLaunch(exec_, stream):
 
 @_api
 def cuGraphDestroy(graph):
-    pass
-
-
-@_api
-def cuGraphExecDestroy(exec_):
-    pass
-
-
-@_api
-def cuEventCreate(flags):
-    _context()
-    return CUevent()
-
-
-@_api
-def cuEventRecord(event, stream):
-    _context()
-    _run_or_capture(stream, lambda: setattr(event, "recorded", True))
-
-
-@_api
-def cuEventSynchronize(event):
-    _context()
-
-
-@_api
-def cuStreamWaitEvent(stream, event, flags):
-    _context()
-
-
-@_api
-def cuEventElapsedTime(start, end):
-    _context()
-    return 0.0
-
-
-@_api
-def cuEventDestroy(event):
     pass
 
 
