@@ -243,6 +243,8 @@ class Frontend(ExpressionLowering, CallLowering):
             self.error(node, f"cannot assign to array argument '{name}'", f"write {name}[i] = ... to store into it")
         if current is None:
             t = declared or value.type
+            if declared is None and self.is_weak(value) and value.type.is_float:
+                t = float32        # a weak value on its own is float32, as a literal is
             current = ir.Var(name, t)
             self.scope.locals[name] = current
         value = self.convert(value, current.type, node, name)
@@ -254,6 +256,9 @@ class Frontend(ExpressionLowering, CallLowering):
             return value
         if isinstance(value, ir.Const) and value.weak and isinstance(target, ScalarType):
             return ir.Const(value.value if target != bool_ else bool(value.value), target)
+        if self.is_weak(value) and isinstance(target, ScalarType) and target != bool_ \
+                and isinstance(value.type, ScalarType):
+            return self.emit_value(ir.Op, target, op=cast_op(target), args=(value,), loc=self.loc(node))
         if isinstance(target, ScalarType) and isinstance(value.type, ScalarType) and not value.type.is_float \
                 and (target.is_float or target == int64):
             return self.op(cast_op(target), [value], node)

@@ -67,12 +67,14 @@ class CallLowering:
         if isinstance(callee, ScalarType):
             if len(args) != 1:
                 self.error(node, f"{callee}() takes one value")
-            if args[0].type == callee:
+            if args[0].type == callee and not self.is_weak(args[0]):
                 return args[0]
             if isinstance(args[0], ir.Const) and isinstance(args[0].type, ScalarType):
                 return ir.Const(callee.np_dtype and _py(callee, args[0].value), callee)
             if not isinstance(args[0].type, ScalarType):
                 self.error(node, f"cannot convert a {args[0].type} to {callee}")
+            if self.is_weak(args[0]):       # an explicit type ends weak typing (see is_weak)
+                return self.emit_value(ir.Op, callee, op=cast_op(callee), args=tuple(args), loc=self.loc(node))
             return self.op(cast_op(callee), args, node)
         if isinstance(callee, (VectorType, MatrixType)):
             if not args:
