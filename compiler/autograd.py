@@ -105,7 +105,8 @@ class _KernelProblem(_Problem):
                 self._baseline.append((a, a.numpy().copy()))
             if not (a.requires_grad and a.dtype.is_float):
                 continue
-            if use.reads:
+            # A kernel that reads back only what it stored (a write-once history) has no input there.
+            if use.reads and not (use.stores and use.overwrites_read is None):
                 self.inputs.append(_Var(p.name, i, a))
             if use.stores or use.accumulates:
                 self.outputs.append(_Var(p.name, i, a))

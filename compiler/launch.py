@@ -250,10 +250,13 @@ def _raise_if_out_of_bounds(module, kernel):
 def _record(tape, kernel, compiled, sig, args, dims, buffer, debug, deterministic, device):
     if sig.overwrite is not None:
         loc, name = sig.overwrite
+        why = compiled.uses[name].write_once_refusal
         raise OverwriteError(
             f"{loc}: kernel '{kernel.__name__}' reads array argument '{name}' and also overwrites "
-            f"it (a[i] = ...) while a Tape records; the adjoint would read the overwritten values. "
-            f"Fix: write the result into a separate output array, or accumulate with a[i] += ... if that is meant.")
+            f"it (a[i] = ...) while a Tape records; the adjoint would read the overwritten values"
+            + (f" (it is not provably written once, each element before it is read: {why})" if why else "")
+            + ". Fix: carry a running value in a local (y = a * x[i, t] + (1 - a) * y) and store it; or "
+            "write the result into a separate output array, or accumulate with a[i] += ... if that is meant.")
     if compiled.adjoint_error is not None and any(args[k].requires_grad for _, k in sig.arrays):
         e = compiled.adjoint_error
         line = linecache.getline(e.loc.filename, e.loc.lineno).rstrip("\n")
