@@ -128,6 +128,15 @@ class Model:
         ``.final`` and ``.stats`` (`GradientStats`)."""
         return _gradient.gradient(self, initial, steps, loss, schedule, storage, **options)
 
+    def evaluate(self, initial, steps: int | None = None, loss=None, *, running_loss=None, **options) -> float:
+        """The loss of a rollout of `steps` steps from `initial`, as a Python float, without its
+        gradient and without recording anything: the same steps, kernels and order as `gradient`,
+        so ``evaluate(...) == gradient(...).loss`` bit for bit. Made for finite-difference checks and
+        line searches. ``loss`` and ``running_loss`` as in `gradient`; options ``deterministic``
+        (default True), ``check_finite``, ``progress``."""
+        from .evaluate import evaluate
+        return evaluate(self, initial, steps, loss, running_loss=running_loss, **options)
+
     def __repr__(self) -> str:
         states = ", ".join(f"{n}: {s.dtype} {s.shape}" for n, s in self.states.items())
         return f"Model(states=[{states}], params={list(self._params)})"
