@@ -39,6 +39,7 @@ class Model:
         self.states: dict[str, StateSpec] = {}
         self._params: dict[str, array] = {}
         self._params_state = State({})       # what `params` gives; every step reads it
+        self._series: dict[str, array] = {}  # time-indexed inputs, row n for step n (see series)
         self.step_fn = None
 
     # -- declarations ------------------------------------------------------------------------------
@@ -69,6 +70,32 @@ class Model:
         self._params[name] = value
         self._params_state = State(self._params)
         return value
+
+    def series(self, name: str, values: array) -> array:
+        """Declare a time-indexed input: step n reads row n of `values` (``values[n]``; a
+        one-element array for a 1-D `values`) as ``s.series.<name>``. Per-step data (forcing terms,
+        the samples a recursion consumes) read this way keep steps traceable, which passing
+        ``s.n`` to a kernel does not. Read only; not differentiated. `values` needs a row per step."""
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ModelError(f"series name {name!r} must be a Python identifier")
+        if name in self.states or name in self._params or name in self._series:
+            raise ModelError(f"'{name}' is already declared")
+        if not isinstance(values, array) or values.device != self.device:
+            raise ModelError(f"series '{name}' must be a stepper.array on '{self.device}', got "
+                             f"{type(values).__name__}")
+        self._series[name] = values
+        return values
+
+    def series_row(self, n: int) -> State:
+        """The time-indexed inputs of step n (views of row n), as ``s.series`` gives them."""
+        rows = {}
+        for name, values in self._series.items():
+            if n >= values.shape[0]:
+                raise ModelError(f"series '{name}' has {values.shape[0]} rows, but step {n} ran; give it a row "
+                                 f"per step")
+            data = values._data[n] if values.ndim > 1 else values._data[n:n + 1]
+            rows[name] = array._wrap(data, values.dtype, storage=values._storage, fn=f"s.series.{name}")
+        return State(rows)
 
     def step(self, fn):
         """Decorator: the step function ``fn(s)``; it reads ``s.prev``/``s.params`` and writes ``s.next``."""
