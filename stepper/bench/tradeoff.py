@@ -119,7 +119,8 @@ def calibrate(problem: Problem, probe: int = 50, *, deterministic: bool = True, 
     forward = adjoint = storeall = math.inf
 
     def stats(schedule):
-        return model.gradient(initial, probe, loss=problem.loss, schedule=schedule, deterministic=deterministic,
+        return model.gradient(initial, probe, loss=problem.loss, running_loss=problem.running_loss,
+                              schedule=schedule, deterministic=deterministic,
                               progress=False).stats
     for _ in range(repeats):
         st = stats(sp.Revolve(probe, 2) if probe > 2 else sp.StoreAll(probe))
@@ -158,7 +159,8 @@ def _gradient(problem: Problem, steps: int, config: Config, costs: Costs, path, 
     have_rss = rss.reset_peak()
     before = rss.current_bytes()
     cpu = time.process_time()
-    result = problem.model.gradient(problem.initial, steps, loss=problem.loss, schedule=config.schedule(steps, costs),
+    result = problem.model.gradient(problem.initial, steps, loss=problem.loss, running_loss=problem.running_loss,
+                                    schedule=config.schedule(steps, costs),
                                     storage=path, deterministic=deterministic, progress=False)
     cpu = time.process_time() - cpu
     peak = rss.peak_bytes() if have_rss and before is not None else None
