@@ -118,7 +118,7 @@ def _run(model, values, start, steps, store, meta, *, callback, every, record_ev
     arrays = {}
     for name, spec in model.states.items():
         arrays[name] = pool.acquire(spec.shape, spec.dtype, zero=False)
-        np.copyto(arrays[name].numpy(), values[name])
+        arrays[name]._write_host(values[name])
     work = State(arrays)
     every_ck = meta.get("checkpoint_every")
     history, written = [], 0
