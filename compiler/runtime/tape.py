@@ -377,7 +377,7 @@ class Tape:
                 clear.setdefault(id(arr), arr)
         for arr in clear.values():
             if arr.grad is not None:
-                arr.grad._data[...] = 0
+                arr.grad._zero_memory()
                 arr.grad._storage.version += 1
 
     def _seed_values(self, arr, seed, where: str):
