@@ -15,9 +15,9 @@ def scale_by_cos(x: sp.array(dtype=sp.float64), y: sp.array(dtype=sp.float64)):
     y[i] = x[i] * sp.cos(0.5)
 
 
-def test_builtin_of_a_literal_adopts_a_float64_context():
-    x = sp.array(np.array([1.0, 2.0]), requires_grad=True)
-    y = sp.zeros(2, dtype=sp.float64, requires_grad=True)
+def test_builtin_of_a_literal_adopts_a_float64_context(device):
+    x = sp.array(np.array([1.0, 2.0]), requires_grad=True, device=device)
+    y = sp.zeros(2, dtype=sp.float64, requires_grad=True, device=device)
     sp.launch(scale_by_cos, 2, inputs=[x], outputs=[y])
     np.testing.assert_array_equal(y.numpy(), [math.cos(0.5), 2.0 * math.cos(0.5)])
 
@@ -33,8 +33,8 @@ def literal_builtins(out: sp.array(dtype=sp.float64)):
     out[6] = sp.select(True, 0.1, 0.7)
 
 
-def test_builtins_of_literals_fold_in_double_precision():
-    out = sp.zeros(7, dtype=sp.float64)
+def test_builtins_of_literals_fold_in_double_precision(device):
+    out = sp.zeros(7, dtype=sp.float64, device=device)
     sp.launch(literal_builtins, 1, inputs=[], outputs=[out])
     np.testing.assert_array_equal(out.numpy(), [math.sqrt(2.0), math.e * 2.0, 0.1 + 2, 1.1,
                                                 math.sqrt(2.0), -3.0 + 3.0 + 0.3, 0.7])
@@ -53,11 +53,12 @@ def weak_choices(c: sp.array(dtype=int), x32: sp.array(dtype=float),
     out32[i, 2] = y
 
 
-def test_choices_between_literals_stay_weak_in_either_precision():
-    out64 = sp.zeros((2, 3), dtype=sp.float64)
-    out32 = sp.zeros((2, 3), dtype=sp.float32)
-    x32 = sp.array(np.array([1.5, 2.5], np.float32))
-    sp.launch(weak_choices, 2, inputs=[sp.array(np.array([1, 0], np.int32)), x32], outputs=[out64, out32])
+def test_choices_between_literals_stay_weak_in_either_precision(device):
+    out64 = sp.zeros((2, 3), dtype=sp.float64, device=device)
+    out32 = sp.zeros((2, 3), dtype=sp.float32, device=device)
+    x32 = sp.array(np.array([1.5, 2.5], np.float32), device=device)
+    c = sp.array(np.array([1, 0], np.int32), device=device)
+    sp.launch(weak_choices, 2, inputs=[c, x32], outputs=[out64, out32])
     np.testing.assert_array_equal(out64.numpy(), [[0.1, -0.1 * 3.0, math.sqrt(3.0)],
                                                   [0.2, -0.3 * 3.0, math.sqrt(2.0)]])
     f = np.float32
@@ -70,7 +71,7 @@ def typed_choice(c: sp.array(dtype=int), out: sp.array(dtype=sp.float64)):
     out[i] = sp.where(c[i] > 0, sp.float32(0.1), 0.2)
 
 
-def test_a_typed_operand_still_decides_the_type():
-    out = sp.zeros(1, dtype=sp.float64)
+def test_a_typed_operand_still_decides_the_type(device):
+    out = sp.zeros(1, dtype=sp.float64, device=device)
     with pytest.raises(sp.CompileError, match="float64"):
-        sp.launch(typed_choice, 1, inputs=[sp.array(np.array([1], np.int32))], outputs=[out])
+        sp.launch(typed_choice, 1, inputs=[sp.array(np.array([1], np.int32), device=device)], outputs=[out])

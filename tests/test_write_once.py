@@ -28,12 +28,12 @@ def calc_loss(ewma: sp.array(dtype=float, ndim=2), loss: sp.array(dtype=float)):
     sp.atomic_add(loss, 0, ewma[row, last] ** 2.0)
 
 
-def test_the_taichi_ewma_runs_as_written_and_matches_the_closed_form():
+def test_the_taichi_ewma_runs_as_written_and_matches_the_closed_form(device):
     rng = np.random.RandomState(1)
     values = rng.rand(1, 2).astype(np.float32)           # data is [[0.417022 0.72032449]]
-    data = sp.array(values, requires_grad=True)
-    ewma = sp.zeros((1, 2), dtype=float, requires_grad=True)
-    loss = sp.zeros(1, dtype=float, requires_grad=True)
+    data = sp.array(values, requires_grad=True, device=device)
+    ewma = sp.zeros((1, 2), dtype=float, requires_grad=True, device=device)
+    loss = sp.zeros(1, dtype=float, requires_grad=True, device=device)
     tape = sp.Tape()
     with tape:
         sp.launch(calc_ewma, 1, inputs=[data], outputs=[ewma])
@@ -60,11 +60,11 @@ def last_squared(ys: sp.array(dtype=sp.float64, ndim=2), out: sp.array(dtype=sp.
     out[i] = ys[i, ys.shape[1] - 1] ** 2.0
 
 
-def ewma_array_form(values, a):
-    data = sp.array(values, dtype=sp.float64, requires_grad=True)
-    alpha = sp.array([a], dtype=sp.float64, requires_grad=True)
-    ys = sp.zeros(values.shape, dtype=sp.float64, requires_grad=True)
-    out = sp.zeros(values.shape[0], dtype=sp.float64, requires_grad=True)
+def ewma_array_form(values, a, device="cpu"):
+    data = sp.array(values, dtype=sp.float64, requires_grad=True, device=device)
+    alpha = sp.array([a], dtype=sp.float64, requires_grad=True, device=device)
+    ys = sp.zeros(values.shape, dtype=sp.float64, requires_grad=True, device=device)
+    out = sp.zeros(values.shape[0], dtype=sp.float64, requires_grad=True, device=device)
     tape = sp.Tape()
     with tape:
         sp.launch(ewma_history, values.shape[0], inputs=[data, alpha], outputs=[ys])
@@ -73,20 +73,20 @@ def ewma_array_form(values, a):
     return out.numpy(), data.grad.numpy(), alpha.grad.numpy()[0]
 
 
-def test_ewma_history_array_matches_the_closed_form_in_float64():
+def test_ewma_history_array_matches_the_closed_form_in_float64(device):
     values = np.random.default_rng(1).random((4, 50))
-    out, grad_data, grad_alpha = ewma_array_form(values, 0.3)
+    out, grad_data, grad_alpha = ewma_array_form(values, 0.3, device)
     e, expected_data, expected_alpha = ewma_reference(values, 0.3)
     np.testing.assert_allclose(out, e * e, rtol=1e-14, atol=0)
     np.testing.assert_allclose(grad_data, expected_data, rtol=1e-13, atol=1e-300)
     np.testing.assert_allclose(grad_alpha, expected_alpha, rtol=1e-13)
 
 
-def test_ewma_history_passes_gradcheck():
+def test_ewma_history_passes_gradcheck(device):
     values = np.random.default_rng(2).random((3, 6))
-    data = sp.array(values, dtype=sp.float64, requires_grad=True)
-    alpha = sp.array([0.4], dtype=sp.float64, requires_grad=True)
-    ys = sp.zeros(values.shape, dtype=sp.float64, requires_grad=True)
+    data = sp.array(values, dtype=sp.float64, requires_grad=True, device=device)
+    alpha = sp.array([0.4], dtype=sp.float64, requires_grad=True, device=device)
+    ys = sp.zeros(values.shape, dtype=sp.float64, requires_grad=True, device=device)
     assert autograd.gradcheck(ewma_history, 3, [data, alpha], [ys], eps=1e-7, atol=1e-8, rtol=1e-6,
                               show_summary=False)
 
@@ -127,9 +127,10 @@ def reads_before_writing(data: sp.array(dtype=sp.float64, ndim=2), ys: sp.array(
     (reads_another_threads_element, "reads an element that another thread writes"),
     (reads_before_writing, "reads an element before the kernel writes it"),
 ])
-def test_unprovable_recursions_are_refused_with_the_reason_and_a_local_as_the_fix(kernel, reason):
-    data = sp.array(np.ones((2, 3)), dtype=sp.float64, requires_grad=True)
-    out = sp.zeros(2 if kernel is running_value_in_place else (2, 3), dtype=sp.float64, requires_grad=True)
+def test_unprovable_recursions_are_refused_with_the_reason_and_a_local_as_the_fix(kernel, reason, device):
+    data = sp.array(np.ones((2, 3)), dtype=sp.float64, requires_grad=True, device=device)
+    shape = 2 if kernel is running_value_in_place else (2, 3)
+    out = sp.zeros(shape, dtype=sp.float64, requires_grad=True, device=device)
     with pytest.raises(sp.OverwriteError) as info:
         with sp.Tape():
             sp.launch(kernel, 2, inputs=[data], outputs=[out])
