@@ -311,7 +311,9 @@ class Frontend(ExpressionLowering, CallLowering):
             values = self.expr(st.value, tuple_ok=True)
             values = values if isinstance(values, tuple) else (values,)
             if scope.results is None:
-                scope.results = [ir.Var("result", v.type) for v in values]
+                # A weak value returned on its own is float32, as a literal is (see is_weak).
+                scope.results = [ir.Var("result", float32 if self.is_weak(v) and v.type.is_float else v.type)
+                                 for v in values]
             if len(values) != len(scope.results):
                 self.error(st, f"this return gives {len(values)} value(s), an earlier one {len(scope.results)}")
             for var, v in zip(scope.results, values):

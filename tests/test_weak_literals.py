@@ -75,3 +75,21 @@ def test_a_typed_operand_still_decides_the_type(device):
     out = sp.zeros(1, dtype=sp.float64, device=device)
     with pytest.raises(sp.CompileError, match="float64"):
         sp.launch(typed_choice, 1, inputs=[sp.array(np.array([1], np.int32), device=device)], outputs=[out])
+
+
+@sp.func
+def half_or_quarter(c: int):
+    return sp.select(c > 0, 0.25, 0.5)
+
+
+@sp.kernel
+def scale_by_choice(c: sp.array(dtype=int), x: sp.array(dtype=float), y: sp.array(dtype=float)):
+    i = sp.tid()
+    y[i] = x[i] * half_or_quarter(c[i])
+
+
+def test_a_function_returning_a_choice_of_literals_returns_float32_like_a_literal(device):
+    y = sp.zeros(2, dtype=float, device=device)
+    sp.launch(scale_by_choice, 2, inputs=[sp.array(np.array([1, 0], np.int32), device=device),
+                                          sp.array(np.array([4.0, 4.0], np.float32), device=device)], outputs=[y])
+    np.testing.assert_array_equal(y.numpy(), [2.0, 1.0])
