@@ -79,7 +79,7 @@ def test_unwritable_storage_fails_before_the_first_step(tmp_path):
         model.gradient(chain_initial(), 100, loss=final_x_squared, schedule=sp.MultiLevel(100, 2, 4),
                        storage=tmp_path / "missing" / "snapshots.h5")
     with pytest.raises(sp.StorageError):
-        model.rollout(chain_initial(), 100, checkpoint=tmp_path / "missing" / "run.h5", checkpoint_every=10)
+        model.rollout(chain_initial(), 100, checkpoint=tmp_path / "missing" / "run.ckpt", checkpoint_every=10)
     with pytest.raises(sp.ModelError, match="stores snapshots on DISK but no disk storage was given"):
         model.gradient(chain_initial(), 100, loss=final_x_squared, schedule=sp.MultiLevel(100, 2, 4))
     assert model.calls == 0
