@@ -25,7 +25,6 @@ anything in it is touched, so a second job on the same path fails at once and ch
 from __future__ import annotations
 
 import errno
-import fcntl
 import os
 import re
 import warnings
@@ -34,6 +33,7 @@ import h5py
 
 from . import layout
 from .errors import SnapshotCorruptError, StorageError
+from .filelock import lock_path
 from .snapshot import Snapshot, check_step, copy_arrays, freeze, make_metadata
 
 __all__ = ["CheckpointDirectory", "KEEP", "checkpoint_file"]
@@ -116,17 +116,7 @@ class CheckpointDirectory:
                                "permissions or choose another path") from exc
 
     def _lock(self) -> int:
-        fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            os.close(fd)
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise StorageError(
-                    f"{self.path} is in use: another rollout is writing checkpoints there (it holds the "
-                    "directory's lock); wait for it or choose another checkpoint= path") from None
-            raise StorageError(f"cannot lock checkpoint directory {self.path}: {exc}") from exc
-        return fd
+        return lock_path(self.path, exclusive=True, what="checkpoint directory")
 
     # -- the interface a rollout uses ------------------------------------------
     def steps(self) -> list[int]:

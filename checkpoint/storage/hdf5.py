@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import os
+import resource
 import threading
 import time
 import warnings
@@ -23,6 +24,7 @@ import numpy as np
 from . import layout
 from .background import BackgroundWorker, InlineWorker
 from .base import Storage
+from .filelock import lock_path
 from .errors import (SnapshotIncompleteError, SnapshotMissingError, StorageClosedError, StorageError,
                      describe_steps)
 from .snapshot import Snapshot, check_step, copy_arrays, freeze, make_metadata
@@ -31,6 +33,7 @@ __all__ = ["HDF5Storage"]
 
 _COMPRESSIONS = (None, "gzip", "lzf")
 _MODES = ("w", "a", "r")
+_ROOM_MARGIN = 1 << 20   # HDF5 metadata written with a snapshot and at close; a few KiB in practice
 
 
 class HDF5Storage(Storage):
@@ -61,7 +64,14 @@ class HDF5Storage(Storage):
         _check_options(compression, compression_opts, mode, chunk_bytes, max_pending)
         self.compression, self.compression_opts = compression, compression_opts
         self.mode, self.chunk_bytes, self.max_pending = mode, int(chunk_bytes), max_pending
-        self._file = _open(self.path, mode)
+        _check_path(self.path, mode)
+        self._lockfd = lock_path(self.path, exclusive=mode != "r", what="snapshot file", create=True) \
+            if mode != "r" or os.path.isfile(self.path) else None
+        try:
+            self._file = _open(self.path, mode)
+        except BaseException:
+            _release(self._lockfd)
+            raise
         try:
             layout.tune_cache(self._file)
             if mode == "r":
@@ -71,6 +81,7 @@ class HDF5Storage(Storage):
             complete, incomplete = layout.scan(self._file)
         except BaseException:
             self._file.close()
+            _release(self._lockfd)
             raise
         # Caller-visible state, shared with the I/O thread under _lock:
         # _index holds every readable step (on disk or pending) -> bytes;
@@ -84,7 +95,7 @@ class HDF5Storage(Storage):
         self._worker = BackgroundWorker(f"HDF5Storage({os.path.basename(self.path)})", max_pending) \
             if background else InlineWorker()
         # Finish queued writes even if the user forgets close(); holds no reference to self.
-        self._finalizer = weakref.finalize(self, _shutdown, self._worker, self._file, self.path)
+        self._finalizer = weakref.finalize(self, _shutdown, self._worker, self._file, self.path, self._lockfd)
 
     def __repr__(self) -> str:
         return (f"HDF5Storage({self.path!r}, compression={self.compression!r}, mode={self.mode!r}, "
@@ -98,6 +109,7 @@ class HDF5Storage(Storage):
         copies = copy_arrays(arrays)
         entry = (copies, make_metadata(step, copies, metadata))
         nbytes = sum(a.nbytes for a in copies.values())
+        self._check_room(step, nbytes)
         copied = time.perf_counter() - start  # the copy is I/O done by the caller; the rest is counted by the task
         with self._lock:
             self._pending[step] = entry
@@ -200,7 +212,10 @@ class HDF5Storage(Storage):
         try:
             self._worker.stop()
         finally:
-            self._file.close()
+            try:
+                self._file.close()
+            finally:
+                _release(self._lockfd)
         self._raise_background_error()
 
     # -- work done on the I/O thread -----------------------------------------
@@ -240,6 +255,32 @@ class HDF5Storage(Storage):
             raise StorageError(f"deleting the snapshot of step {step} from {self.path} failed: {exc}") from exc
 
     # -- helpers ---------------------------------------------------------------
+    def _check_room(self, step: int, nbytes: int) -> None:
+        """Refuse a write that the disk or the file-size limit cannot hold, before HDF5 tries it.
+
+        HDF5 does not survive running out of space: its metadata cache is left half-flushed and the
+        process dies later (SIGSEGV/SIGBUS) with the file damaged. Checking first keeps every
+        completed snapshot and the file intact. The estimate is conservative (it ignores space
+        HDF5 could reuse from deleted snapshots); a disk that another process fills between this
+        check and the write can still reach HDF5's failure.
+        """
+        with self._lock:
+            pending = sum(sum(a.nbytes for a in arrays.values()) for arrays, _ in self._pending.values())
+        need = nbytes + pending + nbytes // 8 + _ROOM_MARGIN
+        stat = os.statvfs(os.path.dirname(self.path))
+        room, why = stat.f_bavail * stat.f_frsize, "the disk is full"
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        if limit != resource.RLIM_INFINITY:
+            left = limit - os.path.getsize(self.path)
+            if left < room:
+                room, why = left, f"the process's file-size limit ({limit} bytes, ulimit -f) is reached"
+        if need > room:
+            raise StorageError(
+                f"no room for the snapshot of step {step} ({nbytes} bytes) in {self.path}: {why} "
+                f"({max(room, 0)} bytes left, {need} needed with HDF5's overhead and the queued writes). "
+                f"Nothing was written; the snapshots stored so far are intact ({len(self.steps())} of them). "
+                "Free space, or give the storage a path on a larger disk")
+
     def _missing(self, step: int) -> StorageError:
         if step in self._incomplete:
             return SnapshotIncompleteError(
@@ -276,8 +317,8 @@ def _check_options(compression, compression_opts, mode, chunk_bytes, max_pending
         raise ValueError(f"max_pending must be >= 1, got {max_pending}")
 
 
-def _open(path: str, mode: str) -> h5py.File:
-    """Open the file now, so a bad path fails here, with a message naming it."""
+def _check_path(path: str, mode: str) -> None:
+    """Fail now, with a message naming the path, rather than an hour into a run."""
     directory = os.path.dirname(path)
     if mode == "r" and not os.path.isfile(path):
         raise StorageError(f"cannot read snapshots from {path}: no such file")
@@ -288,8 +329,11 @@ def _open(path: str, mode: str) -> h5py.File:
         target = path if os.path.exists(path) else directory
         if not os.access(target, os.W_OK):
             raise StorageError(f"cannot write snapshot file {path}: no write permission on {target}")
+
+
+def _open(path: str, mode: str) -> h5py.File:
     try:
-        return h5py.File(path, mode, libver=layout.LIBVER)
+        return h5py.File(path, mode, libver=layout.LIBVER, locking=False)   # we hold the lock (filelock.py)
     except (OSError, ValueError) as exc:
         raise StorageError(f"cannot open snapshot file {path} with mode={mode!r}: {exc}") from exc
 
@@ -299,7 +343,12 @@ def _check_format_readonly(f: h5py.File) -> None:
         raise StorageError(f"{f.filename} is not a snapshot file: it has no '/{layout.SNAPSHOTS}' group")
 
 
-def _shutdown(worker, file, path) -> None:
+def _release(fd) -> None:
+    if fd is not None:
+        os.close(fd)
+
+
+def _shutdown(worker, file, path, lockfd) -> None:
     """Finalizer for an HDF5Storage that was never closed: keep its data, warn about errors."""
     try:
         worker.stop()
@@ -309,3 +358,4 @@ def _shutdown(worker, file, path) -> None:
                           RuntimeWarning, stacklevel=1)
     finally:
         file.close()
+        _release(lockfd)
