@@ -41,7 +41,9 @@ class HDF5Storage(Storage):
 
     ``path``: the file. ``mode``: ``"w"`` creates or truncates it, ``"a"``
     opens an existing file (or creates one) and keeps its complete snapshots,
-    ``"r"`` opens one read-only. ``compression``: None, ``"gzip"`` (level in
+    ``"r"`` opens one read-only; ``overwrite=False`` makes ``"w"`` refuse to truncate an existing
+    file that is not a snapshot file. The path is locked before it is touched: a second writer
+    (or a writer while someone reads) gets a `StorageError` and changes nothing. ``compression``: None, ``"gzip"`` (level in
     ``compression_opts``, 0-9) or ``"lzf"``. ``chunk_bytes``: target size of
     the HDF5 chunks that carry the fletcher32 checksums.
 
@@ -58,7 +60,7 @@ class HDF5Storage(Storage):
 
     def __init__(self, path: str | os.PathLike, compression: str | None = None, mode: str = "w", *,
                  compression_opts: int | None = None, chunk_bytes: int = 2 << 20,
-                 background: bool = True, max_pending: int = 2) -> None:
+                 background: bool = True, max_pending: int = 2, overwrite: bool = True) -> None:
         super().__init__()
         self.path = os.path.abspath(os.fspath(path))
         _check_options(compression, compression_opts, mode, chunk_bytes, max_pending)
@@ -68,6 +70,8 @@ class HDF5Storage(Storage):
         self._lockfd = lock_path(self.path, exclusive=mode != "r", what="snapshot file", create=True) \
             if mode != "r" or os.path.isfile(self.path) else None
         try:
+            if mode == "w" and not overwrite:
+                _refuse_foreign(self.path)
             self._file = _open(self.path, mode)
         except BaseException:
             _release(self._lockfd)
@@ -329,6 +333,22 @@ def _check_path(path: str, mode: str) -> None:
         target = path if os.path.exists(path) else directory
         if not os.access(target, os.W_OK):
             raise StorageError(f"cannot write snapshot file {path}: no write permission on {target}")
+
+
+def _refuse_foreign(path: str) -> None:
+    """Raise unless ``path`` is absent, empty, or one of our snapshot files (which "w" may replace)."""
+    if not os.path.isfile(path) or os.path.getsize(path) == 0:
+        return
+    try:
+        with h5py.File(path, "r", locking=False) as f:
+            found = f.attrs.get("format")
+    except (OSError, ValueError):
+        found = None
+    if isinstance(found, bytes):
+        found = found.decode()
+    if found != layout.FORMAT:
+        raise StorageError(f"{path} holds something other than snapshots; nothing was changed. Choose "
+                           "another path for the snapshots, or delete the file yourself")
 
 
 def _open(path: str, mode: str) -> h5py.File:
