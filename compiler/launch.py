@@ -13,6 +13,7 @@ import struct
 
 import numpy as np
 
+from .bounds import check_extents, tid_indexed
 from .errors import CompileError, OverwriteError
 from .graph import CapturedLaunch, capturing
 from .kernel import Kernel
@@ -71,6 +72,7 @@ class _Signature:
         self.overwrite = next(((u.overwrites_read, n) for n, u in compiled.uses.items()
                                if u.overwrites_read is not None), None)
         self.op_name = f"launch of kernel '{kernel.__name__}'"
+        self.bounds = tid_indexed(compiled.forward)      # arrays whose extent the launch's dim must fit
 
 
 def _signature(kernel: Kernel) -> _Signature:
@@ -187,6 +189,10 @@ def launch(kernel: Kernel, dim, inputs=(), outputs=(), device=None, debug: bool 
             values.append(a)
             continue
         values += _check_argument(kernel, p, a, device)
+    if sig.bounds and not debug:             # debug=True checks every index itself, with the index in its message
+        problem = check_extents(kernel.__name__, sig.bounds, args, dims)
+        if problem:
+            raise LaunchError(problem)
     buffer = sig.packer.pack(*values)
 
     settle()                                 # launches held earlier (Tape.defer_launches) run first
