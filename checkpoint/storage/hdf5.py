@@ -206,6 +206,7 @@ class HDF5Storage(Storage):
         self._worker.drain()
         self._counters.add(blocked_seconds=time.perf_counter() - start)
         self._raise_background_error()
+        self._check_identity()
 
     def close(self) -> None:
         """Write everything still queued, close the file, then raise any I/O error left."""
@@ -219,8 +220,11 @@ class HDF5Storage(Storage):
             try:
                 self._file.close()
             finally:
-                _release(self._lockfd)
-        self._raise_background_error()
+                try:
+                    self._raise_background_error()
+                    self._check_identity()
+                finally:
+                    _release(self._lockfd)
 
     # -- work done on the I/O thread -----------------------------------------
     def _write_task(self, step: int, entry: tuple[dict, dict]) -> None:
@@ -284,6 +288,21 @@ class HDF5Storage(Storage):
                 f"({max(room, 0)} bytes left, {need} needed with HDF5's overhead and the queued writes). "
                 f"Nothing was written; the snapshots stored so far are intact ({len(self.steps())} of them). "
                 "Free space, or give the storage a path on a larger disk")
+
+    def _check_identity(self) -> None:
+        """Raise if the path no longer names the file we write: deleted or replaced while open,
+        everything written since went to a file nobody can open again."""
+        if self._lockfd is None or self.mode == "r":
+            return
+        mine = os.fstat(self._lockfd)
+        try:
+            now = os.stat(self.path)
+        except FileNotFoundError:
+            now = None
+        if now is None or (now.st_dev, now.st_ino) != (mine.st_dev, mine.st_ino):
+            what = "was deleted" if now is None else "was replaced by another file"
+            raise StorageError(f"{self.path} {what} while this storage had it open: the snapshots written to "
+                               "it are lost. Keep snapshot files in place until close(), then write them again")
 
     def _missing(self, step: int) -> StorageError:
         if step in self._incomplete:
@@ -359,8 +378,7 @@ def _open(path: str, mode: str) -> h5py.File:
 
 
 def _check_format_readonly(f: h5py.File) -> None:
-    if layout.SNAPSHOTS not in f:
-        raise StorageError(f"{f.filename} is not a snapshot file: it has no '/{layout.SNAPSHOTS}' group")
+    layout.check_format(f, writing=False)
 
 
 def _release(fd) -> None:

@@ -186,3 +186,38 @@ def test_resume_refuses_checkpoints_of_another_model(tmp_path):
         chain_model(dt=0.1).resume(path, steps=8)
     with pytest.raises(sp.ModelError, match=r"with states=.*\[16\].*this model has states=.*\[8\]"):
         chain_model(n=8).resume(path, steps=8)
+
+
+# -- silent mismatches ----------------------------------------------------------------------------
+def test_reading_refuses_other_format_versions_and_files_without_a_format(tmp_path):
+    path = tmp_path / "newer.h5"
+    with HDF5Storage(path) as store:
+        store.write(0, snapshot(0))
+    with h5py.File(path, "a") as f:
+        f.attrs["format_version"] = 3
+    with pytest.raises(StorageError, match=f"{path} has snapshot format version 3; this code reads version 2"):
+        HDF5Storage(path, mode="r")
+    bare = tmp_path / "bare.h5"
+    with h5py.File(bare, "w") as f:
+        f.create_group("snapshots")
+    with pytest.raises(StorageError, match=f"{bare} is an HDF5 file but not a snapshot file"):
+        HDF5Storage(bare, mode="r")
+
+
+def test_a_snapshot_file_deleted_or_replaced_while_open_is_an_error_at_flush_and_close(tmp_path):
+    path = tmp_path / "scratch.h5"
+    store = HDF5Storage(path)
+    store.write(0, snapshot(0))
+    os.unlink(path)
+    with pytest.raises(StorageError, match=f"{path} was deleted while this storage had it open"):
+        store.flush()
+    with pytest.raises(StorageError, match="snapshots written to it are lost"):
+        store.close()
+    other = tmp_path / "other"
+    other.write_text("someone else's")
+    store = HDF5Storage(path)
+    store.write(0, snapshot(0))
+    os.replace(other, path)
+    with pytest.raises(StorageError, match=f"{path} was replaced by another file while this storage had it open"):
+        store.close()
+    assert path.read_text() == "someone else's"
