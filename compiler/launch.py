@@ -88,7 +88,7 @@ def _dims(kernel: Kernel, dim, tid_ndim: int) -> tuple[int, ...]:
     if type(dim) is tuple and len(dim) == tid_ndim == 2 and type(dim[0]) is int and type(dim[1]) is int \
             and 0 <= dim[0] < 2**15 and 0 <= dim[1] < 2**15:
         return dim                            # the common 2-d launch, under 2**31 threads by construction
-    dims = (dim,) if isinstance(dim, (int, np.integer)) else tuple(dim)
+    dims = (dim,) if isinstance(dim, (int, np.integer)) else tuple(dim) if isinstance(dim, (tuple, list)) else (dim,)
     if not 1 <= len(dims) <= 4 or not all(isinstance(d, (int, np.integer)) and d >= 0 for d in dims):
         raise LaunchError(f"launch of kernel '{kernel.__name__}': dim must be a non-negative int or a tuple of 1 to 4 "
                           f"of them, got {dim!r}")

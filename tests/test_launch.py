@@ -333,3 +333,9 @@ def test_jacobian_rows_of_many_environments_through_the_tape():
     expected_x = np.stack([np.stack([b, a, pv], 1), np.stack([2 * a * pv, 0 * a, np.cos(c)], 1)], 1)
     np.testing.assert_allclose(jac_x, expected_x, rtol=1e-15, atol=1e-15)
     np.testing.assert_allclose(jac_p, np.stack([c, a * a], 1), rtol=1e-15, atol=1e-15)
+
+
+def test_a_float_dim_names_the_launch_and_what_dim_takes():
+    with pytest.raises(sp.LaunchError, match=r"launch of kernel 'guarded_copy': dim must be a non-negative int or a "
+                                             r"tuple of 1 to 4 of them, got 10.0"):
+        sp.launch(guarded_copy, 10.0, inputs=[sp.zeros(3), 3], outputs=[sp.zeros(10)])

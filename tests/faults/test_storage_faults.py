@@ -221,3 +221,16 @@ def test_a_snapshot_file_deleted_or_replaced_while_open_is_an_error_at_flush_and
     with pytest.raises(StorageError, match=f"{path} was replaced by another file while this storage had it open"):
         store.close()
     assert path.read_text() == "someone else's"
+
+
+def test_resume_falls_back_to_the_older_checkpoint_when_the_newest_is_damaged(tmp_path):
+    path = tmp_path / "run.ckpt"
+    model, initial = chain_model(), chain_initial()
+    model.rollout(initial, 6, checkpoint=path, checkpoint_every=1)
+    newest = path / "step-000000000006.h5"
+    newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])     # cut short after the fact
+    with pytest.warns(RuntimeWarning, match=rf"resuming from an older checkpoint \(step 5\): the checkpoint "
+                                            rf"{newest} cannot be read"):
+        resumed = model.resume(path, steps=8)
+    assert resumed.stats.steps == 3
+    assert resumed.x.numpy().tobytes() == model.rollout(initial, 8).x.numpy().tobytes()
