@@ -17,8 +17,9 @@ arrays or writes into the arrays given as `outputs`.
 What the tools do to your data:
 - a kernel runs on private copies of its arguments, so your arrays, their gradients and any Tape that
   recorded them are left exactly as they were;
-- a Python function runs on your arrays. Finite differences perturb inputs through ``numpy()`` views
-  (which do not bump array versions) and put back the exact original values; outputs that you pass
+- a Python function runs on your arrays. Finite differences perturb inputs in place (through
+  ``numpy()`` views on the CPU, host copies written back on a GPU), which does not bump array
+  versions, and put back the exact original values; outputs that you pass
   are reset to their values on entry before every run, so accumulating functions differentiate
   correctly. Gradients of the arrays the function touches are restored afterwards. The function's
   outputs end up holding the result of the last run.
@@ -75,7 +76,7 @@ class _Problem:
     def reset(self) -> None:
         """Put every written array back to its value on entry (no version bumps)."""
         for arr, values in self._baseline:
-            arr.numpy()[...] = values
+            arr._write_host(values)
 
     def outputs_now(self) -> list[np.ndarray]:
         return [np.array(v.array.numpy(), dtype=np.float64).ravel() for v in self.outputs]
@@ -219,7 +220,7 @@ def _jacobian_ad(problem: _Problem, mask, max_outputs_per_var: int):
                 tape.zero()
     finally:
         for a, values in saved:
-            a.grad.numpy()[...] = values
+            a.grad._write_host(values)
     return result, pairs
 
 
@@ -239,10 +240,12 @@ def _jacobian_fd(problem: _Problem, pairs, eps: float, max_inputs_per_var: int) 
                 continue
             for o in outs:
                 result[(inp.name, o.name)] = np.full((o.scalars, inp.scalars), np.nan)
-            x = inp.array.numpy().reshape(-1)
-            if not np.shares_memory(x, inp.array.numpy()):
+            host = inp.array.numpy()              # a view on the CPU, a copy of a GPU array
+            x = host.reshape(-1)
+            if not np.shares_memory(x, host):
                 raise ValueError(f"{problem.label}: input '{inp.name}' is not contiguous; finite differences "
                                  "need to perturb it in place")
+            put = (lambda: None) if inp.array.device == "cpu" else (lambda a=inp.array, h=host: a._write_host(h))
             cols = inp.scalars if max_inputs_per_var <= 0 else min(inp.scalars, max_inputs_per_var)
             for c in range(cols):
                 original = x[c].copy()
@@ -251,10 +254,12 @@ def _jacobian_fd(problem: _Problem, pairs, eps: float, max_inputs_per_var: int) 
                 for sign in (1.0, -1.0):
                     problem.reset()                       # first: an input may also be an output
                     x[c] = original + sign * h
+                    put()
                     values.append(float(x[c]))            # the value actually stored (float32 rounds)
                     problem.run()
                     values.append(problem.outputs_now())
                     x[c] = original
+                    put()
                 (x_plus, f_plus, x_minus, f_minus) = values
                 order = [o.name for o in problem.outputs]
                 for o in outs:

@@ -9,8 +9,10 @@ Compiling needs only NVRTC, so every machine checks that each module compiles fo
 from __future__ import annotations
 
 import ctypes
+import functools
 from pathlib import Path
 
+from .backends import cudasim
 from .backends.nvrtc import DEFAULT_ARCH, compile_cuda
 from .codegen.targets import RenderedModule
 
@@ -25,10 +27,20 @@ CUDA_OPTIONS = ("--fmad=false", "-diag-suppress=177,550")
 def cuda_image(module, debug: bool, arch: str = DEFAULT_ARCH, output: str = "ptx") -> tuple[bytes, RenderedModule]:
     """The module's CUDA source compiled by NVRTC (cached on disk), and the rendering it came from."""
     rendered = module.render(debug, target="cuda")
-    safe = "".join(c if c.isalnum() else "_" for c in module.name)[-40:]
-    image = compile_cuda(rendered.source, f"{safe}{'_debug' if debug else ''}", arch=arch,
+    image = compile_cuda(rendered.source, _safe_name(module.name, debug), arch=arch,
                          headers={"prelude.h": PRELUDE.read_text()}, options=CUDA_OPTIONS, output=output)
     return image, rendered
+
+
+@functools.cache
+def _check_toolkit() -> None:
+    from .backends import cuda_driver
+    from .backends.nvrtc import nvrtc_version
+    cuda_driver.check_toolkit(cuda_driver.driver_version(), nvrtc_version())
+
+
+def _safe_name(name: str, debug: bool) -> str:
+    return "".join(c if c.isalnum() else "_" for c in name)[-40:] + ("_debug" if debug else "")
 
 
 _LOADED: dict = {}     # (module name, len(kernels), debug, ordinal) -> LoadedCudaModule
@@ -41,8 +53,13 @@ def cuda_module(module, debug: bool, device) -> "LoadedCudaModule":
     key = (module.name, len(module.kernels), debug, device.ordinal)
     loaded = _LOADED.get(key)
     if loaded is None:
-        major, minor = cuda_driver.device_arch(device.ordinal)
-        image, rendered = cuda_image(module, debug, arch=f"sm_{major}{minor}", output="cubin")
+        if cudasim.enabled():
+            rendered = module.render(debug, target="cuda")
+            image = cudasim.build_image(rendered.source, _safe_name(module.name, debug))
+        else:
+            _check_toolkit()
+            major, minor = cuda_driver.device_arch(device.ordinal)
+            image, rendered = cuda_image(module, debug, arch=f"sm_{major}{minor}", output="cubin")
         loaded = _LOADED[key] = LoadedCudaModule(cuda_driver.load_module(image, device.ordinal), rendered.sites,
                                                  device.ordinal)
     return loaded
@@ -75,7 +92,8 @@ class LoadedCudaModule:
 
     def read(self, name: str, ctype):
         """Copy the global `name` to the host as a ctypes value (synchronises with the device)."""
-        from .backends.cuda_driver import _check, _driver
+        from .backends.cuda_driver import _check, _driver, primary_context
+        primary_context(self.ordinal)
         ptr, size = self._global(name)
         value = ctype()
         assert ctypes.sizeof(value) == size, (name, size)
@@ -84,6 +102,7 @@ class LoadedCudaModule:
 
     def write(self, name: str, value) -> None:
         """Overwrite the global `name` with the ctypes value `value`."""
-        from .backends.cuda_driver import _check, _driver
+        from .backends.cuda_driver import _check, _driver, primary_context
+        primary_context(self.ordinal)
         ptr, size = self._global(name)
         _check(_driver().cuMemcpyHtoD(ptr, ctypes.addressof(value), ctypes.sizeof(value)), f"cuMemcpyHtoD({name})")

@@ -58,3 +58,16 @@ class CompileError(Exception):
         if self.hint:
             lines.append(f"hint: {self.hint}")
         return "\n".join(lines)
+
+
+def raise_if_out_of_bounds(module, kernel) -> None:
+    """After a debug launch: raise IndexError at the kernel's line if its module recorded an
+    out-of-bounds index (`module.error_site`, `error_index` and `sites`, on any device), and reset it."""
+    site = module.error_site.value
+    if site < 0:
+        return
+    module.error_site.value = -1
+    name, arr, loc = module.sites[site]
+    index = list(module.error_index)
+    raise IndexError(f"{loc}: kernel '{kernel.__name__}' indexed array '{arr}' out of bounds at {index} "
+                     "(first failure shown; checked because debug=True)")

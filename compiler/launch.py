@@ -13,8 +13,13 @@ import struct
 
 import numpy as np
 
+<<<<<<< HEAD
 from .bounds import check_extents, tid_indexed
 from .errors import CompileError, OverwriteError
+=======
+from . import launch_cuda
+from .errors import CompileError, OverwriteError, raise_if_out_of_bounds
+>>>>>>> main
 from .graph import CapturedLaunch, capturing
 from .kernel import Kernel
 from .runtime.array import array
@@ -198,29 +203,30 @@ def launch(kernel: Kernel, dim, inputs=(), outputs=(), device=None, debug: bool 
     settle()                                 # launches held earlier (Tape.defer_launches) run first
     tape = active_tape()
     graph = capturing()
-    if graph is not None and (tape is not None or debug or device != "cpu"):
+    if graph is not None and (tape is not None or debug):
         raise LaunchError(f"launch of kernel '{kernel.__name__}' inside capture(): " + (
             "a Tape is recording, and replays would bypass it; capture outside the Tape" if tape is not None else
-            "debug=True launches cannot be captured" if debug else "only CPU launches can be captured so far"))
+            "debug=True launches cannot be captured"))
     if deterministic is None:
         deterministic = tape.deterministic if tape is not None else untaped_deterministic()
     if tape is not None:
         _record(tape, kernel, compiled, sig, args, dims, buffer, debug, deterministic, device)
+    # Without atomics a forward's result does not depend on thread order: only atomics need serial.
+    serial = deterministic and sig.has_atomics
     if device != "cpu":
-        from . import launch_cuda
-        launch_cuda.forward(kernel, compiled, buffer, values[0], debug, deterministic, device)
+        launch_cuda.forward(kernel, compiled, buffer, values[0], debug, serial, device, graph)
+        if graph is not None:
+            graph.note_writes(tuple(args[k] for k in sig.written), device)
         _mark_written(sig, args, tape)
         return
     module = kernel.entry(debug)
-    # Without atomics a forward's result does not depend on thread order: only atomics need serial.
-    serial = deterministic and sig.has_atomics
     entry = module.function(sig.forward_name, adjoint=False)
     if graph is not None:
-        graph.launches.append(CapturedLaunch(entry, buffer, int(serial), tuple(args[k] for k in sig.written)))
+        graph.add(CapturedLaunch(entry, buffer, int(serial), tuple(args[k] for k in sig.written)), device)
     if debug or tape is None or not tape.hold(functools.partial(entry, buffer, int(serial))):
         entry(buffer, int(serial))
     if debug:
-        _raise_if_out_of_bounds(module, kernel)
+        raise_if_out_of_bounds(module, kernel)
     _mark_written(sig, args, tape)
 
 
@@ -240,17 +246,6 @@ def _mark_written(sig, args, tape):
         written._storage.version += 1
         if tape is not None:
             tape._note_write(written)
-
-
-def _raise_if_out_of_bounds(module, kernel):
-    site = module.error_site.value
-    if site < 0:
-        return
-    module.error_site.value = -1
-    name, arr, loc = module.sites[site]
-    index = list(module.error_index)
-    raise IndexError(f"{loc}: kernel '{kernel.__name__}' indexed array '{arr}' out of bounds at {index} "
-                     "(first failure shown; checked because debug=True)")
 
 
 def _record(tape, kernel, compiled, sig, args, dims, buffer, debug, deterministic, device):
@@ -284,27 +279,33 @@ def _recorded_op(kernel, compiled, sig, args, dims, buffer, debug, deterministic
 
 def relaunch(kernel: Kernel, dims: tuple, args: list, deterministic: bool, tape=None, where: str = "",
              run: bool = True) -> None:
-    """Launch again, on the CPU, what a checked `launch` ran before, with arguments of the same
+    """Launch again, on the device it ran on, what a checked `launch` ran before, with arguments of the same
     kinds (each array of the dtype, rank and layout that launch accepted; scalars as they were
     given): a step trace's replay (stepper/trace.py). Nothing is checked. With `tape`, the launch
     is recorded there as `launch` records it; ``run=False`` records it without running it (for
     outputs nothing will read: the adjoint replays the forward from the inputs)."""
     compiled = kernel.compiled()
     sig = _signature(kernel)
+    device = "cpu"
     values = [math.prod(dims), *dims, *_ONES[len(dims):]]
     for p, expect, a in zip(sig.params, sig.expect, args):
         if type(a) is array:
+            device = a._device
             values += a.__dict__.get("_launch_abi") or _array_values(a)
         elif type(expect) is frozenset and type(a) in expect:
             values.append(a)
         else:
-            values += _check_argument(kernel, p, a, "cpu")
+            values += _check_argument(kernel, p, a, device)
     buffer = sig.packer.pack(*values)
     if tape is not None:
-        tape.record(_recorded_op(kernel, compiled, sig, args, dims, buffer, False, deterministic, "cpu", where))
+        tape.record(_recorded_op(kernel, compiled, sig, args, dims, buffer, False, deterministic, device, where))
     if run:
         settle()
-        kernel.entry(False).function(sig.forward_name, adjoint=False)(buffer, int(deterministic and sig.has_atomics))
+        serial = deterministic and sig.has_atomics
+        if device != "cpu":
+            launch_cuda.forward(kernel, compiled, buffer, values[0], False, serial, device)
+        else:
+            kernel.entry(False).function(sig.forward_name, adjoint=False)(buffer, int(serial))
     _mark_written(sig, args, tape)
 
 
@@ -347,7 +348,7 @@ def _run_adjoint(kernel, compiled, sig, args, dims, buffer, debug, serial, fresh
     if compiled.adjoint is None:
         return
     device = next((a.device for a in args if isinstance(a, array)), "cpu")
-    gather = compiled.gather if device == "cpu" and _gather_fits(compiled.gather, sig, args, dims) else None
+    gather = compiled.gather if _gather_fits(compiled.gather, sig, args, dims) else None
     values = [_fresh_mask(fresh, sig, args, gather.arrays if gather else ()) if fresh else 0, 0, 0, 0, 0]
     for p, a in zip(sig.params, args):
         if isinstance(p.type, ArrayType):
@@ -355,15 +356,14 @@ def _run_adjoint(kernel, compiled, sig, args, dims, buffer, debug, serial, fresh
         else:
             values += _zero_values(p.type)
     adj_buffer = sig.packer.pack(*values)
-    if device != "cpu":
-        from . import launch_cuda
-        launch_cuda.adjoint(kernel, compiled, buffer, adj_buffer, math.prod(dims), debug, serial, device)
-        return
-    module = kernel.entry(debug)
     adjoint = compiled.adjoint
     if gather is not None:
         # Parallel and deterministic by construction; serial only for what still scatters.
         adjoint, serial = gather.function, serial and gather.scatters
+    if device != "cpu":
+        launch_cuda.adjoint(kernel, compiled, adjoint, buffer, adj_buffer, math.prod(dims), debug, serial, device)
+        return
+    module = kernel.entry(debug)
     fn = module.function(adjoint.name, adjoint=True)
     n = math.prod(dims)
     tape_memory, capacity = None, 0
@@ -380,7 +380,7 @@ def _run_adjoint(kernel, compiled, sig, args, dims, buffer, debug, serial, fresh
     overflow = fn(buffer, adj_buffer, tape_memory.ctypes.data if tape_memory is not None else None, capacity, 0, None,
                   int(serial))
     if debug:
-        _raise_if_out_of_bounds(module, kernel)
+        raise_if_out_of_bounds(module, kernel)
     if overflow:
         raise RuntimeError(f"internal error: the adjoint of kernel '{kernel.__name__}' overflowed its measured tape "
                            f"({capacity} words per thread); please report this with the kernel's source")

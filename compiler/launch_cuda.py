@@ -1,26 +1,33 @@
 """Launch step of the CUDA backend: run a kernel's forward or adjoint entry on a GPU.
 
 `launch.py` checks and packs the arguments exactly as for the CPU and calls here when the device is
-a GPU. Written carefully but not yet run on a GPU (no machine with one was available).
+a GPU. Tested on the CUDA simulator (backends/cudasim); see the README for what has run on hardware.
 
+- Every call first makes the device's primary context current on the calling thread: a launch from
+  a thread that never allocated, or after work on another device, would fail otherwise.
 - Launches go to the legacy default stream and are asynchronous, except in debug mode, where the
-  bounds-check result is read back after each launch (a synchronising copy).
+  bounds-check result is read back after each launch (a synchronising copy), and under
+  STEPPER_CUDA_SYNC=1, where each launch is waited for so a failing kernel is named.
 - The packed argument buffer is passed by value (see codegen/targets.py): no device allocation and
   no copy per launch beyond the driver's parameter copy.
-- Deterministic (serial) launches run one block of one thread, so float atomics accumulate in
-  thread-index order, as on the CPU; that is slow and meant for exact comparisons only.
+- Serial launches (deterministic mode, for kernels whose result depends on thread order: forwards
+  with atomics, adjoints that scatter) run one block of one thread, so float atomics accumulate in
+  thread-index order, as on the CPU; slow, and meant for exact comparisons only.
 - The adjoint's loop tape is measured first (count_only pass; the maximum words per thread lands in
-  the device global `sp_tape_words`), then allocated interleaved (word w of thread t at
-  `w * n + t`) so that consecutive threads touch consecutive addresses.
+  the device global `sp_tape_words`), then taken from a per-device buffer that only grows (never
+  freed per launch: cuMemFree synchronises), interleaved (word w of thread t at `w * n + t`) so
+  that consecutive threads touch consecutive addresses.
 """
 from __future__ import annotations
 
 import ctypes
 import functools
+import os
 
 from .backends import cuda_driver
 from .codegen.targets import CUDA_BLOCK_SIZE
 from .cuda_module import cuda_module
+from .errors import raise_if_out_of_bounds
 from .runtime.cuda_array import DeviceBuffer
 from .runtime.device import get_device
 
@@ -46,8 +53,13 @@ def _by_value(buffer: bytes):
     return (ctypes.c_char * len(buffer)).from_buffer_copy(buffer)
 
 
+def _synchronous() -> bool:
+    """STEPPER_CUDA_SYNC=1: wait for every launch, so an error is blamed on the kernel that made it."""
+    return os.environ.get("STEPPER_CUDA_SYNC", "").strip() not in ("", "0")
+
+
 class _DeviceScalar:
-    """`.value` reads/writes a device global, so launch._raise_if_out_of_bounds works unchanged."""
+    """`.value` reads/writes a device global, so errors.raise_if_out_of_bounds works unchanged."""
 
     def __init__(self, loaded, name, ctype):
         self.loaded, self.name, self.ctype = loaded, name, ctype
@@ -62,7 +74,7 @@ class _DeviceScalar:
 
 
 class _ErrorView:
-    """The loaded module seen through the attributes launch._raise_if_out_of_bounds reads."""
+    """The loaded module seen through the attributes errors.raise_if_out_of_bounds reads."""
 
     def __init__(self, loaded):
         self.sites = loaded.sites
@@ -74,53 +86,111 @@ class _ErrorView:
         return list(self._loaded.read("sp_error_index", ctypes.c_longlong * 4))
 
 
-def _check_bounds(loaded, kernel) -> None:
-    from .launch import _raise_if_out_of_bounds
-    _raise_if_out_of_bounds(_ErrorView(loaded), kernel)
+def _run(kernel, fn, grid: int, block: int, args: list, ordinal: int, stream=None) -> None:
+    cuda_driver.launch(fn, grid, block, args, stream=stream)
+    if _synchronous() and stream is None:
+        try:
+            cuda_driver.synchronize(ordinal)
+        except cuda_driver.CudaError as e:
+            raise cuda_driver.CudaError(f"kernel '{kernel.__name__}' failed on cuda:{ordinal}: {e}") from None
 
 
-def forward(kernel, compiled, buffer: bytes, n: int, debug: bool, serial: bool, device: str) -> None:
-    """Run the forward entry of `kernel` over `n` threads on `device` (asynchronous unless debug)."""
+def _after(kernel, loaded, debug: bool) -> None:
+    if debug:
+        raise_if_out_of_bounds(_ErrorView(loaded), kernel)
+
+
+def forward(kernel, compiled, buffer: bytes, n: int, debug: bool, serial: bool, device: str, graph=None) -> None:
+    """Run the forward entry of `kernel` over `n` threads on `device` (asynchronous unless debug);
+    inside `capture()`, record it into the graph's CUDA graph instead."""
     dev = get_device(device)
+    cuda_driver.primary_context(dev.ordinal)
     loaded = cuda_module(kernel.module, debug, dev)
     if n == 0:
         return
     grid, block = _grid(n, serial, dev.ordinal)
-    cuda_driver.launch(loaded.function(compiled.forward.name, adjoint=False), grid, block, [_by_value(buffer)])
-    if debug:
-        _check_bounds(loaded, kernel)
+    stream = graph.cuda_stream(str(dev)) if graph is not None else None
+    _run(kernel, loaded.function(compiled.forward.name, adjoint=False), grid, block, [_by_value(buffer)],
+         dev.ordinal, stream)
+    _after(kernel, loaded, debug)
 
 
-def adjoint(kernel, compiled, buffer: bytes, adj_buffer: bytes, n: int, debug: bool, serial: bool,
+_TAPES: dict[int, DeviceBuffer] = {}
+
+
+def _tape_memory(ordinal: int, nbytes: int, kernel, compiled, capacity: int, n: int) -> DeviceBuffer:
+    """The device's loop-tape buffer, grown (by at least half) when `nbytes` do not fit. Launches
+    are ordered on one stream, so one buffer serves them all."""
+    tape = _TAPES.get(ordinal)
+    if tape is None or tape.nbytes < nbytes:
+        size = max(nbytes, int(tape.nbytes * 1.5) if tape is not None else 0)
+        _TAPES.pop(ordinal, None)
+        try:
+            tape = _TAPES[ordinal] = DeviceBuffer(size, ordinal)
+        except MemoryError as e:
+            raise MemoryError(f"{compiled.forward.loc}: the adjoint of kernel '{kernel.__name__}' needs "
+                              f"{nbytes / 2**20:.1f} MiB of GPU memory for the values its loops carry "
+                              f"({capacity} words per thread x {n} threads): {e}") from None
+    return tape
+
+
+def adjoint(kernel, compiled, function, buffer: bytes, adj_buffer: bytes, n: int, debug: bool, serial: bool,
             device: str) -> None:
-    """Run the adjoint entry of `kernel` (gradients accumulate into the arrays in `adj_buffer`)."""
+    """Run the adjoint entry `function` (the adjoint or its gather form) of `kernel`: gradients
+    accumulate into the arrays in `adj_buffer`."""
     dev = get_device(device)
+    cuda_driver.primary_context(dev.ordinal)
     loaded = cuda_module(kernel.module, debug, dev)
     if n == 0:
         return
-    fn = loaded.function(compiled.adjoint.name, adjoint=True)
+    fn = loaded.function(function.name, adjoint=True)
     grid, block = _grid(n, serial, dev.ordinal)
     args, adj = _by_value(buffer), _by_value(adj_buffer)
-    tape, capacity = None, 0
-    if compiled.needs_tape:
+    tape, capacity = 0, 0
+    needs_tape = compiled.needs_tape and function is compiled.adjoint
+    if needs_tape:
         loaded.write("sp_tape_words", ctypes.c_ulonglong(0))
-        cuda_driver.launch(fn, grid, block, [args, adj, ctypes.c_void_p(0), ctypes.c_int64(0), ctypes.c_int(1),
-                                             ctypes.c_void_p(0)])
+        _run(kernel, fn, grid, block, [args, adj, ctypes.c_void_p(0), ctypes.c_int64(0), ctypes.c_int(1),
+                                       ctypes.c_void_p(0)], dev.ordinal)
         capacity = loaded.read("sp_tape_words", ctypes.c_ulonglong).value     # waits for the counting pass
         if capacity:
-            try:
-                tape = DeviceBuffer(capacity * n * 8, dev.ordinal)
-            except cuda_driver.CudaError as e:
-                raise MemoryError(f"{compiled.forward.loc}: the adjoint of kernel '{kernel.__name__}' needs "
-                                  f"{capacity * n * 8 / 2**20:.1f} MiB of GPU memory for the values its loops carry "
-                                  f"({capacity} words per thread x {n} threads) and could not allocate it ({e})") from None
+            tape = _tape_memory(dev.ordinal, capacity * n * 8, kernel, compiled, capacity, n).ptr
         loaded.write("sp_tape_overflow", ctypes.c_int(0))
-    cuda_driver.launch(fn, grid, block, [args, adj, ctypes.c_void_p(tape.ptr if tape else 0),
-                                         ctypes.c_int64(capacity), ctypes.c_int(0), ctypes.c_void_p(0)])
-    if debug:
-        _check_bounds(loaded, kernel)
-    if compiled.needs_tape:
-        overflow = loaded.read("sp_tape_overflow", ctypes.c_int).value   # synchronises: the tape may be freed
-        if overflow:
-            raise RuntimeError(f"internal error: the adjoint of kernel '{kernel.__name__}' overflowed its measured "
-                               f"tape ({capacity} words per thread); please report this with the kernel's source")
+    _run(kernel, fn, grid, block, [args, adj, ctypes.c_void_p(tape), ctypes.c_int64(capacity), ctypes.c_int(0),
+                                   ctypes.c_void_p(0)], dev.ordinal)
+    _after(kernel, loaded, debug)
+    if needs_tape and loaded.read("sp_tape_overflow", ctypes.c_int).value:
+        raise RuntimeError(f"internal error: the adjoint of kernel '{kernel.__name__}' overflowed its measured "
+                           f"tape ({capacity} words per thread); please report this with the kernel's source")
+
+
+class StreamCapture:
+    """A CUDA graph being captured on a stream of its own (the legacy stream cannot be captured),
+    then instantiated once and launched on the legacy stream by each replay."""
+
+    def __init__(self, device: str):
+        self.ordinal = get_device(device).ordinal
+        driver = cuda_driver._driver()
+        cuda_driver.primary_context(self.ordinal)
+        # Non-blocking: copies on the legacy stream inside the capture block run at once, uncaptured.
+        self.stream = cuda_driver._check(driver.cuStreamCreate(1), "cuStreamCreate")
+        mode = driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+        cuda_driver._check(driver.cuStreamBeginCapture(self.stream, mode), "cuStreamBeginCapture")
+        self.exec = None
+
+    def finish(self) -> None:
+        driver = cuda_driver._driver()
+        cuda_driver.primary_context(self.ordinal)
+        try:
+            graph = cuda_driver._check(driver.cuStreamEndCapture(self.stream), "cuStreamEndCapture")
+            self.exec = cuda_driver._check(driver.cuGraphInstantiateWithFlags(graph, 0), "cuGraphInstantiate")
+            cuda_driver._check(driver.cuGraphDestroy(graph), "cuGraphDestroy")
+        finally:
+            cuda_driver._check(driver.cuStreamDestroy(self.stream), "cuStreamDestroy")
+
+    def launch(self) -> None:
+        driver = cuda_driver._driver()
+        cuda_driver.primary_context(self.ordinal)
+        cuda_driver._check(driver.cuGraphLaunch(self.exec, driver.CUstream(0)), "cuGraphLaunch")
+        if _synchronous():
+            cuda_driver.synchronize(self.ordinal)

@@ -53,7 +53,7 @@ def mean_height(x: V, n: int, out: F):
     sp.atomic_add(out, 0, x[i][1] / sp.float64(n))
 
 
-def build(size: int, dt: float):
+def build(size: int, dt: float, device: str = "cpu"):
     """The cloth's model and initial state: `size` x `size` particles, structural and shear springs."""
     n = size * size
     index = np.arange(n).reshape(size, size)
@@ -69,12 +69,13 @@ def build(size: int, dt: float):
     pinned = np.zeros(n, np.int32)
     pinned[[index[0, 0], index[0, size - 1]]] = 1
 
-    model = sp.Model(dt=dt)
+    model = sp.Model(dt=dt, device=device)
     model.state("x", n, vec3d)
     model.state("v", n, vec3d)
-    model.param("stiffness", sp.array(np.array([2000.0]), dtype=sp.float64))
-    model.param("damping", sp.array(np.array([2.0]), dtype=sp.float64))
-    springs_a, rest_a, pinned_a = sp.array(springs, dtype=int), sp.array(rest, dtype=sp.float64), sp.array(pinned, dtype=int)
+    model.param("stiffness", sp.array(np.array([2000.0]), dtype=sp.float64, device=device))
+    model.param("damping", sp.array(np.array([2.0]), dtype=sp.float64, device=device))
+    springs_a = sp.array(springs, dtype=int, device=device)
+    rest_a, pinned_a = sp.array(rest, dtype=sp.float64, device=device), sp.array(pinned, dtype=int, device=device)
     mass = 0.1
 
     @model.step
@@ -84,22 +85,22 @@ def build(size: int, dt: float):
                                                        s.params.damping], outputs=[f])
         sp.launch(integrate, n, inputs=[s.prev.x, s.prev.v, f, pinned_a, mass, s.dt], outputs=[s.next.x, s.next.v])
 
-    initial = {"x": sp.array(x0, dtype=vec3d), "v": sp.zeros(n, dtype=vec3d)}
+    initial = {"x": sp.array(x0, dtype=vec3d, device=device), "v": sp.zeros(n, dtype=vec3d, device=device)}
     return model, initial
 
 
-def sag_loss(n):
+def sag_loss(n, device="cpu"):
     def loss(state):
-        out = sp.zeros(1, dtype=sp.float64, requires_grad=True)
+        out = sp.zeros(1, dtype=sp.float64, requires_grad=True, device=device)
         sp.launch(mean_height, n, inputs=[state.x, n], outputs=[out])
         return out
     return loss
 
 
-def main(size=16, steps=800, dt=1e-3, snapshots=12):
-    model, initial = build(size, dt)
+def main(size=16, steps=800, dt=1e-3, snapshots=12, device="cpu"):
+    model, initial = build(size, dt, device)
     n = size * size
-    loss = sag_loss(n)
+    loss = sag_loss(n, device)
     start = time.perf_counter()
     result = model.gradient(initial, steps, loss=loss, schedule=sp.Revolve(steps, snapshots))
     elapsed = time.perf_counter() - start
@@ -112,9 +113,9 @@ def main(size=16, steps=800, dt=1e-3, snapshots=12):
         base = param.numpy()[0]
         values = []
         for sign in (+1, -1):
-            param.numpy()[0] = base + sign * eps
+            param.fill_(base + sign * eps)
             values.append(model.gradient(initial, steps, loss=loss, schedule=sp.StoreAll(steps)).loss)
-        param.numpy()[0] = base
+        param.fill_(base)
         fd[name] = (values[0] - values[1]) / (2 * eps)
         ours = result.grads[name].numpy()[0]
         print(f"d(mean height)/d({name}) = {ours:+.8e}   finite differences {fd[name]:+.8e}   "
@@ -126,5 +127,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=16)
     parser.add_argument("--steps", type=int, default=800)
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     args = parser.parse_args()
-    main(args.size, args.steps)
+    main(args.size, args.steps, device=args.device)

@@ -47,8 +47,8 @@ def targets(n):
     return (np.concatenate([face, eyes, mouth]) + [30.0, 8.0]).astype(np.float32)
 
 
-def build(n, dt, drag):
-    model = sp.Model(dt=dt)
+def build(n, dt, drag, device="cpu"):
+    model = sp.Model(dt=dt, device=device)
     model.state("x", n, sp.vec2)
     model.state("v", n, sp.vec2)
 
@@ -58,15 +58,15 @@ def build(n, dt, drag):
     return model
 
 
-def main(iterations=30, steps=3000, n=64, snapshots=24, dt=1e-3, drag=0.02, png="demo.png"):
-    model = build(n, dt, drag)
+def main(iterations=30, steps=3000, n=64, snapshots=24, dt=1e-3, drag=0.02, png="demo.png", device="cpu"):
+    model = build(n, dt, drag, device)
     goal = targets(n)
-    target = sp.array(goal, dtype=sp.vec2)
+    target = sp.array(goal, dtype=sp.vec2, device=device)
     x0 = np.zeros((n, 2), np.float32)
     velocity = np.tile(np.array([[10.0, 10.0]], np.float32), (n, 1))     # everyone aims the same at first
 
     def loss(state):
-        out = sp.zeros(1, requires_grad=True)
+        out = sp.zeros(1, requires_grad=True, device=device)
         sp.launch(distance_to_target, n, inputs=[state.x, target], outputs=[out])
         return out
 
@@ -76,7 +76,7 @@ def main(iterations=30, steps=3000, n=64, snapshots=24, dt=1e-3, drag=0.02, png=
     history = []
     for it in range(iterations):
         start = time.perf_counter()
-        initial = {"x": sp.array(x0, dtype=sp.vec2), "v": sp.array(velocity, dtype=sp.vec2)}
+        initial = {"x": sp.array(x0, dtype=sp.vec2, device=device), "v": sp.array(velocity, dtype=sp.vec2, device=device)}
         result = model.gradient(initial, steps, loss=loss, schedule=sp.Revolve(steps, snapshots),
                                 deterministic=False)
         g = result.grads["v"].numpy()
@@ -105,7 +105,7 @@ def save_png(path, model, x0, velocity, goal, steps):
         print("matplotlib is not installed: skipping the picture (pip install matplotlib)")
         return
     frames = []
-    model.rollout({"x": sp.array(x0, dtype=sp.vec2), "v": sp.array(velocity, dtype=sp.vec2)}, steps,
+    model.rollout({"x": x0, "v": velocity}, steps,
                   callback=lambda k, state: frames.append(state.x.numpy().copy()), every=30)
     paths = np.array(frames)
     fig, ax = plt.subplots(figsize=(7, 5))
@@ -124,5 +124,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=30)
     parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     args = parser.parse_args()
-    main(args.iterations, args.steps)
+    main(args.iterations, args.steps, device=args.device)

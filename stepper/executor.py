@@ -272,7 +272,7 @@ class Sweep:
         if seeds:
             for name, values in seeds.items():
                 if name in carry:
-                    np.copyto(carry[name].numpy(), np.asarray(values, carry[name].numpy().dtype))
+                    carry[name]._write_host(values)
         if loss is not None:
             for name, a in work.items():
                 if name in carry:
@@ -339,7 +339,7 @@ class Sweep:
         for a in (*nxt.values(), *prev_grads, *scratch_grads):
             set_grad(a, None)
         if rec.loss is not None and not pool.owns(rec.loss):
-            rec.loss.grad.numpy().fill(0)    # a user's array may serve every step
+            rec.loss.grad._zero_memory()    # a user's array may serve every step
         self.reverse_steps += 1
         self.adjoint_seconds += time.perf_counter() - start
         self.bar.update(1)
@@ -355,6 +355,6 @@ class Sweep:
         arrays = {}
         for name, spec in self.model.states.items():
             arr = self.pool.acquire(spec.shape, spec.dtype, zero=False)
-            np.copyto(arr.numpy(), initial[name])
+            arr._write_host(initial[name])
             arrays[name] = arr
         return State(arrays)

@@ -152,7 +152,7 @@ def gradient(model, initial, steps=None, loss=None, schedule=None, storage=None,
                         until=until, deterministic=deterministic, check_finite=check_finite,
                         progress=progress)
     for p in model.params.values():
-        p.grad.numpy().fill(0)      # gradient() returns this run's gradients, not a sum over runs
+        p.grad._zero_memory()       # gradient() returns this run's gradients, not a sum over runs
     try:
         final_live = sweep.forward()
         final = State({name: _copy(a) for name, a in final_live.items()})

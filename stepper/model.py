@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 from compiler import array, float32
+from compiler.runtime.device import get_device, require_cuda
 
 from . import gradient as _gradient
 from . import rollout as _rollout
@@ -30,9 +31,11 @@ class Model:
 
     def __init__(self, device: str = "cpu", *, dt: float = 1.0, t0: float = 0.0, zero_buffers: bool = True,
                  name: str | None = None):
-        if str(device) != "cpu":
-            raise ModelError(f"Model(device={device!r}): only the CPU backend runs steps so far; use 'cpu'")
-        self.device = str(device)
+        try:
+            self.device = str(get_device(device))
+            require_cuda(get_device(device))
+        except (ValueError, RuntimeError) as e:
+            raise ModelError(f"Model(device={device!r}): {e}") from None
         self.dt, self.t0 = float(dt), float(t0)
         self.zero_buffers = zero_buffers
         self.name = name

@@ -79,7 +79,7 @@ def rollout(model, initial, steps, *, callback=None, every: int = 1, record_ever
         # A bad path, another job's directory or an earlier run's checkpoints fail here, before the run.
         store = CheckpointDirectory(checkpoint, mode="w", overwrite=overwrite)
     elif checkpoint_every is not None:
-        raise ModelError("checkpoint_every= needs checkpoint='path.h5'")
+        raise ModelError("checkpoint_every= needs checkpoint='run.ckpt' (a directory for the checkpoints)")
     meta = {"total_steps": steps, "checkpoint_every": checkpoint_every, **fingerprint(model)}
     return _run(model, values, 0, steps, store, meta, callback=callback, every=every,
                 record_every=record_every, until=until, check_finite=check_finite,
@@ -140,7 +140,7 @@ def _run(model, values, start, steps, store, meta, *, callback, every, record_ev
     arrays = {}
     for name, spec in model.states.items():
         arrays[name] = pool.acquire(spec.shape, spec.dtype, zero=False)
-        np.copyto(arrays[name].numpy(), values[name])
+        arrays[name]._write_host(values[name])
     work = State(arrays)
     every_ck = meta.get("checkpoint_every")
     history, written = [], 0

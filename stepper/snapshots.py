@@ -65,7 +65,7 @@ class HeldStates:
         if n in self._states:
             self.delete(n)
         self.pool.retain_all(state.values())
-        nbytes = sum(a._data.nbytes for a in state.values())
+        nbytes = sum(a.nbytes for a in state.values())
         self._states[n] = (state, nbytes)
         self.nbytes += nbytes
         self._written += 1
@@ -193,7 +193,7 @@ class Tiers:
             arrays = {}
             for name, spec in specs.items():
                 arr = self.pool.acquire(spec.shape, spec.dtype, zero=False)
-                np.copyto(arr.numpy(), snap.arrays[name])
+                arr._write_host(snap.arrays[name])
                 arrays[name] = arr
             state = State(arrays)
         self.io_seconds += time.perf_counter() - start

@@ -50,7 +50,7 @@ def record_rollout(model, tape, initial, steps, *, schedule=None, storage=None, 
             _close(current)
         for name, value in initial.items():
             if isinstance(value, array) and value.requires_grad and name in adjoint:
-                value.grad.numpy()[...] += adjoint[name].numpy()
+                value.grad._add_host(adjoint[name].numpy())
 
     reads = {f"initial['{n}']": a for n, a in initial.items() if isinstance(a, array)}
     reads.update({f"params.{n}": p for n, p in model.params.items()})

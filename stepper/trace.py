@@ -87,7 +87,7 @@ class StepTrace:
                 return False
             kernel, dims, args, device, debug, deterministic = op.launch
             if kernel is not traced.kernel or tuple(dims) != traced.dims or deterministic != traced.deterministic \
-                    or device != "cpu" or debug or len(args) != len(traced.args):
+                    or debug or len(args) != len(traced.args):
                 return False
             for a, t in zip(args, traced.args):
                 if type(t) is Slot:
@@ -132,7 +132,7 @@ def trace_step(tape, prev, nxt, scratch: dict, scratch_zero: dict, loss, step_op
         if op.launch is None:
             return None
         kernel, dims, args, device, debug, deterministic = op.launch
-        if device != "cpu" or debug:
+        if debug:
             return None
         if any(id(a) not in writable for a in (*op.writes.values(), *op.accumulates.values())):
             return None              # writes into an array the step did not get from its pool

@@ -76,12 +76,12 @@ class BufferPool:
             arr = free.pop()
         else:
             arr = empty(kind.shape, dtype=kind.dtype, device=self.device)
-            kind.nbytes = arr._data.nbytes
+            kind.nbytes = arr.nbytes
             self.allocations += 1
             self.allocated_bytes += kind.nbytes
             self.peak_allocated_bytes = max(self.peak_allocated_bytes, self.allocated_bytes)
         if self.zero if zero is None else zero:
-            arr._data.fill(0)
+            arr._zero_memory()
         self._held[id(arr)] = [1, arr, kind]
         self.live_bytes += kind.nbytes
         if self.live_bytes > self.peak_live_bytes:
@@ -117,7 +117,7 @@ class BufferPool:
         """Hand a held version to the caller for good: the pool forgets it (its bytes stay counted
         in the peaks, not in `live_bytes`)."""
         del self._held[id(arr)]
-        nbytes = arr._data.nbytes
+        nbytes = arr.nbytes
         self.live_bytes -= nbytes
         self.allocated_bytes -= nbytes
         return arr
@@ -126,7 +126,7 @@ class BufferPool:
         """Forget the free versions (their memory goes back to the allocator)."""
         for kind in self._kinds.values():
             for arr in kind.free:
-                self.allocated_bytes -= arr._data.nbytes
+                self.allocated_bytes -= arr.nbytes
             kind.free.clear()      # in place: held versions still point at their Kind
 
     @property

@@ -18,7 +18,7 @@ import pytest
 
 from compiler.backends import (BuildError, CompilerNotFoundError, build_cpu_library, compile_cuda,
                                cuda_available, find_compiler, find_cxx, load_cpu_library)
-from compiler.backends import cpu_build, nvrtc
+from compiler.backends import cpu_build, cudasim, nvrtc
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -362,7 +362,8 @@ def test_launch_arguments_are_checked_without_a_gpu():
         cd._dim3(0, "grid")
 
 
-needs_gpu = pytest.mark.skipif(not cuda_available(), reason="no CUDA GPU")
+needs_gpu = pytest.mark.skipif(not cuda_available() or cudasim.enabled(),
+                               reason="loads PTX/CUBIN: needs a CUDA GPU (the simulator runs CUDA source instead)")
 
 SAXPY = textwrap.dedent("""\
     struct Params { float a; int n; };

@@ -181,3 +181,46 @@ def test_cuda_without_a_gpu_says_what_was_not_found():
                                         sp.zeros(4, dtype=sp.mat33), 3],
                   outputs=[sp.zeros(4), sp.zeros(4, dtype=sp.vec3)], device="cuda")
     assert np.all(x.numpy() == 0)
+
+
+def test_every_kernel_assembles_with_ptxas_within_the_register_cap(request):
+    """NVRTC's PTX of every test module assembles for real GPUs, and `__launch_bounds__` keeps each
+    entry at or under 128 registers (25% occupancy or more). Device-independent: the CPU run does it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from compiler.backends import ptxas
+    from compiler.codegen.targets import CUDA_BLOCK_SIZE, CUDA_MIN_BLOCKS_PER_SM
+    if ptxas.ptxas_path() is None:
+        pytest.skip("ptxas (the CUDA toolkit's assembler) is not on PATH")
+    if request.config.getoption("--device") != "cpu":
+        pytest.skip("device-independent: checked by the CPU run")
+    _nvrtc_or_skip()
+    _import_test_files()
+    images = []
+    for name, module in list(_kernel_module._MODULES.items()):
+        if _ready_kernels(module):
+            try:
+                images.append((name, cuda_image(module, False, arch="compute_75", output="ptx")[0]))
+            except BuildError:
+                continue                 # broken on purpose; the PTX test above tells them apart
+    archs = [a for a in ptxas.ARCHITECTURES if ptxas.supported(a)]
+    jobs = [(name, ptx, arch) for name, ptx in images for arch in archs]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = list(pool.map(lambda job: (job, _assemble_or_message(ptxas, *job[1:])), jobs))
+    failures = [f"{job[0]} for {job[2]}: {usage}" for job, usage in results if isinstance(usage, str)]
+    assert not failures, "\n".join(failures)
+    cap = 65536 // (CUDA_BLOCK_SIZE * CUDA_MIN_BLOCKS_PER_SM)
+    entries = [(job[0], job[2], entry, u) for job, usage in results for entry, u in usage.items()]
+    heavy = [f"{m} {a} {e}: {u.registers} registers" for m, a, e, u in entries if u.registers > cap]
+    assert not heavy, "\n".join(heavy)
+    regs = sorted(u.registers for *_, u in entries)
+    print(f"ptxas {ptxas.ptxas_version()}: {len(images)} modules x {archs} (sm_70 needs ptxas < 13): "
+          f"{len(entries)} entries, registers median {regs[len(regs) // 2]}, max {regs[-1]}, "
+          f"{sum(u.spill_stores > 0 for *_, u in entries)} spilling")
+
+
+def _assemble_or_message(ptxas, ptx, arch):
+    try:
+        return ptxas.assemble(ptx, arch)
+    except RuntimeError as e:
+        return str(e)

@@ -94,7 +94,7 @@ def test_adjoint_with_a_loop_tape_matches_the_cpu():
     compiled = _horner.compiled()
     buf = _pack(_horner, n, [xb, trips, yb])
     launch_cuda.forward(_horner, compiled, buf, n, False, False, "cuda:0")
-    launch_cuda.adjoint(_horner, compiled, buf, _pack(_horner, n, [adj_x, 0, adj_y]), n, False, False, "cuda:0")
+    launch_cuda.adjoint(_horner, compiled, compiled.adjoint, buf, _pack(_horner, n, [adj_x, 0, adj_y]), n, False, False, "cuda:0")
 
     xc, yc = sp.array(x, requires_grad=True), sp.zeros(n, requires_grad=True)
     tape = sp.Tape()

@@ -27,8 +27,8 @@ def test_recursive_formulations_match_finite_differences():
     np.testing.assert_allclose(seed_grad, [0.5 * d.sum()] * 2, rtol=1e-12)
 
 
-def test_cloth_gradients_match_finite_differences():
-    results = load("cloth").main(size=6, steps=120)
+def test_cloth_gradients_match_finite_differences(device):
+    results = load("cloth").main(size=6, steps=120, device=device)
     for name, (ours, fd) in results.items():
         assert ours == pytest.approx(fd, rel=1e-5), name
 
@@ -45,8 +45,9 @@ def test_online_run_stops_on_energy_and_matches_offline_bit_for_bit():
     assert optimum <= forward <= 1.1 * optimum
 
 
-def test_main_demo_loss_falls(tmp_path):
-    history = load("demo").main(iterations=12, steps=300, dt=1e-2, n=16, snapshots=6, png=str(tmp_path / "demo.png"))
+def test_main_demo_loss_falls(tmp_path, device):
+    history = load("demo").main(iterations=12, steps=300, dt=1e-2, n=16, snapshots=6, png=str(tmp_path / "demo.png"),
+                                device=device)
     assert history[-1] < 0.5 * history[0]
     try:
         import matplotlib  # noqa: F401   (an optional extra: the demo skips its picture without it)

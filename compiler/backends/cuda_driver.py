@@ -27,8 +27,22 @@ class CudaError(RuntimeError):
 
 
 def _driver():
+    """The CUDA driver API: cuda-bindings', or the simulator's fake under STEPPER_CUDA_SIM=1."""
+    from . import cudasim
+    if cudasim.enabled():
+        from .cudasim import driver
+        return driver
     from cuda.bindings import driver
     return driver
+
+
+# Errors a failed kernel leaves in its context: every later call reports them, so the call that
+# raises is rarely the culprit.
+_LAUNCH_FAILURES = {"CUDA_ERROR_LAUNCH_FAILED", "CUDA_ERROR_ILLEGAL_ADDRESS", "CUDA_ERROR_ILLEGAL_INSTRUCTION",
+                    "CUDA_ERROR_MISALIGNED_ADDRESS", "CUDA_ERROR_HARDWARE_STACK_ERROR", "CUDA_ERROR_ASSERT"}
+_LAUNCH_FAILURE_HINT = (" (a kernel launched earlier failed, and the GPU context is unusable from now on; run with "
+                        "STEPPER_CUDA_SYNC=1 to wait for each launch and name the kernel that failed, and "
+                        "debug=True launches to check its indices)")
 
 
 def _check(result: tuple, what: str) -> Any:
@@ -40,7 +54,8 @@ def _check(result: tuple, what: str) -> Any:
         text = driver.cuGetErrorString(err)[1]
         name = name.decode() if isinstance(name, bytes) else str(err)
         text = text.decode() if isinstance(text, bytes) else ""
-        raise CudaError(f"{what} failed: {name}: {text}")
+        hint = _LAUNCH_FAILURE_HINT if name in _LAUNCH_FAILURES else ""
+        raise CudaError(f"{what} failed: {name}: {text}{hint}")
     if not values:
         return None
     return values[0] if len(values) == 1 else tuple(values)
@@ -127,6 +142,23 @@ def launch(function, grid: int | Sequence[int], block: int | Sequence[int], args
         stream = driver.CUstream(stream or 0)
     _check(driver.cuLaunchKernel(function, gx, gy, gz, bx, by, bz, shared_mem, stream,
                                  ctypes.addressof(params), 0), "cuLaunchKernel")
+
+
+def driver_version() -> tuple[int, int]:
+    """The CUDA version the installed driver supports, e.g. (12, 4)."""
+    _init()
+    v = int(_check(_driver().cuDriverGetVersion(), "cuDriverGetVersion"))
+    return v // 1000, (v % 1000) // 10
+
+
+def check_toolkit(driver: tuple[int, int], nvrtc: tuple[int, int]) -> None:
+    """Raise CudaError when kernels NVRTC `nvrtc` builds cannot load on a driver for CUDA `driver`
+    (a newer major version than the driver's); the message names both and how to fix it."""
+    if nvrtc[0] > driver[0]:
+        raise CudaError(
+            f"NVRTC {nvrtc[0]}.{nvrtc[1]} builds kernels for CUDA {nvrtc[0]}, but the NVIDIA driver supports CUDA "
+            f"{driver[0]}.{driver[1]} only, so it could not load them. Install the NVRTC of the driver's CUDA "
+            f"(pip install 'nvidia-cuda-nvrtc-cu{driver[0]}' 'cuda-python=={driver[0]}.*') or update the driver.")
 
 
 def synchronize(device: int = 0) -> None:

@@ -4,16 +4,18 @@
 // them apart from the C library's overloads.
 #pragma once
 
-#if defined(__CUDACC_RTC__) || defined(__CUDACC__)
+#if defined(__CUDACC_RTC__) || defined(__CUDACC__) || defined(SP_CUDA_SIM)
 #define SP_CUDA 1
 #define SP_FUNC __device__ __forceinline__
 #define SP_MEMBER __device__ __forceinline__
+#ifndef SP_CUDA_SIM              // the CUDA simulator's shim (backends/cudasim) brings the host's headers
 typedef signed char int8_t;
 typedef int int32_t;
 typedef unsigned int uint32_t;
 typedef long long int64_t;
 typedef unsigned long long uint64_t;
 extern "C" __device__ int printf(const char*, ...);
+#endif
 #define SP_MEMCPY memcpy         // a device builtin under NVRTC, no header needed
 #else
 #include <cmath>

@@ -58,6 +58,9 @@ static __device__ void report_out_of_bounds(int site, int64_t i, int64_t j, int6
 PARALLEL_THRESHOLD = 4096
 # Threads per CUDA block; the launcher must use the same number (`__launch_bounds__`).
 CUDA_BLOCK_SIZE = 256
+# Blocks each SM must fit (`__launch_bounds__`' second number): 2 x 256 threads caps a thread at 128
+# registers, so heavy adjoints (builtin-vector ones took 166-250) keep at least 25% occupancy.
+CUDA_MIN_BLOCKS_PER_SM = 2
 
 
 @dataclass
@@ -88,7 +91,7 @@ _CPU_ADJOINT_HEAD = """extern "C" int {name}(const char* buf, const char* adj_ar
     const int64_t fresh = *(const int64_t*)adj_args;    // the adjoint buffer's header: the fresh mask
 """
 _CUDA_ADJOINT_HEAD = """struct __align__(8) {name}_buf_t {{ char bytes[{size}]; }};
-extern "C" __global__ void __launch_bounds__({block}) {name}(const __grid_constant__ {name}_buf_t buf,
+extern "C" __global__ void __launch_bounds__({block}, {min_blocks}) {name}(const __grid_constant__ {name}_buf_t buf,
         const __grid_constant__ {name}_buf_t adj_buf, uint64_t* tape, int64_t capacity, int count_only,
         int64_t* counts) {{
     const launch_t& L = *(const launch_t*)buf.bytes;
@@ -144,7 +147,7 @@ CUDA = Target(
     header=CUDA_HEADER,
     thread_qualifier="static __device__",
     forward_entry="""struct __align__(8) {name}_buf_t {{ char bytes[{size}]; }};
-extern "C" __global__ void __launch_bounds__({block}) {name}_forward(const __grid_constant__ {name}_buf_t buf) {{
+extern "C" __global__ void __launch_bounds__({block}, {min_blocks}) {name}_forward(const __grid_constant__ {name}_buf_t buf) {{
     const launch_t& L = *(const launch_t*)buf.bytes;
     const {name}_args_t& A = *(const {name}_args_t*)(buf.bytes + sizeof(launch_t));
     """ + _GRID_STRIDE + """ {{
@@ -272,6 +275,7 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
     plain_nest = _plain_nest(fn.tid_ndim, f"{fn.name}_thread<false>({tids}, L, A, G, tp);", private, prelude)
     entry = entry_template.format(
         name=fn.name, size=buffer_size(fn.params), threshold=PARALLEL_THRESHOLD, block=CUDA_BLOCK_SIZE,
+        min_blocks=CUDA_MIN_BLOCKS_PER_SM,
         all_grads=all_grads, nest=nest, plain_nest=plain_nest, **space)
     return "\n".join(lines) + "\n" + entry
 

@@ -2,7 +2,9 @@
 
 On the CPU an `array` owns a C-contiguous NumPy ndarray whose shape is the logical shape followed by
 the element's inner shape: ``zeros(n, dtype=vec3)`` is backed by a float32 ``(n, 3)`` ndarray, which
-``numpy()`` returns without copying. Every host-side mutation (``assign``, ``fill_``, ``zero_``,
+``numpy()`` returns without copying. On a GPU (``device="cuda"``) it owns a `DeviceMemory` of the
+same shape instead; ``numpy()`` then returns a host copy, and ``__cuda_array_interface__`` shares
+the memory with CuPy, PyTorch or Numba without copying. Every host-side mutation (``assign``, ``fill_``, ``zero_``,
 ``copy`` into it) and every kernel launch that writes it bumps ``version``; the `Tape` uses this to
 refuse gradients computed from overwritten data. Writes through ``numpy()`` views are not seen.
 
@@ -15,14 +17,15 @@ import math
 
 import numpy as np
 
-from ..types import ArrayType, ValueType, as_dtype, float32, int32, matrix, vector
-from .device import get_device, require_cuda
+from ..types import ArrayType, ValueType, float32
+from .arguments import check_device as _check_device, check_grad_dtype as _check_grad_dtype, dtype_arg as _dtype_arg
+from .arguments import MAX_DIMS, infer_dtype as _infer_dtype, shape_arg as _shape_arg
+from .memory import adopt_cuda, allocate, on_device, on_gpu
 from .tape import RecordedOp, active_tape, caller_location, settle
 
 __all__ = ["array", "zeros", "ones", "full", "empty", "zeros_like", "ones_like", "full_like",
            "empty_like", "clone", "copy"]
 
-MAX_DIMS = 4
 
 
 class _Storage:
@@ -37,74 +40,37 @@ def _noop() -> None:
     pass
 
 
-# -- argument checking -----------------------------------------------------------------------------
-def _check_device(device, fn: str) -> str:
-    dev = get_device(device)
-    if dev.is_cuda:
-        require_cuda(dev)
-        raise NotImplementedError(f"{fn}(device='{dev}'): CUDA arrays are not implemented yet (the CUDA "
-                                  "backend comes later); use device='cpu'")
-    return str(dev)
-
-
-def _dtype_arg(dtype, fn: str) -> ValueType:
-    try:
-        return as_dtype(dtype)
-    except TypeError as exc:
-        raise TypeError(f"{fn}(dtype={dtype!r}): {exc}") from None
-
-
-def _shape_arg(shape, fn: str) -> tuple[int, ...]:
-    dims = (shape,) if isinstance(shape, (int, np.integer)) else shape
-    try:
-        dims = tuple(dims)
-    except TypeError:
-        raise TypeError(f"{fn}(shape={shape!r}): shape must be an int or a tuple of ints") from None
-    if not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 0 for d in dims):
-        raise ValueError(f"{fn}(shape={shape!r}): shape must be non-negative ints")
-    if not 1 <= len(dims) <= MAX_DIMS:
-        raise ValueError(f"{fn}(shape={shape!r}): arrays have 1 to {MAX_DIMS} dimensions, got {len(dims)}")
-    return tuple(int(d) for d in dims)
-
-
-def _check_grad_dtype(dtype: ValueType, fn: str) -> None:
-    if not dtype.is_float:
-        raise TypeError(f"{fn}: requires_grad=True needs a floating-point dtype, got {dtype}")
-
-
-def _infer_dtype(values: np.ndarray, from_python: bool, fn: str, inner_ndim: int = 0) -> ValueType:
-    """Our type for `values`: NumPy's dtype is kept; Python numbers are float32/int32 (or bool).
-    With `inner_ndim` 1 or 2 the trailing dimensions make a vector or matrix type."""
-    kind = values.dtype.kind
-    if kind not in "biuf":
-        raise TypeError(f"{fn}: data must be numbers, got {values.dtype} values")
-    if from_python and kind == "f":
-        scalar = float32
-    elif from_python and kind in "iu":
-        info = np.iinfo(np.int32)
-        if values.size and (values.min() < info.min or values.max() > info.max):
-            raise ValueError(f"{fn}: integer data does not fit in int32; pass dtype=int64")
-        scalar = int32
-    else:
-        try:
-            scalar = as_dtype(values.dtype)
-        except TypeError as exc:
-            raise TypeError(f"{fn}: {exc}; pass dtype= to convert") from None
-    if inner_ndim == 1:
-        return vector(values.shape[-1], scalar)
-    if inner_ndim == 2:
-        return matrix(values.shape[-2:], scalar)
-    return scalar
-
-
-def _from_data(data, dtype, shape, copy: bool):
-    """(ndarray, dtype, shared storage or None) for ``array(data, ...)``."""
+def _from_data(data, dtype, shape, copy: bool, device: str):
+    """(ndarray or DeviceMemory on `device`, dtype, shared storage or None) for ``array(data, ...)``."""
     fn = "array(data=...)"
     dt = None if dtype is None else _dtype_arg(dtype, "array")
     storage = None
+    if isinstance(data, array) and not copy:
+        if data.device != device:
+            raise ValueError(f"{fn}: copy=False views an array on its own device ({data.device}), not on "
+                             f"{device}; use copy=True or .to('{device}')")
+        if dt is not None and dt != data.dtype:
+            raise ValueError(f"{fn}: copy=False keeps the dtype ({data.dtype}); got dtype={dt}")
+        values = data._data if shape is None else data._data.reshape(_shape_arg(shape, "array") + data.dtype.inner_shape)
+        return values, data.dtype, data._storage
     if isinstance(data, array):
         settle()
-        src, dt, storage = data._data, dt or data.dtype, data._storage
+        src, dt = data.numpy(), dt or data.dtype
+    elif on_gpu(data):
+        memory, where = adopt_cuda(data, fn)
+        if not copy:
+            if device != where:
+                raise ValueError(f"{fn}: copy=False adopts the device memory of the data, which is on {where}; "
+                                 f"pass device='{where}'")
+            dt = dt or _infer_dtype(np.empty(0, memory.dtype), False, fn)
+            if np.dtype(dt.np_dtype) != memory.dtype:
+                raise ValueError(f"{fn}: copy=False keeps the data's dtype ({memory.dtype}); got dtype={dt}")
+            values = memory.reshape(_shape_arg(shape, "array") + dt.inner_shape) if shape is not None else memory
+            if shape is None and dt.inner_shape:
+                values = memory.reshape((-1,) + dt.inner_shape)
+            return values, dt, None
+        src = memory.to_host()
+        dt = dt or _infer_dtype(src, False, fn)
     elif isinstance(data, np.ndarray) or hasattr(data, "__array_interface__") or hasattr(data, "__dlpack__"):
         src = data if isinstance(data, np.ndarray) else (
             np.asarray(data) if hasattr(data, "__array_interface__") else np.from_dlpack(data))
@@ -132,7 +98,10 @@ def _from_data(data, dtype, shape, copy: bool):
             raise ValueError(f"array(data, dtype={dt}): expected data of shape {expected} for {dt} "
                              f"elements, got shape {src.shape}")
     if copy:
-        return np.array(src, dtype=dt.np_dtype, order="C", copy=True), dt, None
+        return on_device(device, np.array(src, dtype=dt.np_dtype, order="C", copy=True)), dt, None
+    if device != "cpu":
+        raise ValueError(f"{fn}: copy=False adopts host memory as a CPU array; for {device} pass an array "
+                         "with __cuda_array_interface__ (CuPy, PyTorch) or use copy=True")
     if src.dtype != np.dtype(dt.np_dtype) or not src.flags.c_contiguous or not src.flags.writeable:
         raise ValueError(f"array(data, copy=False): data must be a writeable C-contiguous "
                          f"{dt.np_dtype} array to be adopted without copying (got {src.dtype}, "
@@ -155,7 +124,11 @@ def _values_for(dt: ValueType, value, fn: str) -> np.ndarray:
 
 # -- the array ---------------------------------------------------------------------------------------
 class array:
-    """A typed CPU array; `data` may be a list, a NumPy array, another array or any DLPack object.
+    """A typed array on the CPU or a GPU; `data` may be a list, a NumPy array, another array, any
+    DLPack object, or a GPU array with ``__cuda_array_interface__`` (CuPy, PyTorch, Numba).
+
+    - device: ``"cpu"``, ``"cuda"`` or ``"cuda:N"``; by default the data's own GPU if it is on one,
+      else the CPU.
 
     - dtype: inferred when omitted. NumPy data keeps its dtype; Python floats become float32 and
       ints int32 (as literals in kernels do). ``dtype=vec3`` with ``(n, 3)`` data gives n vectors.
@@ -177,8 +150,10 @@ class array:
             return ArrayType(_dtype_arg(float32 if dtype is None else dtype, "array"), 1 if ndim is None else ndim)
         return super().__new__(cls)
 
-    def __init__(self, data=None, dtype=None, shape=None, device="cpu", requires_grad: bool = False,
+    def __init__(self, data=None, dtype=None, shape=None, device=None, requires_grad: bool = False,
                  copy: bool = True, ndim=None):
+        if device is None:      # the data's own device if it lives on a GPU, else the CPU
+            device = data.device if isinstance(data, array) else "cuda" if on_gpu(data) else "cpu"
         device = _check_device(device, "array")
         if ndim is not None and shape is None and data is None:
             raise ValueError("array(): ndim= is for kernel annotations; give data or shape to create an array")
@@ -186,9 +161,9 @@ class array:
             if shape is None:
                 raise ValueError("array(): give data or shape")
             dt = _dtype_arg(float32 if dtype is None else dtype, "array")
-            values, storage = np.zeros(_shape_arg(shape, "array") + dt.inner_shape, dt.np_dtype), None
+            values, storage = allocate(device, _shape_arg(shape, "array") + dt.inner_shape, dt.np_dtype, True), None
         else:
-            values, dt, storage = _from_data(data, dtype, shape, copy)
+            values, dt, storage = _from_data(data, dtype, shape, copy, device)
         self._setup(values, dt, storage, device, requires_grad, "array(data=...)")
 
     def _setup(self, values: np.ndarray, dtype: ValueType, storage, device: str, requires_grad: bool,
@@ -207,10 +182,10 @@ class array:
             self.requires_grad = True
 
     @classmethod
-    def _wrap(cls, values: np.ndarray, dtype: ValueType, requires_grad: bool = False, storage=None,
-              fn: str = "array") -> "array":
+    def _wrap(cls, values, dtype: ValueType, requires_grad: bool = False, storage=None,
+              fn: str = "array", device: str = "cpu") -> "array":
         obj = object.__new__(cls)
-        obj._setup(values, dtype, storage, "cpu", requires_grad, fn)
+        obj._setup(values, dtype, storage, device, requires_grad, fn)
         return obj
 
     # -- properties --------------------------------------------------------------------------------
@@ -241,9 +216,14 @@ class array:
 
     @property
     def ptr(self) -> int:
-        """Address of the first element."""
+        """Address of the first element (a device address for a GPU array)."""
         settle()
-        return self._data.ctypes.data
+        return self._data.ctypes.data if self._device == "cpu" else self._data.ptr
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of memory the elements take."""
+        return self._data.nbytes
 
     @property
     def version(self) -> int:
@@ -258,7 +238,8 @@ class array:
     def requires_grad(self, value: bool) -> None:
         if value and self._grad is None:
             _check_grad_dtype(self._dtype, "array")
-            self._grad = array._wrap(np.zeros_like(self._data), self._dtype)
+            self._grad = array._wrap(allocate(self._device, self._data.shape, self._data.dtype, True), self._dtype,
+                                     device=self._device)
         elif not value:
             self._grad = None
 
@@ -275,45 +256,70 @@ class array:
             if value.shape != self.shape or value.dtype != self.dtype:
                 raise ValueError(f"array.grad must have shape {self.shape} and dtype {self.dtype}, got "
                                  f"shape {value.shape} and dtype {value.dtype}")
+            if value.device != self.device:
+                raise ValueError(f"array.grad must be on the array's device ({self.device}), got one on "
+                                 f"{value.device}")
             _check_grad_dtype(self._dtype, "array.grad")
         self._grad = value
 
     # -- interop -----------------------------------------------------------------------------------
     # Every way to the data on the host settles held launches first (see Tape.defer_launches).
     def numpy(self) -> np.ndarray:
-        """A NumPy view of the data (no copy): shape ``self.shape + dtype.inner_shape``."""
+        """The data as NumPy values, shape ``self.shape + dtype.inner_shape``: a view on the CPU (no
+        copy), a host copy of a GPU array (writes to it do not reach the device: use `assign`)."""
         settle()
-        return self._data.view()
+        return self._data.view() if self._device == "cpu" else self._data.to_host()
 
     @property
     def __array_interface__(self) -> dict:
+        if self._device != "cpu":
+            raise AttributeError(f"an array on {self._device} has no __array_interface__ (its memory is on the "
+                                 "GPU); use .numpy() for a host copy")
         settle()
         return self._data.__array_interface__
 
+    def __array__(self, dtype=None, copy=None):
+        if self._device != "cpu":
+            raise TypeError(f"an array on {self._device} does not convert to NumPy implicitly; use .numpy() for "
+                            "a host copy")
+        settle()
+        return self._data if dtype is None else self._data.astype(dtype)
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        if self._device == "cpu":
+            raise AttributeError("a CPU array has no __cuda_array_interface__; move it with .to('cuda')")
+        settle()
+        return self._data.cuda_array_interface()
+
     def __dlpack__(self, *args, **kwargs):
         settle()
+        if self._device != "cpu":
+            from .dlpack import to_dlpack
+            return to_dlpack(self._data, kwargs.get("stream"))
         return self._data.__dlpack__(*args, **kwargs)
 
     def __dlpack_device__(self):
+        if self._device != "cpu":
+            return (2, self._data.ordinal)           # kDLCUDA
         return self._data.__dlpack_device__()
 
     def __len__(self) -> int:
         return self.shape[0]
 
     def __repr__(self) -> str:
-        settle()
-        body = np.array2string(self._data, separator=", ", prefix="array(")
+        body = np.array2string(self.numpy(), separator=", ", prefix="array(")
         grad = ", requires_grad=True" if self.requires_grad else ""
         return f"array({body}, dtype={self._dtype}, device='{self._device}'{grad})"
 
     def __str__(self) -> str:
-        settle()
-        return str(self._data)
+        return str(self.numpy())
 
     def to(self, device) -> "array":
-        """This array on `device` (itself on the CPU)."""
-        _check_device(device, "array.to")
-        return self
+        """This array on `device`: itself if it is there already, else a copy there (differentiable on
+        a Tape, like `clone`)."""
+        device = _check_device(device, "array.to")
+        return self if device == self._device else clone(self, device=device)
 
     def reshape(self, shape) -> "array":
         """A view with another logical shape and the same elements (shares memory, version and grad)."""
@@ -322,8 +328,8 @@ class array:
             values = self._data.reshape(dims + self._dtype.inner_shape)
         except ValueError:
             raise ValueError(f"array.reshape({shape!r}): cannot view {self.size} elements as {dims}") from None
-        view = array._wrap(values, self._dtype, storage=self._storage, fn=f"array.reshape({shape!r})")
-        view._device = self._device
+        view = array._wrap(values, self._dtype, storage=self._storage, fn=f"array.reshape({shape!r})",
+                           device=self._device)
         if self._grad is not None:
             view._grad = self._grad.reshape(dims)
         return view
@@ -363,7 +369,7 @@ class array:
             raise ValueError(f"array.assign(src): src has shape {values.shape}, expected "
                              f"{self._data.shape} ({self.shape} of {self._dtype})")
         self._host_write("array.assign(src)")
-        self._data[...] = values
+        self._write_host(values)
         self._mark_written()
         return self
 
@@ -371,21 +377,47 @@ class array:
         """Set every element to `value` (a number, or one vector/matrix for such dtypes)."""
         values = _values_for(self._dtype, value, "array.fill_(value)")
         self._host_write("array.fill_(value)")
-        self._data[...] = values
+        self._write_host(values)
         self._mark_written()
         return self
 
     def zero_(self) -> "array":
         """Set every element to zero."""
         self._host_write("array.zero_()")
-        self._data[...] = 0
+        self._zero_memory()
         self._mark_written()
         return self
+
+    # -- memory, whatever the device (no version bump: callers decide what counts as a write) --------
+    def _write_host(self, values) -> None:
+        """Set the elements from NumPy `values` broadcast to ``numpy().shape``."""
+        if self._device == "cpu":
+            self._data[...] = values
+        else:
+            self._data.write(values)
+
+    def _zero_memory(self) -> None:
+        if self._device == "cpu":
+            self._data.fill(0)
+        else:
+            self._data.zero()
+
+    def _add_host(self, values, offset: int = 0, count: int | None = None) -> None:
+        """Add NumPy `values` (broadcast to ``numpy().shape``) to every element, or add `values` to
+        `count` flat elements from `offset`."""
+        host = self._data if self._device == "cpu" else self._data.to_host()
+        if count is None:
+            host += values
+        else:
+            host.reshape((-1,) + self._dtype.inner_shape)[offset:offset + count] += values
+        if self._device != "cpu":
+            self._data.write(host)
 
 
 # -- copies ------------------------------------------------------------------------------------------
 def _flat(a: array) -> np.ndarray:
-    return a._data.reshape((-1,) + a._dtype.inner_shape)
+    """The elements as a flat NumPy sequence: a view on the CPU, a host copy of a GPU array."""
+    return (a._data if a._device == "cpu" else a._data.to_host()).reshape((-1,) + a._dtype.inner_shape)
 
 
 def _copy_elements(name: str, dest: array, src: array, dest_offset: int, src_offset: int, count: int):
@@ -394,15 +426,28 @@ def _copy_elements(name: str, dest: array, src: array, dest_offset: int, src_off
     if tape is not None:
         def backward():
             if dest.grad is not None and src.grad is not None:
-                _flat(src.grad)[src_offset:src_offset + count] += \
-                    _flat(dest.grad)[dest_offset:dest_offset + count]
+                src.grad._add_host(_flat(dest.grad)[dest_offset:dest_offset + count], src_offset, count)
         op = RecordedOp(name, {"src": src}, {"dest": dest}, {}, backward, caller_location())
         if dest.requires_grad and src.requires_grad:
             tape.record(op)
         else:
             tape.check_writes(op)
-    _flat(dest)[dest_offset:dest_offset + count] = _flat(src)[src_offset:src_offset + count]
+    _move_elements(dest, src, dest_offset, src_offset, count)
     dest._mark_written()
+
+
+def _move_elements(dest: array, src: array, dest_offset: int, src_offset: int, count: int) -> None:
+    """Copy `count` flat elements between arrays on any devices (device to device stays there)."""
+    if dest.device == "cpu" and src.device == "cpu":
+        _flat(dest)[dest_offset:dest_offset + count] = _flat(src)[src_offset:src_offset + count]
+        return
+    size = dest.dtype.size
+    if dest.device != "cpu" and src.device != "cpu":
+        dest._data.copy_bytes_from(src._data, dest_offset * size, src_offset * size, count * size)
+    elif dest.device != "cpu":
+        dest._data.buffer.copy_from_host(_flat(src)[src_offset:src_offset + count], dest._data.offset + dest_offset * size)
+    else:
+        _flat(dest)[dest_offset:dest_offset + count] = _flat(src)[src_offset:src_offset + count]
 
 
 def copy(dest: array, src: array, dest_offset: int = 0, src_offset: int = 0, count: int | None = None):
@@ -431,40 +476,48 @@ def clone(src: array, device=None, requires_grad: bool | None = None) -> array:
     clone is differentiable (``clone(x, requires_grad=False)`` detaches, like ``x.clone().detach()``)."""
     if not isinstance(src, array):
         raise TypeError(f"clone(src=...): expected an array, got {type(src).__name__}")
-    _check_device(device, "clone")
+    device = src.device if device is None else _check_device(device, "clone")
     grad = src.requires_grad if requires_grad is None else requires_grad
     settle()
-    out = array._wrap(src._data.copy(), src.dtype, requires_grad=grad)
+    out = array._wrap(allocate(device, src._data.shape, src._data.dtype, False), src.dtype, requires_grad=grad,
+                      device=device)
+    _move_elements(out, src, 0, 0, src.size)
     tape = active_tape()
     if tape is not None and grad and src.requires_grad:
         def backward():
             if out.grad is not None and src.grad is not None:
-                src.grad._data += out.grad._data
+                src.grad._add_host(out.grad.numpy())
         tape.record(RecordedOp("clone(src)", {"src": src}, {"clone": out}, {}, backward, caller_location()))
     return out
 
 
 # -- creation ----------------------------------------------------------------------------------------
-def _new(fn: str, shape, dtype, device, requires_grad: bool, init) -> array:
-    _check_device(device, fn)
+def _new(fn: str, shape, dtype, device, requires_grad: bool, zero: bool) -> array:
+    device = _check_device(device, fn)
     dt = _dtype_arg(dtype, fn)
-    values = init(_shape_arg(shape, fn) + dt.inner_shape, dt.np_dtype)
-    return array._wrap(values, dt, requires_grad=requires_grad, fn=fn)
+    shape = _shape_arg(shape, fn)
+    try:
+        values = allocate(device, shape + dt.inner_shape, dt.np_dtype, zero)
+    except MemoryError as e:
+        raise MemoryError(f"{fn}(shape={shape}, dtype={dt}, device='{device}'): {e}") from None
+    return array._wrap(values, dt, requires_grad=requires_grad, fn=fn, device=device)
 
 
 def zeros(shape, dtype=float, device="cpu", requires_grad: bool = False) -> array:
     """An array of zeros, e.g. ``zeros(n, dtype=vec3, requires_grad=True)``."""
-    return _new("zeros", shape, dtype, device, requires_grad, np.zeros)
+    return _new("zeros", shape, dtype, device, requires_grad, True)
 
 
 def ones(shape, dtype=float, device="cpu", requires_grad: bool = False) -> array:
     """An array of ones (every component of vectors and matrices)."""
-    return _new("ones", shape, dtype, device, requires_grad, np.ones)
+    out = _new("ones", shape, dtype, device, requires_grad, False)
+    out._write_host(1)
+    return out
 
 
 def empty(shape, dtype=float, device="cpu", requires_grad: bool = False) -> array:
     """An array whose contents are undefined until written (its grad, if any, is zero)."""
-    return _new("empty", shape, dtype, device, requires_grad, np.empty)
+    return _new("empty", shape, dtype, device, requires_grad, False)
 
 
 def full(shape, value=0, dtype=None, device="cpu", requires_grad: bool = False) -> array:
@@ -476,8 +529,8 @@ def full(shape, value=0, dtype=None, device="cpu", requires_grad: bool = False) 
             raise ValueError(f"full(value={value!r}): value must be a number, vector or matrix")
         dtype = _infer_dtype(raw, not isinstance(value, (np.ndarray, np.generic)), "full(value=...)",
                              raw.ndim)
-    out = _new("full", shape, dtype, device, requires_grad, np.empty)
-    out._data[...] = _values_for(out.dtype, value, "full(value=...)")
+    out = _new("full", shape, dtype, device, requires_grad, False)
+    out._write_host(_values_for(out.dtype, value, "full(value=...)"))
     return out
 
 

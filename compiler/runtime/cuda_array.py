@@ -1,8 +1,8 @@
 """Device memory for CUDA arrays: allocation, host <-> device copies, `__cuda_array_interface__`.
 
-Written against the CUDA driver API (cuda-bindings) and not yet run on a GPU: `array` does not use
-it yet (`array(..., device="cuda")` raises NotImplementedError after checking that a GPU exists).
-The pieces an array on the GPU needs are here, each small enough to check by reading:
+Written against the CUDA driver API (cuda-bindings); tested on the CUDA simulator
+(backends/cudasim), which fakes exactly these driver calls. `DeviceMemory` is what a CUDA `array`
+holds where a CPU array holds its NumPy ndarray:
 
     buf = DeviceBuffer.from_host(np.arange(4, dtype=np.float32), ordinal=0)
     host = buf.to_host((4,), np.float32)          # a fresh NumPy array (a copy)
@@ -20,7 +20,7 @@ import numpy as np
 
 from ..backends.cuda_driver import _check, _driver, primary_context
 
-__all__ = ["DeviceBuffer", "cuda_array_interface"]
+__all__ = ["DeviceBuffer", "DeviceMemory", "cuda_array_interface"]
 
 
 def _free(ptr: int, ordinal: int) -> None:
@@ -32,14 +32,24 @@ def _free(ptr: int, ordinal: int) -> None:
 
 
 class DeviceBuffer:
-    """`nbytes` of device memory on GPU `ordinal` (cuMemAlloc), freed when collected."""
+    """`nbytes` of device memory on GPU `ordinal` (cuMemAlloc), freed when collected. `owner` keeps
+    memory adopted from another library alive instead (`ptr` given: nothing is allocated or freed)."""
 
-    def __init__(self, nbytes: int, ordinal: int = 0):
+    def __init__(self, nbytes: int, ordinal: int = 0, ptr: int | None = None, owner=None):
         primary_context(ordinal)
         self.nbytes = int(nbytes)
         self.ordinal = ordinal
+        if ptr is not None:
+            self.ptr, self.owner = int(ptr), owner
+            return
         # cuMemAlloc refuses 0 bytes; a 1-byte allocation keeps `ptr` valid and distinct.
-        self.ptr = int(_check(_driver().cuMemAlloc(max(self.nbytes, 1)), f"cuMemAlloc({self.nbytes})"))
+        try:
+            self.ptr = int(_check(_driver().cuMemAlloc(max(self.nbytes, 1)), f"cuMemAlloc({self.nbytes})"))
+        except Exception as e:
+            if "OUT_OF_MEMORY" not in str(e):
+                raise
+            raise MemoryError(f"out of memory on cuda:{ordinal}: could not allocate {_size(self.nbytes)} ({e}); "
+                              "free arrays you no longer need, or use smaller ones") from None
         self._finalizer = weakref.finalize(self, _free, self.ptr, ordinal)
 
     @classmethod
@@ -91,3 +101,76 @@ def cuda_array_interface(ptr: int, shape: tuple, dtype, strides: tuple | None = 
     stream (stream 1 in the protocol)."""
     return {"shape": tuple(shape), "typestr": np.dtype(dtype).str, "data": (int(ptr), readonly),
             "strides": None if strides is None else tuple(strides), "version": 3, "stream": 1}
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes} bytes" if nbytes < 2**20 else f"{nbytes / 2**20:.1f} MiB"
+
+
+class DeviceMemory:
+    """A C-contiguous block of `shape` values of NumPy `dtype` at `offset` bytes into a
+    `DeviceBuffer`: the device twin of the ndarray a CPU array holds (`shape`, `dtype`, `nbytes`,
+    `strides`, `ndim` and `reshape` mean what they mean there). Views share the buffer."""
+
+    def __init__(self, buffer: DeviceBuffer, shape: tuple, dtype, offset: int = 0):
+        self.buffer, self.shape, self.dtype, self.offset = buffer, tuple(shape), np.dtype(dtype), offset
+        self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        strides, step = [], self.dtype.itemsize
+        for d in reversed(self.shape):
+            strides.append(step)
+            step *= d
+        self.strides = tuple(reversed(strides))
+
+    @classmethod
+    def empty(cls, shape: tuple, dtype, ordinal: int) -> "DeviceMemory":
+        dtype = np.dtype(dtype)
+        return cls(DeviceBuffer(int(np.prod(shape, dtype=np.int64)) * dtype.itemsize, ordinal), shape, dtype)
+
+    @classmethod
+    def from_host(cls, values: np.ndarray, ordinal: int) -> "DeviceMemory":
+        memory = cls.empty(values.shape, values.dtype, ordinal)
+        memory.write(values)
+        return memory
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def ptr(self) -> int:
+        return self.buffer.ptr + self.offset
+
+    @property
+    def ordinal(self) -> int:
+        return self.buffer.ordinal
+
+    def reshape(self, shape) -> "DeviceMemory":
+        shape = tuple(shape)
+        size = self.nbytes // self.dtype.itemsize
+        if shape.count(-1) == 1:
+            rest = int(np.prod([d for d in shape if d != -1], dtype=np.int64))
+            shape = tuple(size // rest if d == -1 and rest else d for d in shape)
+        if int(np.prod(shape, dtype=np.int64)) != size or any(d < 0 for d in shape):
+            raise ValueError(f"cannot reshape {size} values into shape {shape}")
+        return DeviceMemory(self.buffer, shape, self.dtype, self.offset)
+
+    def to_host(self) -> np.ndarray:
+        """A new NumPy array with a copy of the values."""
+        return self.buffer.copy_to_host(np.empty(self.shape, self.dtype), self.offset)
+
+    def write(self, values) -> None:
+        """Overwrite every value with `values` (broadcast to the shape)."""
+        host = np.ascontiguousarray(np.broadcast_to(np.asarray(values, self.dtype), self.shape))
+        self.buffer.copy_from_host(host, self.offset)
+
+    def zero(self) -> None:
+        if self.nbytes:
+            primary_context(self.ordinal)
+            _check(_driver().cuMemsetD8(self.ptr, 0, self.nbytes), "cuMemsetD8")
+
+    def copy_bytes_from(self, src: "DeviceMemory", dest_offset: int, src_offset: int, nbytes: int) -> None:
+        """Copy `nbytes` from `src` (at byte `src_offset` of it) to byte `dest_offset` of this."""
+        self.buffer.copy_from(src.buffer, nbytes, self.offset + dest_offset, src.offset + src_offset)
+
+    def cuda_array_interface(self, readonly: bool = False) -> dict:
+        return cuda_array_interface(self.ptr, self.shape, self.dtype, readonly=readonly)

@@ -60,8 +60,9 @@ def get_device(spec: str | Device | None = None) -> Device:
 
 def _probe_driver() -> tuple[int, str]:
     """(number of CUDA devices, why there are none). Never raises: a missing driver is an answer."""
+    from ..backends.cuda_driver import _driver
     try:
-        from cuda.bindings import driver
+        driver = _driver()
     except ImportError as exc:
         return 0, f"cuda-bindings could not be imported: {exc}"
     try:
@@ -100,7 +101,7 @@ def require_cuda(device: Device) -> None:
     count, why = _driver_state()
     if count == 0:
         raise RuntimeError(f"CUDA device '{device}' requested but no NVIDIA driver/GPU was found ({why}); "
-                           "use device='cpu'")
+                           "use device='cpu', or set STEPPER_CUDA_SIM=1 to run on the CUDA simulator")
     if device.ordinal >= count:
         raise RuntimeError(f"CUDA device '{device}' requested but this machine has {count} CUDA device(s) "
                            f"(cuda:0 .. cuda:{count - 1})")

@@ -75,13 +75,13 @@ def zero_fresh(pending: dict, grad: "array") -> bool:
     new = pending.pop(id(grad._storage), None)
     if new is None:
         return False
-    new._data.fill(0)
+    new._zero_memory()
     return True
 
 
 def _zero_all_fresh(pending: dict) -> None:
     for grad in pending.values():
-        grad._data.fill(0)
+        grad._zero_memory()
     pending.clear()
 
 
@@ -346,7 +346,7 @@ class Tape:
         try:
             for arr, values in seeds:
                 zero_fresh(pending, arr.grad)
-                arr.grad._data += values
+                arr.grad._add_host(values)
                 self._seeded.setdefault(id(arr), arr)
             for op in reversed(self._ops):
                 if not pending:
@@ -407,7 +407,7 @@ class Tape:
         """Zero every gradient this tape touched, seeded ones included; the recording stays."""
         for arr in self._touched():
             if arr.grad is not None:
-                arr.grad._data[...] = 0
+                arr.grad._zero_memory()
                 arr.grad._storage.version += 1
 
     def reset(self) -> None:

@@ -1,0 +1,211 @@
+"""The one GPU command: on a machine with an NVIDIA GPU (and no network), install the project without
+dependencies, run the test suite on the GPU, and measure what only hardware can show.
+
+    python benchmarks/gpu.py                    # install, suite with --device cuda, benchmarks
+    python benchmarks/gpu.py --skip-install --skip-tests --quick
+
+Writes a Markdown table (default benchmarks/results/gpu.md) with:
+- saxpy bandwidth against the device's own copy bandwidth (cuMemcpyDtoD of the same bytes);
+- the cost of one `launch` (tiny kernel, queued back to back) and of one launch replayed from a
+  `capture()` graph;
+- the 256^2 and 2048^2 nonlinear wave (benchmarks/peer_impls/problem.py): our Revolve gradient
+  against JAX's nested remat on the same GPU, and our forward rollout against a CuPy raw-kernel loop.
+Every number is the median of interleaved rounds (A B A B ...), with the spread (min-max). Peers
+that are not installed are left out. Under the CUDA simulator (STEPPER_CUDA_SIM=1) it runs too,
+which checks the script, not the speed.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+
+def _sync():
+    from compiler.backends.cuda_driver import synchronize
+    synchronize(0)
+
+
+def _timed(fn) -> float:
+    _sync()
+    t0 = time.perf_counter()
+    fn()
+    _sync()
+    return time.perf_counter() - t0
+
+
+def interleaved(contenders: dict, rounds: int) -> dict:
+    """{name: [seconds per round]}, running the contenders in turn, round after round."""
+    times = {name: [] for name in contenders}
+    for _ in range(rounds):
+        for name, fn in contenders.items():
+            times[name].append(_timed(fn))
+    return times
+
+
+def summary(seconds: list[float], scale: float = 1.0) -> str:
+    s = [x * scale for x in seconds]
+    return f"{statistics.median(s):.4g} ({min(s):.4g}-{max(s):.4g})"
+
+
+def bandwidth(rows: list, n: int, rounds: int) -> None:
+    import stepper as sp
+    from compiler.backends.cuda_driver import _check, _driver
+
+    @sp.kernel
+    def saxpy(a: float, x: sp.array(dtype=float), y: sp.array(dtype=float), out: sp.array(dtype=float)):
+        i = sp.tid()
+        out[i] = a * x[i] + y[i]
+
+    x, y, out = sp.ones(n, device="cuda"), sp.ones(n, device="cuda"), sp.zeros(n, device="cuda")
+    sp.launch(saxpy, n, inputs=[2.0, x, y], outputs=[out])
+    t = interleaved({"saxpy": lambda: sp.launch(saxpy, n, inputs=[2.0, x, y], outputs=[out]),
+                     "copy": lambda: _check(_driver().cuMemcpyDtoD(out.ptr, x.ptr, 4 * n), "cuMemcpyDtoD")}, rounds)
+    gbs = lambda secs, nbytes: [nbytes / s / 1e9 for s in secs]      # noqa: E731
+    saxpy_gbs, copy_gbs = gbs(t["saxpy"], 12 * n), gbs(t["copy"], 8 * n)
+    ratio = [a / b for a, b in zip(saxpy_gbs, copy_gbs)]
+    rows.append((f"saxpy, {n:,} floats", "GB/s (12 B/element)", summary(saxpy_gbs), "device copy", summary(copy_gbs),
+                 summary(ratio)))
+
+
+def launch_overhead(rows: list, rounds: int, count: int = 1000) -> None:
+    import stepper as sp
+
+    @sp.kernel
+    def bump(x: sp.array(dtype=float)):
+        x[sp.tid()] = x[sp.tid()] + 1.0
+
+    x = sp.zeros(32, device="cuda")
+    sp.launch(bump, 32, inputs=[], outputs=[x])
+    with sp.capture() as graph:
+        for _ in range(count):
+            sp.launch(bump, 32, inputs=[], outputs=[x])
+
+    def launches():
+        for _ in range(count):
+            sp.launch(bump, 32, inputs=[], outputs=[x])
+    t = interleaved({"launch": launches, "graph": graph.replay}, rounds)
+    rows.append(("launch of a 32-thread kernel", "us per launch", summary(t["launch"], 1e6 / count),
+                 "graph replay", summary(t["graph"], 1e6 / count),
+                 summary([a / b for a, b in zip(t["launch"], t["graph"])])))
+
+
+def wave(rows: list, n: int, steps: int, snapshots: int, rounds: int) -> None:
+    import stepper as sp
+    from peer_impls.ours import half_sum_sq, wave_step
+    from peer_impls.problem import B, C, initial
+
+    model = sp.Model(device="cuda", zero_buffers=False)
+    model.state("up", (n, n), sp.float32)
+    model.state("u", (n, n), sp.float32)
+
+    @model.step
+    def step(s):
+        sp.launch(wave_step, (n, n), inputs=[s.prev.up, s.prev.u, C, B], outputs=[s.next.up, s.next.u])
+
+    def loss(state):
+        out = sp.zeros(1, device="cuda", requires_grad=True)
+        sp.launch(half_sum_sq, (n, n), inputs=[state.u], outputs=[out])
+        return out
+    u0 = initial(n)
+    start = {"up": u0, "u": u0}
+    ours = {"forward": lambda: model.rollout(start, steps=steps),
+            "gradient": lambda: model.gradient(start, steps=steps, loss=loss, schedule=sp.Revolve(steps, snapshots))}
+    peers = {}
+    try:
+        from peer_impls.jax_peers import JaxRunner
+        jax = JaxRunner(n, steps, "nested")
+        peers["gradient"] = ("JAX nested remat", jax.gradient)
+    except Exception as e:      # not installed, or no GPU backend
+        print(f"JAX left out: {e}")
+    try:
+        peers["forward"] = ("CuPy raw kernel", _cupy_forward(n, steps, C, B, u0))
+    except Exception as e:
+        print(f"CuPy left out: {e}")
+    for what in ("forward", "gradient"):
+        ours[what]()                     # compile and warm up
+        contenders = {"ours": ours[what]}
+        if what in peers:
+            peers[what][1]()
+            contenders["peer"] = peers[what][1]
+        t = interleaved(contenders, rounds)
+        peer = peers.get(what, ("-", None))[0]
+        rows.append((f"wave {n}^2, {steps} steps, {what}" + (f" (Revolve-{snapshots})" if what == "gradient" else ""),
+                     "s", summary(t["ours"]), peer, summary(t["peer"]) if "peer" in t else "-",
+                     summary([a / b for a, b in zip(t["ours"], t["peer"])]) if "peer" in t else "-"))
+
+
+def _cupy_forward(n, steps, C, B, u0):
+    import cupy as cp
+    kernel = cp.RawKernel(r"""
+extern "C" __global__ void wave(const float* up, const float* u, float c, float b, int n, float* up_next, float* u_next) {
+    int k = blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= n * n) return;
+    int i = k / n, j = k % n;
+    float x = u[k], lap = -4.0f * x;
+    if (i > 0) lap += u[k - n];
+    if (i < n - 1) lap += u[k + n];
+    if (j > 0) lap += u[k - 1];
+    if (j < n - 1) lap += u[k + 1];
+    up_next[k] = x;
+    u_next[k] = 2.0f * x - up[k] + c * lap - b * x * x * x;
+}""", "wave")
+    bufs = [cp.asarray(u0) for _ in range(4)]
+    blocks = (n * n + 255) // 256
+
+    def run():
+        a, b_, c_, d = bufs
+        for _ in range(steps):
+            kernel((blocks,), (256,), (a, b_, np.float32(C), np.float32(B), np.int32(n), c_, d))
+            a, b_, c_, d = c_, d, a, b_
+        cp.cuda.Device().synchronize()
+    return run
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--skip-install", action="store_true")
+    parser.add_argument("--skip-tests", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (checks the script, e.g. on the simulator)")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "gpu.md"))
+    args = parser.parse_args(argv)
+    lines = [f"# GPU run, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", ""]
+    if os.environ.get("STEPPER_CUDA_SIM", "") not in ("", "0"):
+        lines += ["**On the CUDA simulator: these numbers say nothing about a GPU.**", ""]
+    if not args.skip_install:
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "-e",
+                        str(ROOT)], check=True)
+    if not args.skip_tests:
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--device", "cuda"],
+                              cwd=ROOT, capture_output=True, text=True)
+        tail = [line for line in proc.stdout.splitlines() if line.strip()][-1:] or ["(no output)"]
+        print(proc.stdout[-5000:], proc.stderr[-2000:])
+        lines += [f"Test suite with `--device cuda`: `{tail[0]}` (exit code {proc.returncode})", ""]
+    rounds = 3 if args.quick else args.rounds
+    rows: list = []
+    bandwidth(rows, 1 << 12 if args.quick else 1 << 26, rounds)
+    launch_overhead(rows, rounds, 20 if args.quick else 1000)
+    for n, steps, snapshots in ([(16, 20, 4)] if args.quick else [(256, 10_000, 100), (2048, 1_000, 30)]):
+        wave(rows, n, steps, snapshots, rounds)
+    lines += [f"Medians over {rounds} interleaved rounds (min-max).", "",
+              "| measurement | unit | ours | peer | peer's | ours / peer |", "|---|---|---:|---|---:|---:|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
