@@ -13,13 +13,9 @@ import struct
 
 import numpy as np
 
-<<<<<<< HEAD
-from .bounds import check_extents, tid_indexed
-from .errors import CompileError, OverwriteError
-=======
 from . import launch_cuda
+from .bounds import check_extents, tid_indexed
 from .errors import CompileError, OverwriteError, raise_if_out_of_bounds
->>>>>>> main
 from .graph import CapturedLaunch, capturing
 from .kernel import Kernel
 from .runtime.array import array
