@@ -102,3 +102,10 @@ def test_declarations(device):
         model.rollout({"x": sp.zeros(3, device=device)}, 1)
     with pytest.raises(sp.ModelError, match="needs loss="):
         model.gradient({"x": sp.zeros(3, device=device)}, 1)
+
+
+def test_a_schedule_named_by_a_string_says_what_schedule_takes():
+    with pytest.raises(sp.ModelError, match=r"schedule must be a checkpointing schedule object \(e.g. "
+                                            r"Revolve\(steps, 20\), Online\(16\)\) or a function steps -> "
+                                            r"schedule, got str 'revolve'"):
+        chain_model().gradient(chain_initial(), 10, loss=final_x_squared, schedule="revolve")
