@@ -98,7 +98,9 @@ class CheckpointDirectory:
     def _check_path(self, mode: str, overwrite: bool) -> None:
         if mode == "a":
             if not os.path.isdir(self.path):
-                what = "a file, not a checkpoint directory" if os.path.exists(self.path) else "no such directory"
+                what = ("a file, not a checkpoint directory (rollouts used to write one snapshot file: read its "
+                        "snapshots with HDF5Storage(path, mode='r'))" if os.path.exists(self.path) else
+                        "no such directory")
                 raise StorageError(f"cannot resume from {self.path}: {what}")
             return
         if os.path.exists(self.path) and not os.path.isdir(self.path):
