@@ -33,6 +33,8 @@ __all__ = ["HDF5Storage"]
 
 _COMPRESSIONS = (None, "gzip", "lzf")
 _MODES = ("w", "a", "r")
+_DAMAGED_FIX = ("HDF5 cannot recover snapshots from it. Write them again to a new path (a gradient's "
+                "snapshots are scratch); resumable rollout checkpoints are kept one file each for this reason")
 _ROOM_MARGIN = 1 << 20   # HDF5 metadata written with a snapshot and at close; a few KiB in practice
 
 
@@ -83,9 +85,12 @@ class HDF5Storage(Storage):
             else:
                 layout.init_file(self._file)
             complete, incomplete = layout.scan(self._file)
-        except BaseException:
+        except BaseException as exc:
             self._file.close()
             _release(self._lockfd)
+            if isinstance(exc, (OSError, RuntimeError, KeyError, ValueError)):
+                raise StorageError(f"{self.path} is damaged: its root metadata cannot be read ({exc}); "
+                                   f"{_DAMAGED_FIX}") from exc
             raise
         # Caller-visible state, shared with the I/O thread under _lock:
         # _index holds every readable step (on disk or pending) -> bytes;
@@ -373,8 +378,11 @@ def _refuse_foreign(path: str) -> None:
 def _open(path: str, mode: str) -> h5py.File:
     try:
         return h5py.File(path, mode, libver=layout.LIBVER, locking=False)   # we hold the lock (filelock.py)
-    except (OSError, ValueError) as exc:
-        raise StorageError(f"cannot open snapshot file {path} with mode={mode!r}: {exc}") from exc
+    except (OSError, ValueError, RuntimeError) as exc:
+        damaged = "truncated" in str(exc) or "signature" in str(exc) or isinstance(exc, RuntimeError)
+        raise StorageError(f"cannot open snapshot file {path} with mode={mode!r}: {exc}"
+                           + (f"; the file is damaged (cut short or overwritten): {_DAMAGED_FIX}" if damaged else "")
+                           ) from exc
 
 
 def _check_format_readonly(f: h5py.File) -> None:

@@ -234,3 +234,17 @@ def test_resume_falls_back_to_the_older_checkpoint_when_the_newest_is_damaged(tm
         resumed = model.resume(path, steps=8)
     assert resumed.stats.steps == 3
     assert resumed.x.numpy().tobytes() == model.rollout(initial, 8).x.numpy().tobytes()
+
+
+def test_a_truncated_snapshot_file_is_a_storage_error_that_says_it_is_damaged(tmp_path):
+    path = tmp_path / "scratch.h5"
+    with HDF5Storage(path) as store:
+        for step in range(3):
+            store.write(step, snapshot(step))
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) * 99 // 100])          # 1% cut off
+    for mode in ("r", "a"):
+        with pytest.raises(StorageError, match=rf"cannot open snapshot file {path} with mode='{mode}': .*truncated.*"
+                                               r"the file is damaged \(cut short or overwritten\)"):
+            HDF5Storage(path, mode=mode)
+    assert path.read_bytes() == data[: len(data) * 99 // 100]  # and left as it was
