@@ -68,7 +68,7 @@ class CheckpointDirectory:
         self.path = os.path.abspath(os.fspath(path))
         if mode not in ("w", "a"):
             raise ValueError(f"mode={mode!r}; use 'w' (new run) or 'a' (resume)")
-        self._check_path(mode, overwrite)
+        self._check_path(mode)
         self._dirfd = self._lock()
         try:
             names = os.listdir(self.path)
@@ -95,7 +95,7 @@ class CheckpointDirectory:
             self.close()
             raise
 
-    def _check_path(self, mode: str, overwrite: bool) -> None:
+    def _check_path(self, mode: str) -> None:
         if mode == "a":
             if not os.path.isdir(self.path):
                 what = ("a file, not a checkpoint directory (rollouts used to write one snapshot file: read its "
