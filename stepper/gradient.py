@@ -89,9 +89,9 @@ def prepare_schedule(schedule, steps, until):
             schedule = Revolve(steps, max(1, min(steps, math.isqrt(steps - 1) + 1)))
     elif callable(schedule) and not hasattr(schedule, "__iter__"):
         schedule = schedule(steps)
-    if not hasattr(schedule, "__iter__"):
-        raise ModelError(f"schedule must be a checkpointing schedule (e.g. Revolve(steps, 20)), got "
-                         f"{type(schedule).__name__}")
+    if isinstance(schedule, str) or not hasattr(schedule, "__iter__"):
+        raise ModelError(f"schedule must be a checkpointing schedule object (e.g. Revolve(steps, 20), "
+                         f"Online(16)) or a function steps -> schedule, got {type(schedule).__name__} {schedule!r}")
     max_n = getattr(schedule, "max_n", None)
     online = hasattr(schedule, "finalize") and max_n is None
     if getattr(schedule, "is_exhausted", False) or getattr(schedule, "_stream", None) is not None:

@@ -127,15 +127,16 @@ class Model:
         """Run `steps` steps forward from `initial` (``{name: array}``); return the final state as a
         `Rollout` (a State with ``.steps``, ``.history``, ``.stats``). Only two versions of the state
         are live at once. Options: ``callback(n, state)`` every ``every`` steps; ``record_every=k``
-        keeps NumPy copies of every k-th state in ``.history``; ``checkpoint="run.h5"`` with
-        ``checkpoint_every=k`` writes HDF5 snapshots that `resume` continues from; ``until(state)``
+        keeps NumPy copies of every k-th state in ``.history``; ``checkpoint="run.ckpt"`` with
+        ``checkpoint_every=k`` writes crash-safe checkpoints (a directory of HDF5 files, one per
+        checkpoint; ``overwrite=True`` replaces an earlier run's) that `resume` continues from; ``until(state)``
         stops early; ``check_finite``; ``deterministic`` (serial atomics, for bit-exact reruns);
         ``progress``. Inside a recording `Tape` the rollout is recorded as one operation (options
         ``schedule=``, ``storage=``) whose backward is the checkpointed reverse sweep."""
         return _rollout.rollout(self, initial, steps, **options)
 
     def resume(self, path, steps: int | None = None, **options):
-        """Continue a rollout that wrote HDF5 checkpoints to `path` from its last complete snapshot,
+        """Continue a rollout that wrote checkpoints to directory `path` from its newest intact one,
         to `steps` (default: the run's original length); returns what that rollout would have."""
         return _rollout.resume(self, path, steps, **options)
 
