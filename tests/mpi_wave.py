@@ -174,11 +174,38 @@ def raise_on_rank_1():
     dist.gradient(initial, STEPS, loss=misfit_loss(observed, dist.local_shape("u")), schedule=sp.Revolve(STEPS, 3))
 
 
+def bad_declarations(outdir):
+    """Mistakes every rank makes, or one rank makes: each a ModelError on the ranks concerned."""
+    from stepper.distributed import Distributed
+    messages = []
+    dist = Distributed(sp.Model())
+    try:
+        dist.state("u", (N, M), F, halo=4)          # thinnest block: 3 rows on 4 ranks
+    except sp.ModelError as exc:
+        messages.append(str(exc))
+    model = sp.Model()
+    dist = Distributed(model)
+    dist.state("u", (N + (dist.rank == 1), M), F, halo=1)     # rank 1 thinks the grid is taller
+
+    @model.step
+    def step(s):                                  # never runs: the check before the run refuses
+        sp.copy(s.next.u, s.prev.u)
+    try:
+        dist.rollout(dist.scatter({"u": np.zeros((N + (dist.rank == 1), M))}), 2)
+    except sp.ModelError as exc:
+        messages.append(str(exc))
+    everyone = dist.comm.allgather(messages)
+    if dist.rank == 0:
+        np.save(os.path.join(outdir, "errors.npy"), np.array(everyone, dtype=object), allow_pickle=True)
+
+
 if __name__ == "__main__":
     mode, out = sys.argv[1], sys.argv[2]
     if mode == "run":
         run(out)
     elif mode == "raise":
         raise_on_rank_1()
+    elif mode == "errors":
+        bad_declarations(out)
     else:
         raise SystemExit(f"unknown mode {mode!r}")

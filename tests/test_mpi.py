@@ -1,0 +1,148 @@
+"""Domain decomposition over MPI: `mpiexec -n P` runs tests/mpi_wave.py as a subprocess (with a
+timeout, in its own process group), and its results are compared with the one-process model here.
+
+Needs mpi4py and an MPI (``pip install mpi4py mpich``); skipped with that reason without them.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import stepper as sp
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+import mpi_wave as mw  # noqa: E402
+
+MPIEXEC = shutil.which("mpiexec")
+needs_mpi = pytest.mark.skipif(
+    importlib.util.find_spec("mpi4py") is None or MPIEXEC is None,
+    reason="needs mpi4py and mpiexec (pip install mpi4py mpich, or pip install -e '.[mpi]')")
+TIMEOUT = 180          # seconds for one mpiexec job: far above what it takes, so only a hang reaches it
+
+
+def mpiexec(ranks: int, mode: str, outdir) -> subprocess.CompletedProcess:
+    """Run tests/mpi_wave.py MODE OUTDIR on `ranks` ranks; kill the whole job if it outlives TIMEOUT."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),
+               STEPPER_PROGRESS="0")
+    cmd = [MPIEXEC, "-n", str(ranks), sys.executable, os.path.join(HERE, "mpi_wave.py"), mode, str(outdir)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"mpiexec -n {ranks} mpi_wave.py {mode} did not end within {TIMEOUT} s (a hang)\n{err[-3000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+@pytest.fixture(scope="module", params=[1, 2, 4], ids=lambda n: f"{n}ranks")
+def job(request, tmp_path_factory):
+    ranks = request.param
+    outdir = tmp_path_factory.mktemp(f"mpi{ranks}")
+    done = mpiexec(ranks, "run", outdir)
+    assert done.returncode == 0, f"mpiexec -n {ranks} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+    return ranks, outdir, dict(np.load(outdir / "result.npz"))
+
+
+@pytest.fixture(scope="module")
+def serial():
+    """The same wave on one process, with the plain (undecomposed) kernel."""
+    model = mw.serial_model()
+    initial = {k: sp.array(v, dtype=mw.F) for k, v in mw.initial_global().items()}
+    final = model.rollout(initial, mw.STEPS)
+    observed = sp.array(mw.observed_global(), dtype=mw.F)
+    result = model.gradient(initial, mw.STEPS, loss=mw.misfit_loss(observed, (mw.N, mw.M)),
+                            schedule=sp.StoreAll(mw.STEPS))
+    return {"u": final.u.numpy().copy(), "u_prev": final.u_prev.numpy().copy(), "loss": result.loss,
+            "grads": {n: g.numpy().copy() for n, g in result.grads.items()}}
+
+
+@needs_mpi
+def test_decomposed_rollout_equals_the_single_process_rollout_bit_for_bit(job, serial):
+    _, _, got = job
+    np.testing.assert_array_equal(got["rollout_u"], serial["u"])
+    np.testing.assert_array_equal(got["rollout_u_prev"], serial["u_prev"])
+
+
+@needs_mpi
+def test_decomposed_gradient_equals_the_single_process_gradient(job, serial):
+    _, _, got = job
+    for name in ("u", "u_prev", "c"):
+        ref = serial["grads"][name]
+        assert np.abs(ref).max() > 1e-3                     # not a vacuous comparison
+        err = np.abs(got[f"storeall_{name}"] - ref).max() / np.abs(ref).max()
+        assert err <= 1e-12, f"grads['{name}'] differs from the single-process gradient by {err:.3g} (relative)"
+    assert abs(float(got["storeall_loss"]) - serial["loss"]) <= 1e-12 * abs(serial["loss"])
+
+
+@needs_mpi
+def test_schedules_agree_bit_for_bit_on_the_same_rank_count(job):
+    ranks, outdir, got = job
+    for schedule in ("revolve", "multilevel"):
+        for name in ("u", "u_prev", "c"):
+            np.testing.assert_array_equal(got[f"{schedule}_{name}"], got[f"storeall_{name}"])
+        assert float(got[f"{schedule}_loss"]) == float(got["storeall_loss"])
+    assert int(got["multilevel_disk_writes"]) > 0             # the disk tier really was used
+    names = ["run.h5"] if ranks == 1 else [f"run.rank{r:04d}.h5" for r in range(ranks)]
+    assert sorted(p.name for p in outdir.glob("run*.h5")) == names
+
+
+@needs_mpi
+def test_every_rank_gets_the_same_global_loss_and_parameter_gradient(job):
+    _, _, got = job
+    for schedule in ("storeall", "revolve", "multilevel"):
+        assert bool(got[f"{schedule}_ranks_agree"])
+
+
+@needs_mpi
+def test_halo_exchange_adjoint_passes_dot_product_and_finite_difference_checks(job):
+    adjoint_side, forward_side, fd = job[2]["exchange"]
+    assert abs(forward_side) > 1.0
+    assert abs(adjoint_side - forward_side) <= 1e-12 * abs(forward_side)     # <w, E d> == <E^T w, d>
+    assert abs(fd - adjoint_side) <= 1e-9 * abs(forward_side)               # E is linear: FD exact but rounding
+
+
+@needs_mpi
+def test_a_rank_that_raises_ends_every_rank_with_its_error(tmp_path):
+    done = mpiexec(2, "raise", tmp_path)          # fails the test if the job hangs past TIMEOUT
+    assert done.returncode != 0
+    assert "stepper.distributed: rank 1 of 2 raised; aborting every rank" in done.stderr
+    assert "ValueError: rank 1 cannot go on at step 5" in done.stderr
+
+
+@needs_mpi
+def test_bad_decompositions_are_clear_errors_on_every_rank(tmp_path):
+    done = mpiexec(4, "errors", tmp_path)
+    assert done.returncode == 0, done.stderr[-4000:]
+    everyone = np.load(tmp_path / "errors.npy", allow_pickle=True)
+    for messages in everyone:
+        assert len(messages) == 2
+        assert messages[0] == ("state 'u': halo 4 is wider than the thinnest block (3 rows of 13 over 4 ranks); a "
+                               "halo comes from the next rank only, so use fewer ranks or a smaller halo")
+        assert messages[1].startswith("rollout: rank 1 declares or runs something else than rank 0")
+        assert "(14, 9)" in messages[1] and "(13, 9)" in messages[1]
+
+
+def test_missing_mpi4py_is_a_clear_error(monkeypatch):
+    from stepper.distributed import require_mpi
+    monkeypatch.setitem(sys.modules, "mpi4py", None)       # import mpi4py now raises ImportError
+    with pytest.raises(sp.ModelError, match=r"needs mpi4py and an MPI library .*pip install mpi4py mpich"):
+        require_mpi()
+
+
+def test_block_partition_and_per_rank_paths():
+    from stepper.distributed import block_rows, rank_path
+    assert [block_rows(13, 4, r) for r in range(4)] == [(0, 4), (4, 3), (7, 3), (10, 3)]
+    assert [block_rows(13, 2, r) for r in range(2)] == [(0, 7), (7, 6)]
+    assert rank_path("out/run.h5", 3, 4) == "out/run.rank0003.h5"
+    assert rank_path("out/run.h5", 0, 1) == "out/run.h5"
