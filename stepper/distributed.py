@@ -92,18 +92,66 @@ def block_rows(n: int, size: int, rank: int) -> tuple[int, int]:
     return rank * base + min(rank, extra), base + (1 if rank < extra else 0)
 
 
-class Distributed:
-    """`model` run by every rank of `comm` (default ``MPI.COMM_WORLD``) on its block of the states
-    declared here. See the module docstring for the pattern."""
+class Ranks:
+    """What `Distributed` and `Ensemble` share: a communicator of their own (a Dup of `comm`, default
+    ``MPI.COMM_WORLD``, so that our messages never meet the user's), sums over ranks in rank order,
+    per-rank paths, and aborting every rank when one raises."""
 
-    def __init__(self, model, comm=None, *, abort_on_error: bool = True):
+    def __init__(self, model, comm=None, abort_on_error: bool = True):
         MPI = require_mpi()
         self._MPI = MPI
         self.model = model
         world = MPI.COMM_WORLD if comm is None else comm
-        self.comm = world.Dup()              # our own messages never meet the user's
+        self.comm = world.Dup()
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         self.abort_on_error = abort_on_error
+
+    def sum(self, values):
+        """The sum over ranks of `values` (a float or ndarray), added in rank order: the same bits on
+        every rank, whatever the MPI library's reduction order."""
+        parts = self.comm.allgather(values)
+        total = np.array(parts[0], copy=True) if isinstance(parts[0], np.ndarray) else parts[0]
+        for p in parts[1:]:
+            total = total + p
+        return total
+
+    def _per_rank(self, options: dict) -> dict:
+        """`options` of a rollout or gradient with ``until`` decided on global values (every rank
+        stops when one rank's predicate holds) and paths made per rank."""
+        options = dict(options)
+        until = options.get("until")
+        if until is not None:
+            lor = self._MPI.LOR
+            options["until"] = lambda state: bool(self.comm.allreduce(bool(until(state)), op=lor))
+        for key in ("checkpoint", "storage"):
+            value = options.get(key)
+            if isinstance(value, (str, os.PathLike)):
+                options[key] = rank_path(value, self.rank, self.size)
+            elif isinstance(value, dict):
+                options[key] = {k: rank_path(v, self.rank, self.size) if isinstance(v, (str, os.PathLike)) else v
+                                for k, v in value.items()}
+        return options
+
+    def _guarded(self, run):
+        if self.size == 1 or not self.abort_on_error:
+            return run()
+        try:
+            return run()
+        except BaseException as exc:
+            text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+            sys.stderr.write(f"stepper.distributed: rank {self.rank} of {self.size} raised; aborting every rank "
+                             f"(the others would wait for its messages forever):\n{text}")
+            sys.stderr.flush()
+            self.comm.Abort(1)
+            raise
+
+
+class Distributed(Ranks):
+    """`model` run by every rank of `comm` (default ``MPI.COMM_WORLD``) on its block of the states
+    declared here. See the module docstring for the pattern."""
+
+    def __init__(self, model, comm=None, *, abort_on_error: bool = True):
+        super().__init__(model, comm, abort_on_error)
         self.parts: dict[str, Partition] = {}
         self._tags: dict[str, int] = {}
 
@@ -241,16 +289,7 @@ class Distributed:
         requests += [self.comm.Isend(np.ascontiguousarray(buf), dest=dst, tag=tag) for buf, dst, tag in sends]
         self._MPI.Request.Waitall(requests)
 
-    # -- reductions --------------------------------------------------------------------------------------
-    def sum(self, values):
-        """The sum over ranks of `values` (a float or ndarray), added in rank order: the same bits on
-        every rank, whatever the MPI library's reduction order."""
-        parts = self.comm.allgather(values)
-        total = np.array(parts[0], copy=True) if isinstance(parts[0], np.ndarray) else parts[0]
-        for p in parts[1:]:
-            total = total + p
-        return total
-
+    # -- checks ------------------------------------------------------------------------------------------
     def _check_same(self, what: str, steps, schedule) -> None:
         """Every rank must run the same declarations and schedule; a collective check, so a mismatch
         is the same ModelError on every rank rather than a hang."""
@@ -277,41 +316,12 @@ class Distributed:
         """`Model.gradient` on every rank (see the module docstring): ``result.loss`` is the sum over
         ranks, parameters' gradients are summed over ranks, states' gradients are this rank's block."""
         self._check_same("gradient", steps, schedule)
-        options = self._per_rank(options)
-        if isinstance(storage, (str, os.PathLike)):
-            storage = rank_path(storage, self.rank, self.size)
-        elif isinstance(storage, dict):
-            storage = {k: rank_path(v, self.rank, self.size) if isinstance(v, (str, os.PathLike)) else v
-                       for k, v in storage.items()}
+        options = self._per_rank(dict(options, storage=storage))
 
         def run():
-            result = self.model.gradient(initial, steps, loss, schedule, storage, **options)
+            result = self.model.gradient(initial, steps, loss, schedule, **options)
             grads = dict(result.grads)
             for name, p in self.model.params.items():
-                total = self.sum(grads[name].numpy())
-                grads[name] = array(total, dtype=p.dtype, device=p.device)
+                grads[name] = array(self.sum(grads[name].numpy()), dtype=p.dtype, device=p.device)
             return replace(result, loss=float(self.sum(result.loss)), grads=grads)
         return self._guarded(run)
-
-    def _per_rank(self, options: dict) -> dict:
-        options = dict(options)
-        until = options.get("until")
-        if until is not None:
-            lor = self._MPI.LOR
-            options["until"] = lambda state: bool(self.comm.allreduce(bool(until(state)), op=lor))
-        if isinstance(options.get("checkpoint"), (str, os.PathLike)):
-            options["checkpoint"] = rank_path(options["checkpoint"], self.rank, self.size)
-        return options
-
-    def _guarded(self, run):
-        if self.size == 1 or not self.abort_on_error:
-            return run()
-        try:
-            return run()
-        except BaseException as exc:
-            text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-            sys.stderr.write(f"stepper.distributed: rank {self.rank} of {self.size} raised; aborting every rank "
-                             f"(the others would wait for its messages forever):\n{text}")
-            sys.stderr.flush()
-            self.comm.Abort(1)
-            raise
