@@ -163,8 +163,48 @@ def run(outdir):
         same = dist.comm.allgather((result.loss, result.grads["c"].numpy().tobytes()))
         saved[f"{key}_ranks_agree"] = np.array(all(s == same[0] for s in same))
     saved["exchange"] = np.array(check_exchange_adjoint(dist, np.random.default_rng(dist.rank)))
+    # Only the last rank's predicate ever holds, after its 7th step: every rank must stop there.
+    calls = []
+    stop = lambda state: dist.rank == dist.size - 1 and len(calls.append(1) or calls) >= 7
+    saved["until_steps"] = np.array(dist.comm.allgather(dist.rollout(initial, STEPS, until=stop).steps))
+    calls.clear()
+    online = dist.gradient(initial, None, loss=loss, schedule=sp.Online(3), until=stop)
+    saved["online_steps"] = np.array(dist.comm.allgather(online.stats.steps))
+    saved["online_u"] = dist.gather(online.grads["u"])
+    ensemble(saved)
     if dist.rank == 0:
         np.savez(os.path.join(outdir, "result.npz"), **saved)
+
+
+MEMBERS = 5
+
+
+def member(k, own_c=False):
+    """Member k of the ensemble: the wave from a scaled bump against shifted observations, with its
+    own wave speed c when `own_c`."""
+    from stepper.ensemble import Member
+    initial = {name: sp.array((1.0 + 0.1 * k) * v, dtype=F) for name, v in initial_global().items()}
+    observed = sp.array(np.roll(observed_global(), k, axis=1), dtype=F)
+    params = {"c": np.array([0.25 + 0.01 * k])} if own_c else {}
+    return Member(initial, misfit_loss(observed, (N, M)), params)
+
+
+def ensemble(saved):
+    from stepper.ensemble import Ensemble
+    ens = Ensemble(serial_model())
+    shared = ens.gradient(MEMBERS, member, STEPS, schedule=lambda steps: sp.Revolve(steps, 3))
+    own = ens.gradient(MEMBERS, lambda k: member(k, own_c=True), STEPS)
+    saved["ensemble_loss"] = np.array(shared.loss)
+    saved["ensemble_losses"] = np.array(shared.losses)
+    saved["ensemble_c"] = shared.grads["c"].numpy()
+    saved["ensemble_own_has_shared_c"] = np.array("c" in own.grads)
+    grads = {k: r.grads["c"].numpy() for k, r in own.members.items()}
+    grads_u = {k: r.grads["u"].numpy() for k, r in shared.members.items()}
+    for k, g in ((k, g) for part in ens.comm.allgather(grads) for k, g in part.items()):
+        saved[f"ensemble_own_c_{k}"] = g
+    for k, g in ((k, g) for part in ens.comm.allgather(grads_u) for k, g in part.items()):
+        saved[f"ensemble_u_{k}"] = g
+    saved["ensemble_members_per_rank"] = np.array(ens.comm.allgather(len(shared.members)))
 
 
 def raise_on_rank_1():

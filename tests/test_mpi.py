@@ -113,6 +113,58 @@ def test_halo_exchange_adjoint_passes_dot_product_and_finite_difference_checks(j
 
 
 @needs_mpi
+def test_until_holding_on_one_rank_stops_every_rank_at_the_same_step(job, serial_7):
+    ranks, _, got = job
+    assert got["until_steps"].tolist() == [7] * ranks
+    assert got["online_steps"].tolist() == [7] * ranks
+    err = np.abs(got["online_u"] - serial_7).max() / np.abs(serial_7).max()
+    assert err <= 1e-12
+
+
+@pytest.fixture(scope="module")
+def serial_7():
+    model = mw.serial_model()
+    initial = {k: sp.array(v, dtype=mw.F) for k, v in mw.initial_global().items()}
+    observed = sp.array(mw.observed_global(), dtype=mw.F)
+    return model.gradient(initial, 7, loss=mw.misfit_loss(observed, (mw.N, mw.M)),
+                          schedule=sp.StoreAll(7)).grads["u"].numpy().copy()
+
+
+@pytest.fixture(scope="module")
+def members_one_by_one():
+    """Each member's gradient on one process, one after the other (shared c, then each with its own c)."""
+    model = mw.serial_model()
+    c = model.params["c"]
+    shared, own = [], []
+    for k in range(mw.MEMBERS):
+        m = mw.member(k)
+        shared.append(model.gradient(m.initial, mw.STEPS, loss=m.loss, schedule=sp.Revolve(mw.STEPS, 3)))
+        m = mw.member(k, own_c=True)
+        c.assign(m.params["c"])
+        own.append(model.gradient(m.initial, mw.STEPS, loss=m.loss))
+        c.assign(np.array([0.25]))
+    return shared, own
+
+
+@needs_mpi
+def test_ensemble_gradient_equals_the_sum_of_members_computed_one_by_one(job, members_one_by_one):
+    ranks, _, got = job
+    shared, own = members_one_by_one
+    total_loss, total_c = shared[0].loss, shared[0].grads["c"].numpy().copy()
+    for r in shared[1:]:
+        total_loss += r.loss
+        total_c = total_c + r.grads["c"].numpy()
+    assert float(got["ensemble_loss"]) == total_loss                  # bit for bit: summed in member order
+    np.testing.assert_array_equal(got["ensemble_c"], total_c)
+    assert got["ensemble_losses"].tolist() == [r.loss for r in shared]
+    for k in range(mw.MEMBERS):
+        np.testing.assert_array_equal(got[f"ensemble_u_{k}"], shared[k].grads["u"].numpy())
+        np.testing.assert_array_equal(got[f"ensemble_own_c_{k}"], own[k].grads["c"].numpy())
+    assert not bool(got["ensemble_own_has_shared_c"])                 # c is every member's own there
+    assert got["ensemble_members_per_rank"].tolist() == {1: [5], 2: [3, 2], 4: [2, 1, 1, 1]}[ranks]
+
+
+@needs_mpi
 def test_a_rank_that_raises_ends_every_rank_with_its_error(tmp_path):
     done = mpiexec(2, "raise", tmp_path)          # fails the test if the job hangs past TIMEOUT
     assert done.returncode != 0
