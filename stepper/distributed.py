@@ -34,6 +34,7 @@ communicator (``comm.Abort``), so that no rank waits forever for a message that 
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
 import traceback
@@ -307,10 +308,59 @@ class Distributed(Ranks):
     # -- running ----------------------------------------------------------------------------------------
     def rollout(self, initial, steps=None, **options):
         """`Model.rollout` on every rank from its block `initial`; ``until`` is decided on global
-        values (every rank stops when one's predicate holds), ``checkpoint=`` gets a per-rank path."""
+        values (every rank stops when one's predicate holds). ``checkpoint="run.h5"`` writes one
+        file per rank (``run.rank0000.h5``, ...) and, first, the decomposition to
+        ``run.decomposition.json``, which `resume` checks."""
         self._check_same("rollout", steps, options.get("schedule"))
+        path = options.get("checkpoint")
+        if isinstance(path, (str, os.PathLike)):
+            if self.rank == 0:
+                _write_durably(_sidecar(path), json.dumps(self._decomposition(), indent=1))
+            self.comm.Barrier()          # recorded before any rank writes a checkpoint
         options = self._per_rank(options)
         return self._guarded(lambda: self.model.rollout(initial, steps, **options))
+
+    def resume(self, path, steps=None, **options):
+        """Continue a rollout that wrote checkpoints to `path` (through `rollout`), on the same
+        decomposition, from the last step that every rank completed a snapshot of; snapshots some
+        ranks wrote beyond it are deleted first (the run recomputes them, with the same bits).
+        Another rank count or other states is a ModelError on every rank."""
+        self._check_same("resume", steps, None)
+        sidecar = _sidecar(path)
+        try:
+            with open(sidecar, encoding="utf-8") as f:
+                recorded = json.load(f)
+        except FileNotFoundError:
+            raise ModelError(f"resume({os.fspath(path)!r}): {sidecar} is missing, so the decomposition that wrote the "
+                             f"checkpoints is unknown; resume runs written by Distributed.rollout(checkpoint=...)") from None
+        mine = self._decomposition()
+        if recorded != mine:
+            raise ModelError(f"resume({os.fspath(path)!r}): the checkpoints were written by {recorded['ranks']} rank(s) "
+                             f"with {_describe_blocks(recorded)}, but this run has {self.size} rank(s) with "
+                             f"{_describe_blocks(mine)}; resume with mpiexec -n {recorded['ranks']} and the same states")
+        from checkpoint import HDF5Storage
+        mine_path = rank_path(path, self.rank, self.size)
+        if not os.path.isfile(mine_path):
+            raise ModelError(f"resume({os.fspath(path)!r}): rank {self.rank}'s checkpoint file {mine_path} is missing")
+        store = HDF5Storage(mine_path, mode="a")
+        try:
+            done = store.steps()
+            common = min(s[-1] if s else -1 for s in self.comm.allgather(done))
+            if common < 0:
+                raise ModelError(f"resume({os.fspath(path)!r}): some rank's file holds no complete snapshot")
+            for n in done:
+                if n > common:
+                    store.delete(n)
+        finally:
+            store.close()
+        options = self._per_rank(options)
+        return self._guarded(lambda: self.model.resume(mine_path, steps, **options))
+
+    def _decomposition(self) -> dict:
+        return {"ranks": self.size, "states": {
+            name: {"global_shape": list(p.global_shape), "dtype": str(p.dtype), "halo": p.halo,
+                   "blocks": [list(block_rows(p.global_shape[0], self.size, r)) for r in range(self.size)]}
+            for name, p in self.parts.items()}}
 
     def gradient(self, initial, steps=None, loss=None, schedule=None, storage=None, **options):
         """`Model.gradient` on every rank (see the module docstring): ``result.loss`` is the sum over
@@ -325,3 +375,22 @@ class Distributed(Ranks):
                 grads[name] = array(self.sum(grads[name].numpy()), dtype=p.dtype, device=p.device)
             return replace(result, loss=float(self.sum(result.loss)), grads=grads)
         return self._guarded(run)
+
+
+def _sidecar(path) -> str:
+    return os.path.splitext(os.fspath(path))[0] + ".decomposition.json"
+
+
+def _describe_blocks(decomposition: dict) -> str:
+    return "; ".join(f"'{name}' {tuple(d['global_shape'])} in blocks (offset, rows) "
+                     f"{', '.join(str(tuple(b)) for b in d['blocks'])}" for name, d in decomposition["states"].items())
+
+
+def _write_durably(path: str, text: str) -> None:
+    """Write `path` whole or not at all: a temporary file, flushed and fsynced, renamed into place."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

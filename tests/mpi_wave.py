@@ -96,7 +96,7 @@ def misfit_loss(observed, shape):
     return loss
 
 
-def distributed_model(fail_on_rank=None):
+def distributed_model(fail_on_rank=None, fail_at=5):
     from stepper.distributed import Distributed
     model = sp.Model()
     dist = Distributed(model)
@@ -107,7 +107,7 @@ def distributed_model(fail_on_rank=None):
 
     @model.step
     def step(s):
-        if dist.rank == fail_on_rank and s.n == 5:
+        if dist.rank == fail_on_rank and s.n == fail_at:
             raise ValueError(f"rank {dist.rank} cannot go on at step {s.n}")
         u = dist.exchange(s, "u")
         sp.launch(wave_block, shape, inputs=[u, s.prev.u_prev, offset, N, s.params.c, B],
@@ -239,6 +239,29 @@ def bad_declarations(outdir):
         np.save(os.path.join(outdir, "errors.npy"), np.array(everyone, dtype=object), allow_pickle=True)
 
 
+def checkpoint_then_raise(outdir):
+    """A rollout writing per-rank checkpoints every 4 steps; rank 1 raises at step 10."""
+    model, dist = distributed_model(fail_on_rank=1, fail_at=10)
+    dist.rollout(dist.scatter(initial_global()), STEPS, checkpoint=os.path.join(outdir, "run.h5"), checkpoint_every=4)
+
+
+def resume(outdir):
+    """Resume checkpoint_then_raise's run: to the end on its own rank count, a ModelError on another."""
+    model, dist = distributed_model()
+    try:
+        final = dist.resume(os.path.join(outdir, "run.h5"))
+    except sp.ModelError as exc:
+        messages = dist.comm.allgather(str(exc))
+        if dist.rank == 0:
+            np.save(os.path.join(outdir, f"resume_error{dist.size}.npy"), np.array(messages, dtype=object),
+                    allow_pickle=True)
+        return
+    saved = {"u": dist.gather(final.u), "u_prev": dist.gather(final.u_prev),
+             "steps": np.array(dist.comm.allgather((final.steps, final.stats.steps)))}
+    if dist.rank == 0:
+        np.savez(os.path.join(outdir, "resumed.npz"), **saved)
+
+
 if __name__ == "__main__":
     mode, out = sys.argv[1], sys.argv[2]
     if mode == "run":
@@ -247,5 +270,9 @@ if __name__ == "__main__":
         raise_on_rank_1()
     elif mode == "errors":
         bad_declarations(out)
+    elif mode == "checkpoint":
+        checkpoint_then_raise(out)
+    elif mode == "resume":
+        resume(out)
     else:
         raise SystemExit(f"unknown mode {mode!r}")

@@ -173,6 +173,43 @@ def test_a_rank_that_raises_ends_every_rank_with_its_error(tmp_path):
 
 
 @needs_mpi
+def test_checkpoints_before_a_raising_rank_are_kept_and_resume_only_on_the_same_decomposition(tmp_path):
+    done = mpiexec(2, "checkpoint", tmp_path)       # rank 1 raises at step 10; checkpoints every 4 steps
+    assert done.returncode != 0 and "ValueError: rank 1 cannot go on at step 10" in done.stderr
+    model = mw.serial_model()
+    initial = {k: sp.array(v, dtype=mw.F) for k, v in mw.initial_global().items()}
+    # What each rank kept: complete snapshots, each its block of the one-process state, bit for bit. Rank 1
+    # closed its file before aborting, so it holds step 8; rank 0 was killed, so its last write may be cut.
+    last = []
+    for rank, (offset, rows) in enumerate([(0, 7), (7, 6)]):
+        store = sp.HDF5Storage(tmp_path / f"run.rank{rank:04d}.h5", mode="r")
+        try:
+            kept = store.steps()
+            assert kept and set(kept) <= {0, 4, 8} and (rank == 0 or 8 in kept)
+            for n in kept:
+                snap, expected = store.read(n), model.rollout(initial, n) if n else initial
+                for name in ("u", "u_prev"):
+                    np.testing.assert_array_equal(snap.arrays[name], expected[name].numpy()[offset:offset + rows])
+        finally:
+            store.close()
+        last.append(kept[-1])
+    assert mpiexec(4, "resume", tmp_path).returncode == 0
+    messages = np.load(tmp_path / "resume_error4.npy", allow_pickle=True)
+    assert len(set(messages)) == 1 and messages[0].startswith(
+        f"resume('{tmp_path / 'run.h5'}'): the checkpoints were written by 2 rank(s) with 'u' (13, 9) in blocks "
+        f"(offset, rows) (0, 7), (7, 6)")
+    assert messages[0].endswith("resume with mpiexec -n 2 and the same states")
+    resumed = mpiexec(2, "resume", tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    got = np.load(tmp_path / "resumed.npz")
+    final = model.rollout(initial, mw.STEPS)
+    np.testing.assert_array_equal(got["u"], final.u.numpy())
+    np.testing.assert_array_equal(got["u_prev"], final.u_prev.numpy())
+    common = min(last)                              # the last step both ranks have a snapshot of
+    assert got["steps"].tolist() == [[mw.STEPS, mw.STEPS - common]] * 2
+
+
+@needs_mpi
 def test_bad_decompositions_are_clear_errors_on_every_rank(tmp_path):
     done = mpiexec(4, "errors", tmp_path)
     assert done.returncode == 0, done.stderr[-4000:]
