@@ -29,11 +29,13 @@ needs_mpi = pytest.mark.skipif(
 TIMEOUT = 180          # seconds for one mpiexec job: far above what it takes, so only a hang reaches it
 
 
-def mpiexec(ranks: int, mode: str, outdir) -> subprocess.CompletedProcess:
-    """Run tests/mpi_wave.py MODE OUTDIR on `ranks` ranks; kill the whole job if it outlives TIMEOUT."""
+def mpiexec(ranks: int, mode: str, outdir, script=os.path.join(HERE, "mpi_wave.py")) -> subprocess.CompletedProcess:
+    """Run `script` MODE OUTDIR (default tests/mpi_wave.py; MODE may be a list of arguments) on `ranks`
+    ranks; kill the whole job if it outlives TIMEOUT."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),
                STEPPER_PROGRESS="0")
-    cmd = [MPIEXEC, "-n", str(ranks), sys.executable, os.path.join(HERE, "mpi_wave.py"), mode, str(outdir)]
+    args = [mode, str(outdir)] if isinstance(mode, str) else list(mode)
+    cmd = [MPIEXEC, "-n", str(ranks), sys.executable, script, *args]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             start_new_session=True)
     try:
@@ -41,7 +43,7 @@ def mpiexec(ranks: int, mode: str, outdir) -> subprocess.CompletedProcess:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
-        pytest.fail(f"mpiexec -n {ranks} mpi_wave.py {mode} did not end within {TIMEOUT} s (a hang)\n{err[-3000:]}")
+        pytest.fail(f"mpiexec -n {ranks} {os.path.basename(script)} {mode} did not end within {TIMEOUT} s (a hang)\n{err[-3000:]}")
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
@@ -220,6 +222,19 @@ def test_bad_decompositions_are_clear_errors_on_every_rank(tmp_path):
                                "halo comes from the next rank only, so use fewer ranks or a smaller halo")
         assert messages[1].startswith("rollout: rank 1 declares or runs something else than rank 0")
         assert "(14, 9)" in messages[1] and "(13, 9)" in messages[1]
+
+
+@needs_mpi
+def test_wave_mpi_example_on_two_ranks_follows_the_one_rank_run(tmp_path):
+    args = ["--size", "12", "--steps", "100", "--iterations", "2", "--ram", "3", "--disk", "4"]
+    losses = {}
+    for ranks in (1, 2):
+        done = mpiexec(ranks, args, None, script=os.path.join(ROOT, "examples", "wave_mpi.py"))
+        assert done.returncode == 0, done.stderr[-4000:]
+        losses[ranks] = [float(v) for v in done.stdout.split("losses:")[1].split()]
+    assert losses[2][-1] < 0.2 * losses[2][0]
+    # float32 misfits summed per rank then over ranks: the same to rounding, not to the bit
+    np.testing.assert_allclose(losses[2], losses[1], rtol=1e-5)
 
 
 def test_missing_mpi4py_is_a_clear_error(monkeypatch):
