@@ -37,6 +37,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 import traceback
 from dataclasses import dataclass, replace
 
@@ -155,6 +156,8 @@ class Distributed(Ranks):
         super().__init__(model, comm, abort_on_error)
         self.parts: dict[str, Partition] = {}
         self._tags: dict[str, int] = {}
+        self.exchanges = 0                   # halo exchanges run (forward and adjoint) by this rank
+        self.exchange_seconds = 0.0          # and the time they took, waiting for neighbours included
 
     # -- declarations ------------------------------------------------------------------------------
     def state(self, name: str, global_shape, dtype=float, *, halo: int = 0) -> Partition:
@@ -286,9 +289,12 @@ class Distributed(Ranks):
 
     def _swap(self, sends, recvs) -> None:
         """Post every receive and send (non-blocking), then wait for all of them."""
+        began = time.perf_counter()
         requests = [self.comm.Irecv(buf, source=src, tag=tag) for buf, src, tag in recvs]
         requests += [self.comm.Isend(np.ascontiguousarray(buf), dest=dst, tag=tag) for buf, dst, tag in sends]
         self._MPI.Request.Waitall(requests)
+        self.exchanges += 1
+        self.exchange_seconds += time.perf_counter() - began
 
     # -- checks ------------------------------------------------------------------------------------------
     def _check_same(self, what: str, steps, schedule) -> None:
