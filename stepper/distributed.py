@@ -244,6 +244,8 @@ class Distributed(Ranks):
                              f"{(rows + 2 * h,) + part.local_shape[1:]} rows, got {x.shape} and {out.shape}")
         tape = active_tape()
         if tape is not None:
+            # Not a launch (op.launch is None), so stepper/trace.py never replays a step that makes
+            # it without calling the step function: recomputations exchange halos too.
             op = RecordedOp(f"halo exchange of '{name}'", {"block": x}, {"halo": out}, {},
                             lambda: self._backward(part, x, out), caller_location())
             if x.requires_grad and out.requires_grad:
@@ -265,10 +267,10 @@ class Distributed(Ranks):
         out._mark_written()
 
     def _backward(self, part: Partition, x: array, out: array) -> None:
-        if out.grad is None or x.grad is None:
-            return
+        # The neighbours wait for this rank's halo adjoints whatever its own gradients are, so the
+        # messages go out even when there is nothing to send (zeros) or nowhere to add.
         h, rows = part.halo, part.rows
-        g = out.grad.numpy()
+        g = out.grad.numpy() if out.grad is not None else np.zeros(out.numpy().shape, out.numpy().dtype)
         add = np.array(g[h:h + rows])
         if h:
             up, down = self._neighbours()
@@ -279,7 +281,8 @@ class Distributed(Ranks):
                        [(from_up, up, tag + 1), (from_down, down, tag)])
             add[:h] += from_up
             add[rows - h:] += from_down
-        x.grad._add_host(add)
+        if x.grad is not None:
+            x.grad._add_host(add)
 
     def _neighbours(self):
         proc_null = self._MPI.PROC_NULL
@@ -370,7 +373,8 @@ class Distributed(Ranks):
 
     def gradient(self, initial, steps=None, loss=None, schedule=None, storage=None, **options):
         """`Model.gradient` on every rank (see the module docstring): ``result.loss`` is the sum over
-        ranks, parameters' gradients are summed over ranks, states' gradients are this rank's block."""
+        ranks, parameters' gradients are summed over ranks; states' gradients and ``result.final``
+        are this rank's block."""
         self._check_same("gradient", steps, schedule)
         options = self._per_rank(dict(options, storage=storage))
 
