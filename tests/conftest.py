@@ -28,9 +28,10 @@ def pytest_configure(config):
         raise pytest.UsageError(f"--device {spec}: {e}") from None
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def device(request) -> str:
-    """The device that device-agnostic tests create their arrays on (``--device``, default cpu)."""
+    """The device that device-agnostic tests create their arrays on (``--device``, default cpu).
+    Session-scoped, so that module-scoped fixtures that launch kernels can take it too."""
     return request.config.getoption("--device")
 
 

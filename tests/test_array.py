@@ -11,29 +11,29 @@ from compiler.types import float32, float64, int32, int64, mat33, vec2, vec3, ve
 
 
 # -- creation and dtype inference -----------------------------------------------------------------
-def test_python_floats_are_float32_and_ints_int32():
-    assert array([1.0, 2.0, 3.0]).dtype == float32
-    assert array([1, 2, 3]).dtype == int32
-    assert array([[1, 2], [3, 4]]).shape == (2, 2)
+def test_python_floats_are_float32_and_ints_int32(device):
+    assert array([1.0, 2.0, 3.0], device=device).dtype == float32
+    assert array([1, 2, 3], device=device).dtype == int32
+    assert array([[1, 2], [3, 4]], device=device).shape == (2, 2)
 
 
-def test_numpy_data_keeps_its_dtype():
-    assert array(np.arange(3, dtype=np.float64)).dtype == float64
-    assert array(np.arange(3, dtype=np.int64)).dtype == int64
-    assert array(np.zeros(2, np.float32)).dtype == float32
+def test_numpy_data_keeps_its_dtype(device):
+    assert array(np.arange(3, dtype=np.float64), device=device).dtype == float64
+    assert array(np.arange(3, dtype=np.int64), device=device).dtype == int64
+    assert array(np.zeros(2, np.float32), device=device).dtype == float32
 
 
-def test_explicit_dtype_converts_and_python_types_are_accepted():
-    a = array([1, 2, 3], dtype=float)
+def test_explicit_dtype_converts_and_python_types_are_accepted(device):
+    a = array([1, 2, 3], dtype=float, device=device)
     assert a.dtype == float32
     np.testing.assert_array_equal(a.numpy(), [1.0, 2.0, 3.0])
-    assert array([1.5], dtype=float64).numpy().dtype == np.float64
-    assert zeros(2, dtype=int).dtype == int32
+    assert array([1.5], dtype=float64, device=device).numpy().dtype == np.float64
+    assert zeros(2, dtype=int, device=device).dtype == int32
 
 
-def test_vec3_from_n_by_3_numpy():
+def test_vec3_from_n_by_3_numpy(device):
     data = np.arange(12, dtype=np.float32).reshape(4, 3)
-    a = array(data, dtype=vec3)
+    a = array(data, dtype=vec3, device=device)
     assert a.shape == (4,)
     assert a.ndim == 1 and a.size == 4 and len(a) == 4
     assert a.dtype == vec3
@@ -41,73 +41,75 @@ def test_vec3_from_n_by_3_numpy():
     np.testing.assert_array_equal(a.numpy(), data)
 
 
-def test_single_vector_becomes_one_element():
-    assert array([1.0, 2.0, 3.0], dtype=vec3).shape == (1,)
+def test_single_vector_becomes_one_element(device):
+    assert array([1.0, 2.0, 3.0], dtype=vec3, device=device).shape == (1,)
 
 
-def test_mat33_and_generic_vectors():
-    assert array(np.zeros((5, 3, 3)), dtype=mat33).shape == (5,)
-    v5 = array(np.zeros((2, 5)), dtype=vector(5, float64))
+def test_mat33_and_generic_vectors(device):
+    assert array(np.zeros((5, 3, 3)), dtype=mat33, device=device).shape == (5,)
+    v5 = array(np.zeros((2, 5)), dtype=vector(5, float64), device=device)
     assert v5.shape == (2,) and v5.numpy().dtype == np.float64
 
 
-def test_mismatched_trailing_shape_names_what_was_expected():
+def test_mismatched_trailing_shape_names_what_was_expected(device):
     with pytest.raises(ValueError, match=r"dtype=vec3.*expected data of shape \(\.\.\., 3\).*\(4, 2\)"):
-        array(np.zeros((4, 2)), dtype=vec3)
+        array(np.zeros((4, 2)), dtype=vec3, device=device)
 
 
-def test_bad_dtype_names_the_argument():
+def test_bad_dtype_names_the_argument(device):
     with pytest.raises(TypeError, match=r"array\(dtype='complex64'\)"):
-        array([1.0], dtype="complex64")
+        array([1.0], dtype="complex64", device=device)
     with pytest.raises(TypeError, match=r"zeros\(dtype=.*str"):
-        zeros(3, dtype=str)
+        zeros(3, dtype=str, device=device)
 
 
-def test_unsupported_numpy_dtype_names_data():
+def test_unsupported_numpy_dtype_names_data(device):
     with pytest.raises(TypeError, match=r"array\(data=\.\.\.\).*float16.*dtype="):
-        array(np.zeros(3, np.float16))
+        array(np.zeros(3, np.float16), device=device)
 
 
-def test_bad_shapes_name_the_argument():
+def test_bad_shapes_name_the_argument(device):
     with pytest.raises(ValueError, match=r"zeros\(shape=\(1, 1, 1, 1, 1\)\).*1 to 4 dimensions"):
-        zeros((1, 1, 1, 1, 1))
+        zeros((1, 1, 1, 1, 1), device=device)
     with pytest.raises(ValueError, match=r"zeros\(shape=-1\)"):
-        zeros(-1)
+        zeros(-1, device=device)
     with pytest.raises(ValueError, match=r"array\(data=\.\.\.\).*1 to 4 dimensions"):
-        array(np.zeros((1, 1, 1, 1, 1)))
+        array(np.zeros((1, 1, 1, 1, 1)), device=device)
     with pytest.raises(ValueError, match=r"1 to 4 dimensions"):
-        array(np.float32(1.0))
+        array(np.float32(1.0), device=device)
 
 
-def test_shape_with_data_reshapes_and_checks_size():
-    assert array(np.arange(6), shape=(2, 3)).shape == (2, 3)
+def test_shape_with_data_reshapes_and_checks_size(device):
+    assert array(np.arange(6), shape=(2, 3), device=device).shape == (2, 3)
     with pytest.raises(ValueError, match=r"data has 5 values"):
-        array(np.arange(5), shape=(2, 3))
+        array(np.arange(5), shape=(2, 3), device=device)
 
 
-def test_ragged_data_is_a_clear_error():
+def test_ragged_data_is_a_clear_error(device):
     with pytest.raises(ValueError, match=r"array\(data=\.\.\.\)"):
-        array([[1.0, 2.0], [3.0]])
+        array([[1.0, 2.0], [3.0]], device=device)
 
 
-def test_creation_functions():
-    np.testing.assert_array_equal(zeros(3).numpy(), [0, 0, 0])
-    np.testing.assert_array_equal(ones((2, 2), dtype=vec2).numpy(), np.ones((2, 2, 2)))
-    assert empty(4, dtype=float64).numpy().shape == (4,)
-    np.testing.assert_array_equal(full(2, 7.5).numpy(), [7.5, 7.5])
-    assert full(2, 7.5).dtype == float32
-    assert full(2, 7).dtype == int32
-    v = full(3, [1.0, 2.0, 3.0])
+def test_creation_functions(device):
+    np.testing.assert_array_equal(zeros(3, device=device).numpy(), [0, 0, 0])
+    np.testing.assert_array_equal(ones((2, 2), dtype=vec2, device=device).numpy(), np.ones((2, 2, 2)))
+    assert empty(4, dtype=float64, device=device).numpy().shape == (4,)
+    np.testing.assert_array_equal(full(2, 7.5, device=device).numpy(), [7.5, 7.5])
+    assert full(2, 7.5, device=device).dtype == float32
+    assert full(2, 7, device=device).dtype == int32
+    v = full(3, [1.0, 2.0, 3.0], device=device)
     assert v.dtype == vec3
     np.testing.assert_array_equal(v.numpy(), [[1, 2, 3]] * 3)
-    assert full(2, np.float64(1.0)).dtype == float64
-    np.testing.assert_array_equal(full(2, 0.5, dtype=vec3).numpy(), np.full((2, 3), 0.5))
+    assert full(2, np.float64(1.0), device=device).dtype == float64
+    np.testing.assert_array_equal(full(2, 0.5, dtype=vec3, device=device).numpy(), np.full((2, 3), 0.5))
+    assert zeros(3, device=device).device == str(get_device(device))
 
 
-def test_like_functions_copy_shape_dtype_and_requires_grad():
-    x = array(np.zeros((2, 3)), dtype=vec3, requires_grad=True)
+def test_like_functions_copy_shape_dtype_device_and_requires_grad(device):
+    x = array(np.zeros((2, 3)), dtype=vec3, requires_grad=True, device=device)
     for like in (zeros_like(x), ones_like(x), empty_like(x), full_like(x, 2.0)):
         assert like.shape == (2,) and like.dtype == vec3 and like.requires_grad
+        assert like.device == x.device
     assert not zeros_like(x, requires_grad=False).requires_grad
     np.testing.assert_array_equal(full_like(x, 2.0).numpy(), np.full((2, 3), 2.0))
 
@@ -132,12 +134,12 @@ def test_copy_false_refuses_what_it_cannot_adopt():
         array([1.0, 2.0], copy=False)
 
 
-def test_array_from_array_copies():
-    a = array([1.0, 2.0])
-    b = array(a)
+def test_array_from_array_copies(device):
+    a = array([1.0, 2.0], device=device)
+    b = array(a, device=device)
     b.fill_(5.0)
     assert a.numpy().tolist() == [1.0, 2.0]
-    assert array(a, dtype=float64).dtype == float64
+    assert array(a, dtype=float64, device=device).dtype == float64
 
 
 # -- interop --------------------------------------------------------------------------------------
@@ -149,9 +151,9 @@ def test_numpy_is_a_zero_copy_view():
     assert view.ctypes.data == a.ptr
 
 
-def test_strides_are_logical_and_in_bytes():
-    assert zeros((2, 5), dtype=vec3).strides == (5 * 12, 12)
-    assert zeros(4, dtype=float64).strides == (8,)
+def test_strides_are_logical_and_in_bytes(device):
+    assert zeros((2, 5), dtype=vec3, device=device).strides == (5 * 12, 12)
+    assert zeros(4, dtype=float64, device=device).strides == (8,)
 
 
 def test_array_interface_is_zero_copy():
@@ -180,13 +182,14 @@ def test_dlpack_round_trip():
     np.testing.assert_array_equal(array(OnlyDLPack()).numpy(), [0.0, 1.0, 2.0, 3.0])
 
 
-def test_repr_shows_values_dtype_and_grad():
-    assert repr(array([1.0, 2.0], requires_grad=True)) == \
-        "array([1., 2.], dtype=float32, device='cpu', requires_grad=True)"
+def test_repr_shows_values_dtype_and_grad(device):
+    name = str(get_device(device))
+    assert repr(array([1.0, 2.0], requires_grad=True, device=device)) == \
+        f"array([1., 2.], dtype=float32, device='{name}', requires_grad=True)"
 
 
-def test_reshape_and_flatten_are_views():
-    a = zeros((2, 3))
+def test_reshape_and_flatten_are_views(device):
+    a = zeros((2, 3), device=device)
     flat = a.flatten()
     assert flat.shape == (6,)
     flat.fill_(1.0)
@@ -195,8 +198,8 @@ def test_reshape_and_flatten_are_views():
 
 
 # -- versions ---------------------------------------------------------------------------------------
-def test_every_host_mutation_bumps_the_version():
-    a = zeros(3)
+def test_every_host_mutation_bumps_the_version(device):
+    a = zeros(3, device=device)
     assert a.version == 0
     a.assign([1.0, 2.0, 3.0])
     assert a.version == 1
@@ -204,7 +207,7 @@ def test_every_host_mutation_bumps_the_version():
     assert a.version == 2
     a.zero_()
     assert a.version == 3
-    copy(a, ones(3))
+    copy(a, ones(3, device=device))
     assert a.version == 4
     a._mark_written()
     assert a.version == 5
@@ -212,8 +215,8 @@ def test_every_host_mutation_bumps_the_version():
     assert a.version == 5
 
 
-def test_assign_and_fill_check_shapes():
-    a = zeros(2, dtype=vec3)
+def test_assign_and_fill_check_shapes(device):
+    a = zeros(2, dtype=vec3, device=device)
     a.fill_([1.0, 2.0, 3.0])
     np.testing.assert_array_equal(a.numpy(), [[1, 2, 3], [1, 2, 3]])
     with pytest.raises(ValueError, match=r"fill_\(value\).*vec3"):
@@ -221,27 +224,27 @@ def test_assign_and_fill_check_shapes():
     with pytest.raises(ValueError, match=r"assign\(src\).*\(2, 3\)"):
         a.assign(np.zeros((3, 3)))
     with pytest.raises(ValueError, match=r"assign\(src\)"):
-        a.assign(zeros(3, dtype=vec3))
+        a.assign(zeros(3, dtype=vec3, device=device))
 
 
-def test_copy_with_offsets_and_count():
-    dest = zeros(5)
-    copy(dest, array([1.0, 2.0, 3.0, 4.0]), dest_offset=1, src_offset=2, count=2)
+def test_copy_with_offsets_and_count(device):
+    dest = zeros(5, device=device)
+    copy(dest, array([1.0, 2.0, 3.0, 4.0], device=device), dest_offset=1, src_offset=2, count=2)
     np.testing.assert_array_equal(dest.numpy(), [0, 3, 4, 0, 0])
     with pytest.raises(ValueError, match=r"dest has only 5 elements"):
-        copy(dest, zeros(6))
+        copy(dest, zeros(6, device=device))
     with pytest.raises(TypeError, match=r"dtypes differ"):
-        copy(dest, zeros(5, dtype=float64))
+        copy(dest, zeros(5, dtype=float64, device=device))
     with pytest.raises(TypeError, match=r"copy\(src=\.\.\.\)"):
         copy(dest, np.zeros(5))
 
 
 # -- gradients ----------------------------------------------------------------------------------------
-def test_requires_grad_allocates_a_zero_grad():
-    a = array(np.ones((3, 3)), dtype=vec3, requires_grad=True)
-    assert a.grad.shape == (3,) and a.grad.dtype == vec3
+def test_requires_grad_allocates_a_zero_grad(device):
+    a = array(np.ones((3, 3)), dtype=vec3, requires_grad=True, device=device)
+    assert a.grad.shape == (3,) and a.grad.dtype == vec3 and a.grad.device == a.device
     np.testing.assert_array_equal(a.grad.numpy(), np.zeros((3, 3)))
-    b = zeros(2)
+    b = zeros(2, device=device)
     assert b.grad is None and not b.requires_grad
     b.requires_grad = True
     np.testing.assert_array_equal(b.grad.numpy(), [0, 0])
@@ -249,24 +252,24 @@ def test_requires_grad_allocates_a_zero_grad():
     assert b.grad is None
 
 
-def test_grad_is_assignable_and_checked():
-    a = zeros(3)
-    g = ones(3)
+def test_grad_is_assignable_and_checked(device):
+    a = zeros(3, device=device)
+    g = ones(3, device=device)
     a.grad = g
     assert a.grad is g and a.requires_grad
     with pytest.raises(ValueError, match=r"shape \(3,\)"):
-        a.grad = ones(4)
+        a.grad = ones(4, device=device)
 
 
-def test_integer_arrays_cannot_require_grad():
+def test_integer_arrays_cannot_require_grad(device):
     with pytest.raises(TypeError, match="floating-point"):
-        zeros(3, dtype=int32, requires_grad=True)
+        zeros(3, dtype=int32, requires_grad=True, device=device)
 
 
-def test_clone_copies_data_and_requires_grad():
-    x = array([1.0, 2.0], requires_grad=True)
+def test_clone_copies_data_and_requires_grad(device):
+    x = array([1.0, 2.0], requires_grad=True, device=device)
     y = clone(x)
-    assert y.requires_grad and y.ptr != x.ptr
+    assert y.requires_grad and y.ptr != x.ptr and y.device == x.device
     np.testing.assert_array_equal(y.numpy(), x.numpy())
     assert not clone(x, requires_grad=False).requires_grad
 
@@ -306,8 +309,9 @@ def test_a_gpu_the_machine_lacks_is_named(monkeypatch):
 
 
 def test_real_cuda_probe_gives_a_clear_answer():
-    # On a machine without a GPU this is the RuntimeError; with one, the not-yet-implemented error.
-    with pytest.raises((RuntimeError, NotImplementedError), match="cuda|CUDA"):
+    if device_mod.is_cuda_available():
+        pytest.skip("this machine has a CUDA device (or STEPPER_CUDA_SIM=1): the probe finds it")
+    with pytest.raises(RuntimeError, match="no NVIDIA driver/GPU was found.*STEPPER_CUDA_SIM=1"):
         zeros(1, device="cuda")
 
 

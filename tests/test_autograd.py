@@ -53,19 +53,19 @@ def prefix_accumulate(a: sp.array(dtype=float)):
 
 
 # -- jacobian / jacobian_fd ------------------------------------------------------------------------
-def test_jacobian_of_a_square_is_diag_2x():
-    x = sp.array([1.0, 2.0, 3.0], requires_grad=True)
-    y = sp.zeros(3, requires_grad=True)
+def test_jacobian_of_a_square_is_diag_2x(device):
+    x = sp.array([1.0, 2.0, 3.0], requires_grad=True, device=device)
+    y = sp.zeros(3, requires_grad=True, device=device)
     jacs = autograd.jacobian(square, 3, inputs=[x], outputs=[y])
     assert list(jacs) == [("x", "y")]
     np.testing.assert_array_equal(jacs["x", "y"], np.diag([2.0, 4.0, 6.0]))
     assert jacs["x", "y"].dtype == np.float64
 
 
-def test_jacobian_fd_float64_matches_analytic_to_1e8():
+def test_jacobian_fd_float64_matches_analytic_to_1e8(device):
     xs = np.array([0.5, -1.0, 2.0, 0.25])
-    x = sp.array(xs, requires_grad=True)
-    y = sp.zeros(4, dtype=sp.float64, requires_grad=True)
+    x = sp.array(xs, requires_grad=True, device=device)
+    y = sp.zeros(4, dtype=sp.float64, requires_grad=True, device=device)
     expected = np.diag(3 * xs ** 2)
     for i in range(4):
         expected[i, (i + 1) % 4] += 2.0
@@ -74,19 +74,19 @@ def test_jacobian_fd_float64_matches_analytic_to_1e8():
                                rtol=0, atol=1e-8)
 
 
-def test_jacobian_fd_float32_uses_a_step_that_float32_can_resolve():
+def test_jacobian_fd_float32_uses_a_step_that_float32_can_resolve(device):
     # eps=1e-7 would be below float32 resolution at x = 3; the float32 step floor keeps it accurate.
-    x = sp.array([0.3, 1.0, 3.0], requires_grad=True)
-    y = sp.zeros(3, requires_grad=True)
+    x = sp.array([0.3, 1.0, 3.0], requires_grad=True, device=device)
+    y = sp.zeros(3, requires_grad=True, device=device)
     fd = autograd.jacobian_fd(square, 3, [x], [y], eps=1e-7)["x", "y"]
     np.testing.assert_allclose(fd, np.diag(2 * x.numpy().astype(np.float64)), rtol=1e-3, atol=1e-4)
 
 
-def test_vector_elements_count_component_by_component():
-    a = sp.array([2.0, -1.0], requires_grad=True)
-    b = sp.array([[3.0, 1.0, 2.0], [-4.0, -1.0, 0.5]], dtype=sp.vec3, requires_grad=True)
-    out1 = sp.zeros(2, dtype=sp.vec2, requires_grad=True)
-    out2 = sp.zeros(2, requires_grad=True)
+def test_vector_elements_count_component_by_component(device):
+    a = sp.array([2.0, -1.0], requires_grad=True, device=device)
+    b = sp.array([[3.0, 1.0, 2.0], [-4.0, -1.0, 0.5]], dtype=sp.vec3, requires_grad=True, device=device)
+    out1 = sp.zeros(2, dtype=sp.vec2, requires_grad=True, device=device)
+    out2 = sp.zeros(2, requires_grad=True, device=device)
     jacs = autograd.jacobian(mixed, 2, inputs=[a, b], outputs=[out1, out2])
     assert set(jacs) == {("a", "out1"), ("b", "out1"), ("a", "out2"), ("b", "out2")}
     assert jacs["b", "out1"].shape == (4, 6)
@@ -103,11 +103,11 @@ def test_vector_elements_count_component_by_component():
         np.testing.assert_allclose(jacs[key], fd[key], rtol=1e-2, atol=1e-3)
 
 
-def test_mask_by_name_and_limits_leave_nan():
-    a = sp.array([2.0, -1.0], requires_grad=True)
-    b = sp.array([[3.0, 1.0, 2.0], [-4.0, -1.0, 0.5]], dtype=sp.vec3, requires_grad=True)
-    out1 = sp.zeros(2, dtype=sp.vec2, requires_grad=True)
-    out2 = sp.zeros(2, requires_grad=True)
+def test_mask_by_name_and_limits_leave_nan(device):
+    a = sp.array([2.0, -1.0], requires_grad=True, device=device)
+    b = sp.array([[3.0, 1.0, 2.0], [-4.0, -1.0, 0.5]], dtype=sp.vec3, requires_grad=True, device=device)
+    out1 = sp.zeros(2, dtype=sp.vec2, requires_grad=True, device=device)
+    out2 = sp.zeros(2, requires_grad=True, device=device)
     args = dict(dim=2, inputs=[a, b], outputs=[out1, out2], input_output_mask=[("a", "out1"), ("b", "out2")])
     jacs = autograd.jacobian(mixed, max_outputs_per_var=1, **args)
     assert set(jacs) == {("a", "out1"), ("b", "out2")}
@@ -120,17 +120,17 @@ def test_mask_by_name_and_limits_leave_nan():
         autograd.jacobian(mixed, 2, [a, b], [out1, out2], input_output_mask=[("a", "nope")])
 
 
-def test_only_arrays_with_requires_grad_take_part():
-    x = sp.array([1.0, 2.0])
-    y = sp.zeros(2, requires_grad=True)
+def test_only_arrays_with_requires_grad_take_part(device):
+    x = sp.array([1.0, 2.0], device=device)
+    y = sp.zeros(2, requires_grad=True, device=device)
     with pytest.raises(ValueError, match="requires_grad=True"):
         autograd.jacobian(square, 2, [x], [y])
 
 
-def test_kernel_runs_on_copies_and_leaves_arrays_and_tapes_alone():
-    x = sp.array([1.0, 2.0, 3.0], requires_grad=True)
-    y = sp.full(3, 7.0, requires_grad=True)
-    x.grad.numpy()[...] = 5.0
+def test_kernel_runs_on_copies_and_leaves_arrays_and_tapes_alone(device):
+    x = sp.array([1.0, 2.0, 3.0], requires_grad=True, device=device)
+    y = sp.full(3, 7.0, requires_grad=True, device=device)
+    x.grad.fill_(5.0)
     versions = (x.version, y.version)
     outer = sp.Tape()
     with outer:
@@ -143,26 +143,26 @@ def test_kernel_runs_on_copies_and_leaves_arrays_and_tapes_alone():
     assert (x.version, y.version) == versions
 
 
-def test_non_array_arguments_pass_through():
-    x = sp.array([1.0, -2.0], requires_grad=True)
-    y = sp.zeros(2, requires_grad=True)
+def test_non_array_arguments_pass_through(device):
+    x = sp.array([1.0, -2.0], requires_grad=True, device=device)
+    y = sp.zeros(2, requires_grad=True, device=device)
     np.testing.assert_array_equal(autograd.jacobian(scale_into, 2, [x, 3.0], [y])["x", "y"], 3 * np.eye(2))
 
 
-def test_an_array_read_and_accumulated_is_both_input_and_output():
+def test_an_array_read_and_accumulated_is_both_input_and_output(device):
     # a[i] += a[0]^2 for i > 0: d a_out / d a_in = I + (column 0 gets 2 a0 below the diagonal)
-    a = sp.array([3.0, 1.0, 1.0], requires_grad=True)
+    a = sp.array([3.0, 1.0, 1.0], requires_grad=True, device=device)
     jac = autograd.jacobian(prefix_accumulate, 3, [a])["a", "a"]
     np.testing.assert_array_equal(jac, [[1, 0, 0], [6, 1, 0], [6, 0, 1]])
     assert autograd.gradcheck(prefix_accumulate, 3, [a], show_summary=False)
 
 
 # -- gradcheck -------------------------------------------------------------------------------------
-def test_gradcheck_passes_and_prints_a_table(capsys):
-    a = sp.array([2.0, -1.0], requires_grad=True)
-    b = sp.array([[3.0, 1.0, 2.0], [-4.0, -1.0, 0.5]], dtype=sp.vec3, requires_grad=True)
-    out1 = sp.zeros(2, dtype=sp.vec2, requires_grad=True)
-    out2 = sp.zeros(2, requires_grad=True)
+def test_gradcheck_passes_and_prints_a_table(capsys, device):
+    a = sp.array([2.0, -1.0], requires_grad=True, device=device)
+    b = sp.array([[3.0, 1.0, 2.0], [-4.0, -1.0, 0.5]], dtype=sp.vec3, requires_grad=True, device=device)
+    out1 = sp.zeros(2, dtype=sp.vec2, requires_grad=True, device=device)
+    out2 = sp.zeros(2, requires_grad=True, device=device)
     assert autograd.gradcheck(mixed, 2, [a, b], [out1, out2]) is True
     text = capsys.readouterr().out
     assert "Max Abs Error" in text and "Max Rel Error" in text
@@ -170,29 +170,30 @@ def test_gradcheck_passes_and_prints_a_table(capsys):
     assert "Gradient check for kernel 'mixed' passed" in text
 
 
-def test_gradcheck_with_accumulating_output():
-    y = sp.array([0.1, 0.7, 2.0], requires_grad=True)
-    loss = sp.full(1, 10.0, requires_grad=True)     # an initial value cancels in central differences
+def test_gradcheck_with_accumulating_output(device):
+    y = sp.array([0.1, 0.7, 2.0], requires_grad=True, device=device)
+    loss = sp.full(1, 10.0, requires_grad=True, device=device)     # an initial value cancels in central differences
     assert autograd.gradcheck(sine_sum, 3, [y], [loss], show_summary=False)
     jac = autograd.jacobian_fd(sine_sum, 3, [y], [loss])["y", "loss"]
     np.testing.assert_allclose(jac[0], np.cos(y.numpy().astype(np.float64)), rtol=1e-3)
 
 
 def _wrong_double(x):
-    """y = 2 x with a recorded adjoint that claims dy/dx = 3."""
+    """y = 2 x with a recorded adjoint that claims dy/dx = 3 (a Python stand-in for a kernel: it writes
+    memory as a kernel does, without bumping versions)."""
     y = sp.zeros_like(x, requires_grad=True)
-    y.numpy()[...] = 2.0 * x.numpy()
+    y._write_host(2.0 * x.numpy())
 
     def backward():
-        x.grad.numpy()[...] += 3.0 * y.grad.numpy()
+        x.grad._add_host(3.0 * y.grad.numpy())
     tape = active_tape()
     if tape is not None:
         tape.record_func(backward, [x, y], name="wrong_double")
     return y
 
 
-def test_gradcheck_fails_on_a_wrong_gradient(capsys):
-    x = sp.array([1.0, 2.0], requires_grad=True)
+def test_gradcheck_fails_on_a_wrong_gradient(capsys, device):
+    x = sp.array([1.0, 2.0], requires_grad=True, device=device)
     assert autograd.gradcheck(_wrong_double, inputs=[x], raise_exception=False) is False
     text = capsys.readouterr().out
     assert "FAIL" in text and "function '_wrong_double' FAILED" in text
@@ -202,26 +203,26 @@ def test_gradcheck_fails_on_a_wrong_gradient(capsys):
 
 def _square_then_sine(x):
     y = sp.zeros_like(x, requires_grad=True)
-    loss = sp.zeros(1, requires_grad=True)
+    loss = sp.zeros(1, requires_grad=True, device=x.device)
     sp.launch(square, len(x), inputs=[x], outputs=[y])
     sp.launch(sine_sum, len(x), inputs=[y], outputs=[loss])
     return loss
 
 
-def test_python_function_of_several_launches():
+def test_python_function_of_several_launches(device):
     xs = np.array([0.2, 0.9, -1.3])
-    x = sp.array(xs, dtype=sp.float32, requires_grad=True)
-    x.grad.numpy()[...] = 1.0
+    x = sp.array(xs, dtype=sp.float32, requires_grad=True, device=device)
+    x.grad.fill_(1.0)
     jac = autograd.jacobian(_square_then_sine, inputs=[x])["x", "output_0"]
     np.testing.assert_allclose(jac[0], 2 * xs * np.cos(xs ** 2), rtol=1e-5)
     np.testing.assert_array_equal(x.grad.numpy(), [1.0, 1.0, 1.0])     # restored
     assert autograd.gradcheck(_square_then_sine, inputs=[x], show_summary=False)
 
 
-def test_python_function_writing_given_outputs_that_accumulate():
-    x = sp.array([0.5, 1.5], requires_grad=True)
-    y = sp.zeros(2, requires_grad=True)
-    loss = sp.zeros(1, requires_grad=True)
+def test_python_function_writing_given_outputs_that_accumulate(device):
+    x = sp.array([0.5, 1.5], requires_grad=True, device=device)
+    y = sp.zeros(2, requires_grad=True, device=device)
+    loss = sp.zeros(1, requires_grad=True, device=device)
 
     def f(x):
         sp.launch(square, 2, inputs=[x], outputs=[y])
@@ -236,10 +237,10 @@ def test_python_function_writing_given_outputs_that_accumulate():
 
 
 # -- gradcheck_tape --------------------------------------------------------------------------------
-def test_gradcheck_tape_checks_every_launch_and_leaves_the_tape_usable(capsys):
-    x = sp.array([0.3, 1.1, 2.0], requires_grad=True)
-    y = sp.zeros(3, requires_grad=True)
-    loss = sp.zeros(1, requires_grad=True)
+def test_gradcheck_tape_checks_every_launch_and_leaves_the_tape_usable(capsys, device):
+    x = sp.array([0.3, 1.1, 2.0], requires_grad=True, device=device)
+    y = sp.zeros(3, requires_grad=True, device=device)
+    loss = sp.zeros(1, requires_grad=True, device=device)
     tape = sp.Tape()
     with tape:
         sp.launch(square, 3, inputs=[x], outputs=[y])
@@ -255,10 +256,10 @@ def test_gradcheck_tape_checks_every_launch_and_leaves_the_tape_usable(capsys):
     np.testing.assert_allclose(x.grad.numpy(), 2 * xs * np.cos(xs ** 2), rtol=1e-5)
 
 
-def test_gradcheck_tape_white_and_blacklists(capsys):
-    x = sp.array([0.3, 1.1], requires_grad=True)
-    y = sp.zeros(2, requires_grad=True)
-    loss = sp.zeros(1, requires_grad=True)
+def test_gradcheck_tape_white_and_blacklists(capsys, device):
+    x = sp.array([0.3, 1.1], requires_grad=True, device=device)
+    y = sp.zeros(2, requires_grad=True, device=device)
+    loss = sp.zeros(1, requires_grad=True, device=device)
     with sp.Tape() as tape:
         sp.launch(square, 2, inputs=[x], outputs=[y])
         sp.launch(sine_sum, 2, inputs=[y], outputs=[loss])
@@ -285,9 +286,9 @@ def apply_doubled(x: sp.array(dtype=float), y: sp.array(dtype=float)):
     y[i] = doubled(x[i])
 
 
-def test_gradcheck_catches_a_wrong_func_grad():
-    x = sp.array([1.0, -2.0], requires_grad=True)
-    y = sp.zeros(2, requires_grad=True)
+def test_gradcheck_catches_a_wrong_func_grad(device):
+    x = sp.array([1.0, -2.0], requires_grad=True, device=device)
+    y = sp.zeros(2, requires_grad=True, device=device)
     np.testing.assert_array_equal(autograd.jacobian(apply_doubled, 2, [x], [y])["x", "y"], 3 * np.eye(2))
     assert autograd.gradcheck(apply_doubled, 2, [x], [y], raise_exception=False, show_summary=False) is False
     with pytest.raises(ValueError, match="kernel 'apply_doubled', input 'x', output 'y'"):
@@ -295,16 +296,16 @@ def test_gradcheck_catches_a_wrong_func_grad():
 
 
 # -- plots -----------------------------------------------------------------------------------------
-def test_jacobian_plot(tmp_path):
+def test_jacobian_plot(tmp_path, device):
     pytest.importorskip("matplotlib")
-    x = sp.array([1.0, 2.0], requires_grad=True)
-    y = sp.zeros(2, requires_grad=True)
+    x = sp.array([1.0, 2.0], requires_grad=True, device=device)
+    y = sp.zeros(2, requires_grad=True, device=device)
     fig = autograd.jacobian_plot(autograd.jacobian(square, 2, [x], [y]), title="square",
                                  filename=tmp_path / "j.png")
     assert fig is not None and (tmp_path / "j.png").stat().st_size > 0
 
 
-def test_jacobian_plot_without_matplotlib_warns_and_returns_none(monkeypatch):
+def test_jacobian_plot_without_matplotlib_warns_and_returns_none(monkeypatch, device):
     import sys
     monkeypatch.setitem(sys.modules, "matplotlib", None)          # makes `import matplotlib...` fail
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
@@ -313,12 +314,12 @@ def test_jacobian_plot_without_matplotlib_warns_and_returns_none(monkeypatch):
         assert autograd.jacobian_plot({("x", "y"): np.eye(2)}) is None
 
 
-def test_python_function_inputs_are_named_by_its_parameters():
-    a = sp.array([1.0], requires_grad=True)
-    b = sp.array([2.0], requires_grad=True)
+def test_python_function_inputs_are_named_by_its_parameters(device):
+    a = sp.array([1.0], requires_grad=True, device=device)
+    b = sp.array([2.0], requires_grad=True, device=device)
 
     def product(*factors):
-        y = sp.zeros(1, requires_grad=True)
+        y = sp.zeros(1, requires_grad=True, device=device)
         sp.launch(square, 1, inputs=[factors[0]], outputs=[y])
         return y
     assert set(autograd.jacobian(product, inputs=[a, b])) == {("factors[0]", "output_0"), ("factors[1]", "output_0")}

@@ -11,7 +11,8 @@ from test_builtin_vectors import (VEC_CASES, small_matrices, vector_arrays, vect
 # ---- gradients against float64 central finite differences ------------------------------------------
 def tape_and_fd_gradients(kernel, dim, inputs, outputs, seeds, eps=1e-6):
     """d(sum(seed * output)) / d(input) for every float64 input array with requires_grad, twice: from
-    the Tape and from central differences of relaunched forwards (inputs perturbed in place)."""
+    the Tape and from central differences of relaunched forwards (inputs perturbed in place, through
+    `assign` of a perturbed host copy, so that this works on every device)."""
     initial = [o.numpy().copy() for o in outputs]
     wrt = [a for a in inputs if isinstance(a, sp.array) and a.requires_grad]
     for a in wrt + list(outputs):
@@ -25,24 +26,27 @@ def tape_and_fd_gradients(kernel, dim, inputs, outputs, seeds, eps=1e-6):
 
     def loss():
         for o, v in zip(outputs, initial):
-            o.numpy()[...] = v
+            o.assign(v)
         sp.launch(kernel, dim, inputs=inputs, outputs=outputs)
         return sum(float(np.sum(o.numpy() * s)) for o, s in zip(outputs, seeds))
 
     numeric = []
     for a in wrt:
-        flat = a.numpy().reshape(-1)
-        assert np.shares_memory(flat, a.numpy())
+        values = a.numpy()
+        flat = values.reshape(-1)
         g = np.zeros_like(flat)
         for k in range(flat.size):
             x0 = flat[k]
             flat[k] = x0 + eps
+            a.assign(values)
             up = loss()
             flat[k] = x0 - eps
+            a.assign(values)
             down = loss()
             flat[k] = x0
+            a.assign(values)
             g[k] = (up - down) / (2 * eps)
-        numeric.append(g.reshape(a.numpy().shape))
+        numeric.append(g.reshape(values.shape))
     loss()
     return analytic, numeric
 
@@ -71,28 +75,28 @@ def grad_scalar_inputs(seed):
 
 
 @pytest.mark.parametrize("col", sorted(UNARY), ids=[UNARY[c][0] for c in sorted(UNARY)])
-def test_unary_adjoint(col):
+def test_unary_adjoint(col, device):
     x, _, p = grad_scalar_inputs(3)
-    xs, ps = sp.array(x, requires_grad=True), sp.array(p, requires_grad=True)
-    out = sp.zeros((GRAD_N, len(UNARY)), dtype=sp.float64, requires_grad=True)
+    xs, ps = sp.array(x, requires_grad=True, device=device), sp.array(p, requires_grad=True, device=device)
+    out = sp.zeros((GRAD_N, len(UNARY)), dtype=sp.float64, requires_grad=True, device=device)
     seed = column_seed(out.numpy().shape, col, np.random.default_rng(col))
     assert_gradients_match(*tape_and_fd_gradients(unary64, GRAD_N, [xs, ps], [out], [seed]))
 
 
 @pytest.mark.parametrize("col", sorted(BINARY), ids=[BINARY[c][0] for c in sorted(BINARY)])
-def test_binary_adjoint(col):
+def test_binary_adjoint(col, device):
     x, y, p = grad_scalar_inputs(4)
-    ins = [sp.array(v, requires_grad=True) for v in (x, y, p)]
-    out = sp.zeros((GRAD_N, len(BINARY)), dtype=sp.float64, requires_grad=True)
+    ins = [sp.array(v, requires_grad=True, device=device) for v in (x, y, p)]
+    out = sp.zeros((GRAD_N, len(BINARY)), dtype=sp.float64, requires_grad=True, device=device)
     seed = column_seed(out.numpy().shape, col, np.random.default_rng(col))
     assert_gradients_match(*tape_and_fd_gradients(binary64, GRAD_N, ins, [out], [seed]))
 
 
-def test_known_adjoints_exactly():
+def test_known_adjoints_exactly(device):
     """A few gradients with closed forms, to pin the rules themselves (not only their agreement with FD)."""
     x, y, p = grad_scalar_inputs(5)
-    ins = [sp.array(v, requires_grad=True) for v in (x, y, p)]
-    out = sp.zeros((GRAD_N, len(BINARY)), dtype=sp.float64, requires_grad=True)
+    ins = [sp.array(v, requires_grad=True, device=device) for v in (x, y, p)]
+    out = sp.zeros((GRAD_N, len(BINARY)), dtype=sp.float64, requires_grad=True, device=device)
     seed = np.zeros(out.numpy().shape)
     seed[:, 13] = 1.0                                # a % b: d/da = 1, d/db = -(a // b)
     (ga, gb, gp), _ = tape_and_fd_gradients(binary64, GRAD_N, ins, [out], [seed])
@@ -105,21 +109,20 @@ VEC_GRAD_N = 3
 
 
 @pytest.mark.parametrize("group, col", VEC_CASES, ids=[f"{g}{c}" for g, c in VEC_CASES])
-def test_vector_matrix_adjoint(group, col):
-    ins = vector_arrays(vector_inputs(VEC_GRAD_N, seed=7), requires_grad=True)
-    outs = vector_outputs(VEC_GRAD_N, requires_grad=True)
+def test_vector_matrix_adjoint(group, col, device):
+    ins = vector_arrays(vector_inputs(VEC_GRAD_N, seed=7), requires_grad=True, device=device)
+    outs = vector_outputs(VEC_GRAD_N, requires_grad=True, device=device)
     rng = np.random.default_rng(col)
     seeds = [column_seed(o.numpy().shape, col, rng) if name == group else np.zeros(o.numpy().shape)
              for name, o in zip(("os", "ov", "om"), outs)]
     assert_gradients_match(*tape_and_fd_gradients(vector_ops, VEC_GRAD_N, ins, outs, seeds))
 
 
-def test_small_matrix_adjoint():
+def test_small_matrix_adjoint(device):
     rng = np.random.default_rng(8)
-    a = sp.array(np.eye(2) + rng.uniform(-0.5, 0.5, (3, 2, 2)), dtype=mat22d, requires_grad=True)
-    b = sp.array(np.eye(4) * 2 + rng.uniform(-0.5, 0.5, (3, 4, 4)), dtype=mat44d, requires_grad=True)
-    outs = [sp.zeros((3, 2), dtype=sp.float64, requires_grad=True), sp.zeros((3, 2), dtype=mat22d, requires_grad=True),
-            sp.zeros((3, 2), dtype=mat44d, requires_grad=True)]
+    a = sp.array(np.eye(2) + rng.uniform(-0.5, 0.5, (3, 2, 2)), dtype=mat22d, requires_grad=True, device=device)
+    b = sp.array(np.eye(4) * 2 + rng.uniform(-0.5, 0.5, (3, 4, 4)), dtype=mat44d, requires_grad=True, device=device)
+    outs = [sp.zeros((3, 2), dtype=t, requires_grad=True, device=device) for t in (sp.float64, mat22d, mat44d)]
     seeds = [rng.standard_normal(o.numpy().shape) for o in outs]
     assert_gradients_match(*tape_and_fd_gradients(small_matrices, 3, [a, b], outs, seeds))
 
@@ -133,12 +136,12 @@ def vector_min_max_clamp(a: sp.array(dtype=vec3d), b: sp.array(dtype=vec3d), c: 
     out[i, 2] = sp.clamp(a[i], b[i], c[i])
 
 
-def test_vector_min_max_clamp_forward_and_adjoint():
+def test_vector_min_max_clamp_forward_and_adjoint(device):
     rng = np.random.default_rng(11)
     lo = rng.uniform(-1, 0, (4, 3))
     a, b, c = rng.uniform(-1.5, 1.5, (4, 3)), lo, lo + rng.uniform(0.5, 1.5, (4, 3))
-    ins = [sp.array(v, dtype=vec3d, requires_grad=True) for v in (a, b, c)]
-    out = sp.zeros((4, 3), dtype=vec3d, requires_grad=True)
+    ins = [sp.array(v, dtype=vec3d, requires_grad=True, device=device) for v in (a, b, c)]
+    out = sp.zeros((4, 3), dtype=vec3d, requires_grad=True, device=device)
     sp.launch(vector_min_max_clamp, 4, inputs=ins, outputs=[out])
     np.testing.assert_array_equal(out.numpy()[:, 0], np.minimum(a, b))
     np.testing.assert_array_equal(out.numpy()[:, 1], np.maximum(a, b))
@@ -158,10 +161,10 @@ def atomic_grads(x: sp.array(dtype=sp.float64), acc: sp.array(dtype=sp.float64))
     sp.atomic_max(acc, 3, 2.0 * v)
 
 
-def test_atomic_adjoints():
+def test_atomic_adjoints(device):
     rng = np.random.default_rng(9)
-    x = sp.array(rng.uniform(-1, 1, 8), requires_grad=True)
-    acc = sp.array(np.array([0.5, 0.25, 10.0, -10.0]), requires_grad=True)
+    x = sp.array(rng.uniform(-1, 1, 8), requires_grad=True, device=device)
+    acc = sp.array(np.array([0.5, 0.25, 10.0, -10.0]), requires_grad=True, device=device)
     seed = rng.standard_normal(4)
     (g,), (fd,) = tape_and_fd_gradients(atomic_grads, 8, [x], [acc], [seed])
     assert_gradients_match([g], [fd])
@@ -193,11 +196,13 @@ def atomic_old_values(acc: sp.array(dtype=sp.float64), iacc: sp.array(dtype=int)
     lold[2] = sp.atomic_max(lacc, 1, 0)
 
 
-def test_atomics_return_the_old_value():
-    acc = sp.array(np.array([1.0, 5.0, -5.0]))
-    iacc = sp.array(np.array([1, 0, 3], np.int32))
-    lacc = sp.array(np.array([1, 5], np.int64))
-    old, iold, lold = sp.zeros(7, dtype=sp.float64), sp.zeros(5, dtype=int), sp.zeros(3, dtype=sp.int64)
+def test_atomics_return_the_old_value(device):
+    acc = sp.array(np.array([1.0, 5.0, -5.0]), device=device)
+    iacc = sp.array(np.array([1, 0, 3], np.int32), device=device)
+    lacc = sp.array(np.array([1, 5], np.int64), device=device)
+    old = sp.zeros(7, dtype=sp.float64, device=device)
+    iold = sp.zeros(5, dtype=int, device=device)
+    lold = sp.zeros(3, dtype=sp.int64, device=device)
     sp.launch(atomic_old_values, 1, inputs=[acc, iacc, lacc], outputs=[old, iold, lold])
     assert old.numpy().tolist() == [1.0, 2.5, 3.5, 5.0, 3.0, -5.0, -3.0]
     assert acc.numpy().tolist() == [3.0, 3.0, -3.0]
@@ -218,12 +223,12 @@ def stores_and_accumulation(x: sp.array(dtype=sp.float64), y: sp.array(dtype=sp.
     vs[i % 3] += vec3d(v, sp.exp(v), 1.0)
 
 
-def test_store_and_plus_equals_adjoints():
+def test_store_and_plus_equals_adjoints(device):
     rng = np.random.default_rng(10)
-    x = sp.array(rng.uniform(-1, 1, 7), requires_grad=True)
-    y = sp.zeros(7, dtype=sp.float64, requires_grad=True)
-    shared = sp.array(np.array([1.0, 2.0, 3.0]), requires_grad=True)
-    vs = sp.zeros(3, dtype=vec3d, requires_grad=True)
+    x = sp.array(rng.uniform(-1, 1, 7), requires_grad=True, device=device)
+    y = sp.zeros(7, dtype=sp.float64, requires_grad=True, device=device)
+    shared = sp.array(np.array([1.0, 2.0, 3.0]), requires_grad=True, device=device)
+    vs = sp.zeros(3, dtype=vec3d, requires_grad=True, device=device)
     seeds = [rng.standard_normal(7), rng.standard_normal(3), rng.standard_normal((3, 3))]
     (g,), (fd,) = tape_and_fd_gradients(stores_and_accumulation, 7, [x], [y, shared, vs], seeds)
     assert_gradients_match([g], [fd])

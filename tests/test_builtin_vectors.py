@@ -151,24 +151,23 @@ def vector_inputs(n, seed):
     return a, b, s, m, nn
 
 
-def vector_outputs(n, requires_grad=False):
-    return [sp.zeros((n, len(VEC_SCALARS)), dtype=sp.float64, requires_grad=requires_grad),
-            sp.zeros((n, len(VEC_VECTORS)), dtype=vec3d, requires_grad=requires_grad),
-            sp.zeros((n, len(VEC_MATRICES)), dtype=mat33d, requires_grad=requires_grad)]
+def vector_outputs(n, requires_grad=False, device="cpu"):
+    return [sp.zeros((n, len(VEC_SCALARS)), dtype=sp.float64, requires_grad=requires_grad, device=device),
+            sp.zeros((n, len(VEC_VECTORS)), dtype=vec3d, requires_grad=requires_grad, device=device),
+            sp.zeros((n, len(VEC_MATRICES)), dtype=mat33d, requires_grad=requires_grad, device=device)]
 
 
-def vector_arrays(values, requires_grad=False):
+def vector_arrays(values, requires_grad=False, device="cpu"):
     a, b, s, m, n = values
-    return [sp.array(a, dtype=vec3d, requires_grad=requires_grad), sp.array(b, dtype=vec3d, requires_grad=requires_grad),
-            sp.array(s, requires_grad=requires_grad), sp.array(m, dtype=mat33d, requires_grad=requires_grad),
-            sp.array(n, dtype=mat33d, requires_grad=requires_grad)]
+    dtypes = (vec3d, vec3d, sp.float64, mat33d, mat33d)
+    return [sp.array(v, dtype=t, requires_grad=requires_grad, device=device) for v, t in zip((a, b, s, m, n), dtypes)]
 
 
 @pytest.fixture(scope="module")
-def vector_results():
+def vector_results(device):
     values = vector_inputs(6, seed=1)
-    outs = vector_outputs(6)
-    sp.launch(vector_ops, 6, inputs=vector_arrays(values), outputs=outs)
+    outs = vector_outputs(6, device=device)
+    sp.launch(vector_ops, 6, inputs=vector_arrays(values, device=device), outputs=outs)
     return values, {"os": outs[0].numpy(), "ov": outs[1].numpy(), "om": outs[2].numpy()}
 
 
@@ -197,14 +196,15 @@ def small_matrices(m2: sp.array(dtype=mat22d), m4: sp.array(dtype=mat44d), det: 
     o4[i, 1] = sp.transpose(b)
 
 
-def test_determinant_and_inverse_2x2_4x4():
+def test_determinant_and_inverse_2x2_4x4(device):
     rng = np.random.default_rng(2)
     a = np.eye(2) + rng.uniform(-0.5, 0.5, (5, 2, 2))
     b = np.eye(4) * 2 + rng.uniform(-0.5, 0.5, (5, 4, 4))
-    det = sp.zeros((5, 2), dtype=sp.float64)
-    o2 = sp.zeros((5, 2), dtype=mat22d)
-    o4 = sp.zeros((5, 2), dtype=mat44d)
-    sp.launch(small_matrices, 5, inputs=[sp.array(a, dtype=mat22d), sp.array(b, dtype=mat44d)], outputs=[det, o2, o4])
+    det = sp.zeros((5, 2), dtype=sp.float64, device=device)
+    o2 = sp.zeros((5, 2), dtype=mat22d, device=device)
+    o4 = sp.zeros((5, 2), dtype=mat44d, device=device)
+    sp.launch(small_matrices, 5, inputs=[sp.array(a, dtype=mat22d, device=device), sp.array(b, dtype=mat44d, device=device)],
+              outputs=[det, o2, o4])
     np.testing.assert_allclose(det.numpy()[:, 0], np.linalg.det(a), rtol=1e-14)
     np.testing.assert_allclose(det.numpy()[:, 1], np.linalg.det(b), rtol=1e-13)
     np.testing.assert_allclose(o2.numpy()[:, 0], np.linalg.inv(a), rtol=1e-13, atol=1e-15)
@@ -225,11 +225,11 @@ def vec3_float32(x: sp.array(dtype=float), out: sp.array(dtype=sp.vec3, ndim=2),
     m[i] = sp.mat33(s) + sp.mat33()
 
 
-def test_vec3_float32_constructors():
+def test_vec3_float32_constructors(device):
     x = np.array([0.5, -1.0, 3.0], np.float32)
-    out = sp.zeros((3, 5), dtype=sp.vec3)
-    m = sp.zeros(3, dtype=sp.mat33)
-    sp.launch(vec3_float32, 3, inputs=[sp.array(x)], outputs=[out, m])
+    out = sp.zeros((3, 5), dtype=sp.vec3, device=device)
+    m = sp.zeros(3, dtype=sp.mat33, device=device)
+    sp.launch(vec3_float32, 3, inputs=[sp.array(x, device=device)], outputs=[out, m])
     o = out.numpy()
     np.testing.assert_array_equal(o[:, 0], 0)
     np.testing.assert_array_equal(o[:, 1], 0)
@@ -250,11 +250,11 @@ def inline_types(x: sp.array(dtype=sp.float64), v: sp.array(dtype=sp.vector(3, s
     m[i] = sp.matrix((2, 2), sp.float64)(s) + mat22d(1.0, 2.0, 3.0, 4.0)
 
 
-def test_vector_and_matrix_type_constructors_inside_kernels():
+def test_vector_and_matrix_type_constructors_inside_kernels(device):
     x = np.array([0.5, -2.0])
-    v = sp.zeros(2, dtype=vec3d)
-    m = sp.zeros(2, dtype=mat22d)
-    sp.launch(inline_types, 2, inputs=[sp.array(x)], outputs=[v, m])
+    v = sp.zeros(2, dtype=vec3d, device=device)
+    m = sp.zeros(2, dtype=mat22d, device=device)
+    sp.launch(inline_types, 2, inputs=[sp.array(x, device=device)], outputs=[v, m])
     np.testing.assert_array_equal(v.numpy(), [[0.5, 2.0, -0.5], [-2.0, 2.0, 2.0]])
     np.testing.assert_array_equal(m.numpy(), x[:, None, None] + np.array([[1.0, 2.0], [3.0, 4.0]]))
 
@@ -271,7 +271,7 @@ def literal_expressions(c: sp.array(dtype=int), out: sp.array(dtype=sp.float64, 
                                        "but a choice between literals (1.0 if c else 2.0, select) becomes "
                                        "float32, so storing it into a float64 array is a CompileError (JAX "
                                        "keeps such results weak)")
-def test_expressions_of_literals_stay_weakly_typed():
-    out = sp.zeros((2, 3), dtype=sp.float64)
-    sp.launch(literal_expressions, 2, inputs=[sp.array(np.array([1, 0], np.int32))], outputs=[out])
+def test_expressions_of_literals_stay_weakly_typed(device):
+    out = sp.zeros((2, 3), dtype=sp.float64, device=device)
+    sp.launch(literal_expressions, 2, inputs=[sp.array(np.array([1, 0], np.int32), device=device)], outputs=[out])
     np.testing.assert_array_equal(out.numpy(), [[2.0 * 0.1, 1.0, 1.0], [2.0 * 0.1, 2.0, -1.0]])

@@ -167,23 +167,24 @@ Y = np.array([0.75, -0.75, 2.0, -2.0, 0.4, -1.5, 3.0, 0.25, -0.35, 1.1, 2.0, 0.1
 P = np.linspace(0.05, 1.0, len(X))
 
 
-def run(kernel, dim, inputs, out_shape, dtype):
-    out = sp.zeros(out_shape, dtype=dtype)
-    sp.launch(kernel, dim, inputs=[sp.array(a) if isinstance(a, np.ndarray) else a for a in inputs], outputs=[out])
+def run(kernel, dim, inputs, out_shape, dtype, device="cpu"):
+    out = sp.zeros(out_shape, dtype=dtype, device=device)
+    sp.launch(kernel, dim, inputs=[sp.array(a, device=device) if isinstance(a, np.ndarray) else a for a in inputs],
+              outputs=[out])
     return out.numpy()
 
 
 @pytest.fixture(scope="module")
-def unary_results():
-    return (run(unary64, len(X), [X, P], (len(X), len(UNARY)), sp.float64),
-            run(unary32, len(X), [X.astype(np.float32), P.astype(np.float32)], (len(X), len(UNARY)), float))
+def unary_results(device):
+    return (run(unary64, len(X), [X, P], (len(X), len(UNARY)), sp.float64, device),
+            run(unary32, len(X), [X.astype(np.float32), P.astype(np.float32)], (len(X), len(UNARY)), float, device))
 
 
 @pytest.fixture(scope="module")
-def binary_results():
-    return (run(binary64, len(X), [X, Y, P], (len(X), len(BINARY)), sp.float64),
+def binary_results(device):
+    return (run(binary64, len(X), [X, Y, P], (len(X), len(BINARY)), sp.float64, device),
             run(binary32, len(X), [X.astype(np.float32), Y.astype(np.float32), P.astype(np.float32)],
-                (len(X), len(BINARY)), float))
+                (len(X), len(BINARY)), float, device))
 
 
 @pytest.mark.parametrize("col", sorted(UNARY), ids=[UNARY[c][0] for c in sorted(UNARY)])
@@ -199,8 +200,8 @@ def test_unary_forward(unary_results, col):
     np.testing.assert_allclose(out32[:, col], ref(x32, p32), rtol=2e-6, atol=1e-6)
 
 
-def test_round_is_half_to_even():
-    out64 = run(unary64, len(X), [X, P], (len(X), len(UNARY)), sp.float64)
+def test_round_is_half_to_even(device):
+    out64 = run(unary64, len(X), [X, P], (len(X), len(UNARY)), sp.float64, device)
     assert list(out64[:6, 18]) == [-2.0, -2.0, -0.0, 0.0, 2.0, 2.0]
 
 
@@ -222,8 +223,8 @@ def test_binary_forward(binary_results, col):
         np.testing.assert_allclose(out32[:, col], expected32.astype(np.float64), rtol=2e-6, atol=1e-6)
 
 
-def test_python_floor_division_and_modulo_on_floats():
-    out = run(binary64, len(X), [X, Y, P], (len(X), len(BINARY)), sp.float64)
+def test_python_floor_division_and_modulo_on_floats(device):
+    out = run(binary64, len(X), [X, Y, P], (len(X), len(BINARY)), sp.float64, device)
     row = {(a, b): (q, r) for a, b, q, r in zip(X, Y, out[:, 12], out[:, 13])}
     for a, b in [(-2.5, 0.75), (-1.5, -0.75), (-7.0, 2.0), (7.0, -2.0), (1.0, 0.1), (-0.3, 0.25)]:
         assert row[(a, b)] == (a // b, a % b), (a, b)
@@ -279,11 +280,12 @@ IB = np.array([2, 2, -2, -2, 3, 5, 3, -5, 5, 7])
 
 @pytest.mark.parametrize("kernel, itype, ftype", [(int32_ops, np.int32, np.float32), (int64_ops, np.int64, np.float64)],
                          ids=["int32", "int64"])
-def test_integer_ops_follow_python(kernel, itype, ftype):
+def test_integer_ops_follow_python(kernel, itype, ftype, device):
     n = len(IA)
-    out = sp.zeros((n, len(INTEGER)), dtype=itype)
-    quotient = sp.zeros(n, dtype=ftype)
-    sp.launch(kernel, n, inputs=[sp.array(IA.astype(itype)), sp.array(IB.astype(itype))], outputs=[out, quotient])
+    out = sp.zeros((n, len(INTEGER)), dtype=itype, device=device)
+    quotient = sp.zeros(n, dtype=ftype, device=device)
+    sp.launch(kernel, n, inputs=[sp.array(IA.astype(itype), device=device), sp.array(IB.astype(itype), device=device)],
+              outputs=[out, quotient])
     for col, ref in INTEGER.items():
         np.testing.assert_array_equal(out.numpy()[:, col], ref(IA, IB).astype(itype), err_msg=f"column {col}")
     assert [int(v) for v in out.numpy()[:4, 3]] == [7 // 2, -7 // 2, 7 // -2, -7 // -2] == [3, -4, -4, 3]
@@ -326,11 +328,11 @@ LOGIC = {
 }
 
 
-def test_comparisons_logic_and_conditional_expressions():
+def test_comparisons_logic_and_conditional_expressions(device):
     a = np.array([1.0, 2.0, -3.0, 0.5, -0.5, 2.0, 1.5])
     b = np.array([1.0, 1.0, -2.0, 0.7, -0.9, -1.0, 3.0])
-    out = sp.zeros((len(a), len(LOGIC)), dtype=int)
-    sp.launch(logic_ops, len(a), inputs=[sp.array(a), sp.array(b)], outputs=[out])
+    out = sp.zeros((len(a), len(LOGIC)), dtype=int, device=device)
+    sp.launch(logic_ops, len(a), inputs=[sp.array(a, device=device), sp.array(b, device=device)], outputs=[out])
     for col, ref in LOGIC.items():
         np.testing.assert_array_equal(out.numpy()[:, col], ref(a, b).astype(np.int32), err_msg=f"column {col}")
 
@@ -351,14 +353,15 @@ def casts(x: sp.array(dtype=sp.float64), x32: sp.array(dtype=float), n: sp.array
     f32[i] = float(x[i])
 
 
-def test_casts():
+def test_casts(device):
     x = np.array([-2.7, -0.5, 0.0, 0.5, 2.7, 1e3 + 0.25])
     x32 = np.array([0.1, -0.2, 3.0, 1e-3, 7.5, 2.0], np.float32)
     n = np.array([-(2 ** 40), -1, 0, 1, 2 ** 40, 3], np.int64)
-    f = sp.zeros((6, 5), dtype=sp.float64)
-    k = sp.zeros((6, 4), dtype=int)
-    f32 = sp.zeros(6)
-    sp.launch(casts, 6, inputs=[sp.array(x), sp.array(x32), sp.array(n)], outputs=[f, k, f32])
+    f = sp.zeros((6, 5), dtype=sp.float64, device=device)
+    k = sp.zeros((6, 4), dtype=int, device=device)
+    f32 = sp.zeros(6, device=device)
+    sp.launch(casts, 6, inputs=[sp.array(x, device=device), sp.array(x32, device=device), sp.array(n, device=device)],
+              outputs=[f, k, f32])
     f, k = f.numpy(), k.numpy()
     np.testing.assert_array_equal(f[:, 0], x32.astype(np.float64))
     np.testing.assert_array_equal(f[:, 1], np.trunc(x))
@@ -384,9 +387,9 @@ triple_plus_one = scaled_by(3.0, 1)
 half_minus_two = scaled_by(0.5, -2)
 
 
-def test_closure_captured_values():
-    x = sp.array(np.array([1.0, -2.0, 0.25]))
-    out = sp.zeros(3, dtype=sp.float64)
+def test_closure_captured_values(device):
+    x = sp.array(np.array([1.0, -2.0, 0.25]), device=device)
+    out = sp.zeros(3, dtype=sp.float64, device=device)
     sp.launch(triple_plus_one, 3, inputs=[x], outputs=[out])
     np.testing.assert_array_equal(out.numpy(), [4.0, -5.0, 1.75])
     sp.launch(half_minus_two, 3, inputs=[x], outputs=[out])

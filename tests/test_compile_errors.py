@@ -118,12 +118,12 @@ def vector_times_vector(a: sp.array(dtype=sp.vec3)):
     a[i] = a[i] * a[i]  # <- vec * vec
 
 
-def launch_args(kernel):
+def launch_args(kernel, device="cpu"):
     if kernel in (float64_into_float32_local, mixes_float32_and_float64):
-        return [sp.zeros(2), sp.zeros(2, dtype=sp.float64)]
+        return [sp.zeros(2, device=device), sp.zeros(2, dtype=sp.float64, device=device)]
     if kernel is vector_times_vector:
-        return [sp.zeros(2, dtype=sp.vec3)]
-    return [sp.zeros(2)]
+        return [sp.zeros(2, dtype=sp.vec3, device=device)]
+    return [sp.zeros(2, device=device)]
 
 
 CASES = [
@@ -143,9 +143,9 @@ CASES = [
 
 
 @pytest.mark.parametrize("kernel, marker, mentions", CASES, ids=[c[0].__name__ for c in CASES])
-def test_compile_error_points_at_the_user_line(kernel, marker, mentions):
+def test_compile_error_points_at_the_user_line(kernel, marker, mentions, device):
     with pytest.raises(sp.CompileError) as e:
-        sp.launch(kernel, 2, inputs=launch_args(kernel))
+        sp.launch(kernel, 2, inputs=launch_args(kernel, device=device))
     err = e.value
     text = str(err)
     line = line_of(marker)
@@ -162,17 +162,17 @@ def test_compile_error_points_at_the_user_line(kernel, marker, mentions):
         assert internal not in text, (internal, text)
 
 
-def test_caret_sits_under_the_offending_column():
+def test_caret_sits_under_the_offending_column(device):
     with pytest.raises(sp.CompileError) as e:
-        sp.launch(unknown_name, 2, inputs=[sp.zeros(2)])
+        sp.launch(unknown_name, 2, inputs=[sp.zeros(2, device=device)])
     lines = str(e.value).splitlines()
     code, caret = lines[1], lines[2]
     assert code.strip() == "x[i] = x[i] + undefined_thing  # <- unknown name  # noqa: F821"
     assert code[caret.index("^"):].startswith("undefined_thing")
 
 
-def test_a_broken_kernel_does_not_break_its_neighbours():
-    out = sp.zeros(3)
+def test_a_broken_kernel_does_not_break_its_neighbours(device):
+    out = sp.zeros(3, device=device)
     sp.launch(fine_neighbour, 3, outputs=[out])
     np.testing.assert_array_equal(out.numpy(), [0.0, 1.0, 2.0])
 

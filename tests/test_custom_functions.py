@@ -35,9 +35,9 @@ def twice_safe_sqrt(x: sp.array(dtype=float), out: sp.array(dtype=float)):
     out[i] = safe_sqrt(x[i]) * 2.0
 
 
-def test_func_grad_replaces_the_generated_adjoint():
-    x = sp.array([0.0, 4.0], requires_grad=True)
-    out = sp.zeros(2, requires_grad=True)
+def test_func_grad_replaces_the_generated_adjoint(device):
+    x = sp.array([0.0, 4.0], requires_grad=True, device=device)
+    out = sp.zeros(2, requires_grad=True, device=device)
     _grad(twice_safe_sqrt, 2, [x], out)
     # The generated adjoint would give inf at 0; the user's clamps it.
     np.testing.assert_allclose(x.grad.numpy(), [2 * 0.5 / 1e-3, 2 * 0.5 / 2.0], rtol=1e-6)
@@ -62,10 +62,10 @@ def polar_kernel(r: sp.array(dtype=sp.float64), theta: sp.array(dtype=sp.float64
     out[i] = x * 3.0 + y
 
 
-def test_func_grad_with_several_outputs_matches_the_analytic_gradient():
-    r = sp.array(np.array([1.0, 2.0]), requires_grad=True)
-    th = sp.array(np.array([0.3, 1.1]), requires_grad=True)
-    out = sp.zeros(2, dtype=sp.float64, requires_grad=True)
+def test_func_grad_with_several_outputs_matches_the_analytic_gradient(device):
+    r = sp.array(np.array([1.0, 2.0]), requires_grad=True, device=device)
+    th = sp.array(np.array([0.3, 1.1]), requires_grad=True, device=device)
+    out = sp.zeros(2, dtype=sp.float64, requires_grad=True, device=device)
     _grad(polar_kernel, 2, [r, th], out)
     rr, tt = np.array([1.0, 2.0]), np.array([0.3, 1.1])
     np.testing.assert_allclose(r.grad.numpy(), 3 * np.cos(tt) + np.sin(tt), rtol=1e-12)
@@ -99,20 +99,20 @@ def compact_sqrt_unreplayed(counter: sp.array(dtype=int), inp: sp.array(dtype=fl
     out[idx] = sp.sqrt(inp[idx])
 
 
-def test_func_replay_reads_back_each_threads_slot():
+def test_func_replay_reads_back_each_threads_slot(device):
     n = 1024
-    counter, slots = sp.zeros(1, dtype=int), sp.zeros(n, dtype=int)
-    inp = sp.array(np.arange(1, n + 1, dtype=np.float32), requires_grad=True)
-    out = sp.zeros(n, requires_grad=True)
+    counter, slots = sp.zeros(1, dtype=int, device=device), sp.zeros(n, dtype=int, device=device)
+    inp = sp.array(np.arange(1, n + 1, dtype=np.float32), requires_grad=True, device=device)
+    out = sp.zeros(n, requires_grad=True, device=device)
     _grad(compact_sqrt, n, [counter, slots, inp], out)
     assert counter.numpy()[0] == n          # the replay did not increment again
     np.testing.assert_allclose(inp.grad.numpy(), 0.5 / np.sqrt(np.arange(1, n + 1)), rtol=1e-6)
 
 
-def test_using_an_atomics_result_without_a_replay_is_refused_on_a_tape():
-    counter = sp.zeros(1, dtype=int)
-    inp = sp.array(np.ones(4, np.float32), requires_grad=True)
-    out = sp.zeros(4, requires_grad=True)
+def test_using_an_atomics_result_without_a_replay_is_refused_on_a_tape(device):
+    counter = sp.zeros(1, dtype=int, device=device)
+    inp = sp.array(np.ones(4, np.float32), requires_grad=True, device=device)
+    out = sp.zeros(4, requires_grad=True, device=device)
     with pytest.raises(sp.CompileError, match=r"(?s)test_custom_functions.py:\d+.*atomic_add.*replay"):
         _grad(compact_sqrt_unreplayed, 4, [counter, inp], out)
     sp.launch(compact_sqrt_unreplayed, 4, inputs=[counter, inp], outputs=[out])   # fine outside a tape
@@ -130,9 +130,9 @@ def native_square(x: sp.array(dtype=float), out: sp.array(dtype=float)):
     out[i] = fused(x[i], x[i])
 
 
-def test_func_native_forward_and_adjoint_snippets():
-    x = sp.array([1.0, 3.0], requires_grad=True)
-    out = sp.zeros(2, requires_grad=True)
+def test_func_native_forward_and_adjoint_snippets(device):
+    x = sp.array([1.0, 3.0], requires_grad=True, device=device)
+    out = sp.zeros(2, requires_grad=True, device=device)
     _grad(native_square, 2, [x], out)
     np.testing.assert_array_equal(out.numpy(), [2.0, 10.0])
     np.testing.assert_array_equal(x.grad.numpy(), [2.0, 6.0])
@@ -170,9 +170,9 @@ def native_no_adjoint(x: sp.array(dtype=float), out: sp.array(dtype=float)):
     out[i] = square_without_adjoint(x[i])
 
 
-def test_differentiating_through_a_native_function_without_adjoint_is_an_error():
-    x = sp.array([1.0, 3.0], requires_grad=True)
-    out = sp.zeros(2, requires_grad=True)
+def test_differentiating_through_a_native_function_without_adjoint_is_an_error(device):
+    x = sp.array([1.0, 3.0], requires_grad=True, device=device)
+    out = sp.zeros(2, requires_grad=True, device=device)
     with pytest.raises(sp.CompileError, match="square_without_adjoint.*adj_snippet"):
         _grad(native_no_adjoint, 2, [x], out)
     sp.launch(native_no_adjoint, 2, inputs=[x], outputs=[out])      # the forward alone is fine

@@ -30,9 +30,9 @@ def prod_loop(x: sp.array(dtype=float), n: int, out: sp.array(dtype=float)):
     out[i] = prod
 
 
-def test_product_over_a_runtime_range():
-    x = sp.array([2.0, 2.0, 2.0], requires_grad=True)
-    out = sp.zeros(1, requires_grad=True)
+def test_product_over_a_runtime_range(device):
+    x = sp.array([2.0, 2.0, 2.0], requires_grad=True, device=device)
+    out = sp.zeros(1, requires_grad=True, device=device)
     backward_ones(prod_loop, 1, [x, 3], out)
     np.testing.assert_array_equal(out.numpy(), [8.0])
     np.testing.assert_array_equal(x.grad.numpy(), [4.0, 4.0, 4.0])     # Warp: [32, 8, 2]
@@ -50,10 +50,10 @@ def weighted_mean(x: sp.array(dtype=float), weights: sp.array(dtype=float), iter
     sp.atomic_add(loss, 0, sum / norm)
 
 
-def test_sum_over_norm_needs_the_final_norm():
-    x = sp.full(3, 1.0, requires_grad=True)
-    weights = sp.full(3, 1.0, requires_grad=True)
-    loss = sp.zeros(1, requires_grad=True)
+def test_sum_over_norm_needs_the_final_norm(device):
+    x = sp.full(3, 1.0, requires_grad=True, device=device)
+    weights = sp.full(3, 1.0, requires_grad=True, device=device)
+    loss = sp.zeros(1, requires_grad=True, device=device)
     backward_ones(weighted_mean, 1, [x, weights, 3], loss)
     np.testing.assert_array_equal(loss.numpy(), [1.0])
     np.testing.assert_array_equal(x.grad.numpy(), np.full(3, np.float32(1.0) / np.float32(3.0)))  # Warp: inf
@@ -85,12 +85,12 @@ def ewma_reference(data, a):
     return e, 2 * e[:, None] * weights[None, :], float(np.sum(2 * e * (data @ dweights)))
 
 
-def test_ewma_in_a_local_over_a_runtime_number_of_columns():
+def test_ewma_in_a_local_over_a_runtime_number_of_columns(device):
     rng = np.random.default_rng(1)
     values = rng.random((4, 9))
-    data = sp.array(values, dtype=sp.float64, requires_grad=True)
-    alpha = sp.array([0.3], dtype=sp.float64, requires_grad=True)
-    out = sp.zeros(4, dtype=sp.float64, requires_grad=True)
+    data = sp.array(values, dtype=sp.float64, requires_grad=True, device=device)
+    alpha = sp.array([0.3], dtype=sp.float64, requires_grad=True, device=device)
+    out = sp.zeros(4, dtype=sp.float64, requires_grad=True, device=device)
     backward_ones(ewma, 4, [data, 9, alpha], out)
     e, grad_data, grad_alpha = ewma_reference(values, 0.3)
     np.testing.assert_allclose(out.numpy(), e * e, rtol=1e-14)
@@ -100,12 +100,12 @@ def test_ewma_in_a_local_over_a_runtime_number_of_columns():
                               show_summary=False)
 
 
-def test_ewma_of_the_taichi_issue():
+def test_ewma_of_the_taichi_issue(device):
     # two columns, alpha 0.5, loss e1^2: d loss / d d0 = d loss / d d1 = e1 = 0.5 d0 + 0.5 d1
     values = np.array([[0.417022004702574, 0.7203244934421581]])
-    data = sp.array(values, dtype=sp.float64, requires_grad=True)
-    alpha = sp.array([0.5], dtype=sp.float64)
-    out = sp.zeros(1, dtype=sp.float64, requires_grad=True)
+    data = sp.array(values, dtype=sp.float64, requires_grad=True, device=device)
+    alpha = sp.array([0.5], dtype=sp.float64, device=device)
+    out = sp.zeros(1, dtype=sp.float64, requires_grad=True, device=device)
     backward_ones(ewma, 1, [data, 2, alpha], out)
     e1 = 0.5 * values[0, 0] + 0.5 * values[0, 1]
     np.testing.assert_array_equal(data.grad.numpy(), [[e1, e1]])
@@ -120,12 +120,12 @@ def alpha_blend(d: sp.array(dtype=sp.float64), n: int, out: sp.array(dtype=sp.fl
     out[t] = e
 
 
-def test_alpha_blending_over_a_runtime_length():
+def test_alpha_blending_over_a_runtime_length(device):
     rng = np.random.default_rng(2)
     n, rays = 7, 3
     values = rng.uniform(0.05, 0.6, rays * n)
-    d = sp.array(values, dtype=sp.float64, requires_grad=True)
-    out = sp.zeros(rays, dtype=sp.float64, requires_grad=True)
+    d = sp.array(values, dtype=sp.float64, requires_grad=True, device=device)
+    out = sp.zeros(rays, dtype=sp.float64, requires_grad=True, device=device)
     backward_ones(alpha_blend, rays, [d, n], out)
     # 1 - e = prod_k (1 - d_k), so d e / d d_k = prod_{j != k} (1 - d_j)
     transmit = (1.0 - values).reshape(rays, n)
@@ -150,11 +150,11 @@ def grow_until(v0: sp.array(dtype=sp.float64), limit: sp.float64, out: sp.array(
     steps[t] = k
 
 
-def test_while_loop_gradient_is_1_5_to_the_k():
+def test_while_loop_gradient_is_1_5_to_the_k(device):
     starts = np.array([0.013, 0.2, 1.7, 5.1, 20.0, 99.0, 150.0])
-    v0 = sp.array(starts, dtype=sp.float64, requires_grad=True)
-    out = sp.zeros(len(starts), dtype=sp.float64, requires_grad=True)
-    steps = sp.zeros(len(starts), dtype=int)
+    v0 = sp.array(starts, dtype=sp.float64, requires_grad=True, device=device)
+    out = sp.zeros(len(starts), dtype=sp.float64, requires_grad=True, device=device)
+    steps = sp.zeros(len(starts), dtype=int, device=device)
     tape = sp.Tape()
     with tape:
         sp.launch(grow_until, len(starts), inputs=[v0, 100.0], outputs=[out, steps])
@@ -209,11 +209,11 @@ def nested_reference(x, n, m, limit, t):
     return s, last
 
 
-def test_nested_loops_with_break_and_continue():
+def test_nested_loops_with_break_and_continue(device):
     xs = np.array([0.7, -0.3, 0.9, 1.3, 0.2, -1.0, 0.5, 1.1])
-    x = sp.array(xs, dtype=sp.float64, requires_grad=True)
-    out = sp.zeros(4, dtype=sp.float64, requires_grad=True)
-    stopped = sp.zeros(4, dtype=int)
+    x = sp.array(xs, dtype=sp.float64, requires_grad=True, device=device)
+    out = sp.zeros(4, dtype=sp.float64, requires_grad=True, device=device)
+    stopped = sp.zeros(4, dtype=int, device=device)
     args = [x, 8, 6, 3.01]
     tape = sp.Tape()
     with tape:
@@ -238,10 +238,10 @@ def fill_vector(x: sp.array(dtype=float), n: int, out: sp.array(dtype=float)):
     out[i] = sp.dot(v, v)
 
 
-def test_local_vector_filled_element_by_element():
+def test_local_vector_filled_element_by_element(device):
     xs = np.arange(1.0, 7.0, dtype=np.float32) * 0.5
-    x = sp.array(xs, requires_grad=True)
-    out = sp.zeros(2, requires_grad=True)
+    x = sp.array(xs, requires_grad=True, device=device)
+    out = sp.zeros(2, requires_grad=True, device=device)
     backward_ones(fill_vector, 2, [x, 3], out)
     np.testing.assert_array_equal(out.numpy(), (xs.reshape(2, 3) ** 2).sum(axis=1))
     np.testing.assert_array_equal(x.grad.numpy(), 2 * xs)
@@ -281,12 +281,12 @@ def pointer_walk_reference(xs, nxt, steps, t):
     return p, dp
 
 
-def test_loop_carried_index_used_for_loads_and_conditions():
+def test_loop_carried_index_used_for_loads_and_conditions(device):
     xs = np.array([1.1, 0.8, -0.6, 1.4, 0.9, 2.0])
     links = np.array([3, 0, 5, 2, 1, 4], dtype=np.int32)
-    x = sp.array(xs, dtype=sp.float64, requires_grad=True)
-    nxt = sp.array(links)
-    out = sp.zeros(6, dtype=sp.float64, requires_grad=True)
+    x = sp.array(xs, dtype=sp.float64, requires_grad=True, device=device)
+    nxt = sp.array(links, device=device)
+    out = sp.zeros(6, dtype=sp.float64, requires_grad=True, device=device)
     backward_ones(pointer_walk, 6, [x, nxt, 11], out)
     refs = [pointer_walk_reference(xs, links, 11, t) for t in range(6)]
     np.testing.assert_allclose(out.numpy(), [r[0] for r in refs], rtol=1e-14)
@@ -307,11 +307,11 @@ def spin(v0: sp.array(dtype=vec3d), w: sp.array(dtype=vec3d), n: int, out: sp.ar
 
 
 
-def test_loop_carried_vector_with_a_backward_range():
+def test_loop_carried_vector_with_a_backward_range(device):
     rng = np.random.default_rng(5)
-    v0 = sp.array(rng.normal(size=(3, 3)), dtype=vec3d, requires_grad=True)
-    w = sp.array([[0.3, -0.8, 0.5]], dtype=vec3d, requires_grad=True)
-    out = sp.zeros(3, dtype=sp.float64, requires_grad=True)
+    v0 = sp.array(rng.normal(size=(3, 3)), dtype=vec3d, requires_grad=True, device=device)
+    w = sp.array([[0.3, -0.8, 0.5]], dtype=vec3d, requires_grad=True, device=device)
+    out = sp.zeros(3, dtype=sp.float64, requires_grad=True, device=device)
     args = [v0, w, 6]
     assert autograd.gradcheck(spin, 3, args, [out], eps=1e-7, atol=1e-8, rtol=1e-6, show_summary=False)
     # only v's value at the start of each iteration is saved: three float64 words, six iterations
@@ -330,10 +330,10 @@ def first_crossing(x: sp.array(dtype=sp.float64), n: int, level: sp.float64, out
     out[t] = -s
 
 
-def test_return_from_inside_a_dynamic_loop():
+def test_return_from_inside_a_dynamic_loop(device):
     xs = np.array([0.5, 0.7, 0.9, 1.1, 0.1, 0.2, 0.3, 0.1])
-    x = sp.array(xs, dtype=sp.float64, requires_grad=True)
-    out = sp.zeros(2, dtype=sp.float64, requires_grad=True)
+    x = sp.array(xs, dtype=sp.float64, requires_grad=True, device=device)
+    out = sp.zeros(2, dtype=sp.float64, requires_grad=True, device=device)
     backward_ones(first_crossing, 2, [x, 4, 1.0], out)
     # thread 0 crosses at k = 2: out = (x0^2 + x1^2 + x2^2) x2; thread 1 never does: out = -sum x^2
     s0 = xs[0] ** 2 + xs[1] ** 2 + xs[2] ** 2
@@ -354,9 +354,9 @@ def while_with_inner_loop(x: sp.array(dtype=sp.float64), limit: sp.float64, out:
     out[t] = v
 
 
-def test_while_loop_whose_inner_trip_count_is_carried():
-    x = sp.array([0.05, 0.3, 1.2, 3.0], dtype=sp.float64, requires_grad=True)
-    out = sp.zeros(4, dtype=sp.float64, requires_grad=True)
+def test_while_loop_whose_inner_trip_count_is_carried(device):
+    x = sp.array([0.05, 0.3, 1.2, 3.0], dtype=sp.float64, requires_grad=True, device=device)
+    out = sp.zeros(4, dtype=sp.float64, requires_grad=True, device=device)
     backward_ones(while_with_inner_loop, 4, [x, 2.0], out)
     multiplications = []
     for v in x.numpy():                             # v_final = 1.1^m v0 + const: gradient 1.1^m
@@ -381,13 +381,13 @@ def ragged(x: sp.array(dtype=sp.float64), c: sp.array(dtype=sp.float64), period:
     out[i] = s
 
 
-def test_trip_counts_that_differ_per_thread():
+def test_trip_counts_that_differ_per_thread(device):
     n = 4096
     rng = np.random.default_rng(3)
     xs, cs = rng.uniform(-1, 1, n), rng.uniform(0.5, 1.5, n)
-    x = sp.array(xs, dtype=sp.float64, requires_grad=True)
-    c = sp.array(cs, dtype=sp.float64, requires_grad=True)
-    out = sp.zeros(n, dtype=sp.float64, requires_grad=True)
+    x = sp.array(xs, dtype=sp.float64, requires_grad=True, device=device)
+    c = sp.array(cs, dtype=sp.float64, requires_grad=True, device=device)
+    out = sp.zeros(n, dtype=sp.float64, requires_grad=True, device=device)
     backward_ones(ragged, n, [x, c, 97], out)
     trips = np.arange(n) % 97
     s, ds_dx, ds_dc = xs.copy(), np.ones(n), np.zeros(n)       # float64 forward mode, all threads at once
@@ -413,10 +413,10 @@ def compound(rate: sp.array(dtype=sp.float64), n: int, out: sp.array(dtype=sp.fl
     out[0] = p
 
 
-def test_one_thread_running_a_million_iterations():
+def test_one_thread_running_a_million_iterations(device):
     n, r = 1_000_000, 1e-7
-    rate = sp.array([r], dtype=sp.float64, requires_grad=True)
-    out = sp.zeros(1, dtype=sp.float64, requires_grad=True)
+    rate = sp.array([r], dtype=sp.float64, requires_grad=True, device=device)
+    out = sp.zeros(1, dtype=sp.float64, requires_grad=True, device=device)
     backward_ones(compound, 1, [rate, n], out)
     np.testing.assert_allclose(out.numpy(), [(1 + r) ** n], rtol=1e-9)
     np.testing.assert_allclose(rate.grad.numpy(), [n * (1 + r) ** (n - 1)], rtol=1e-9)
@@ -431,10 +431,10 @@ def product_of_1000(x: sp.array(dtype=sp.float64), out: sp.array(dtype=sp.float6
     out[0] = p
 
 
-def test_a_constant_range_too_long_to_unroll():
+def test_a_constant_range_too_long_to_unroll(device):
     xs = 1.0 + np.random.default_rng(4).uniform(-1e-3, 1e-3, 1000)
-    x = sp.array(xs, dtype=sp.float64, requires_grad=True)
-    out = sp.zeros(1, dtype=sp.float64, requires_grad=True)
+    x = sp.array(xs, dtype=sp.float64, requires_grad=True, device=device)
+    out = sp.zeros(1, dtype=sp.float64, requires_grad=True, device=device)
     backward_ones(product_of_1000, 1, [x], out)
     np.testing.assert_allclose(out.numpy(), [np.prod(xs)], rtol=1e-13)
     np.testing.assert_allclose(x.grad.numpy(), np.prod(xs) / xs, rtol=1e-12)
@@ -461,11 +461,11 @@ def two_carried(x: sp.array(dtype=float), n: int, out: sp.array(dtype=float)):
     out[0] = b
 
 
-def test_linear_accumulation_needs_no_tape_and_nonlinear_values_do():
+def test_linear_accumulation_needs_no_tape_and_nonlinear_values_do(device):
     assert not linear_sum.compiled().needs_tape
     assert prod_loop.compiled().needs_tape
-    x = sp.array(np.arange(1.0, 6.0, dtype=np.float32), requires_grad=True)
-    out = sp.zeros(1, requires_grad=True)
+    x = sp.array(np.arange(1.0, 6.0, dtype=np.float32), requires_grad=True, device=device)
+    out = sp.zeros(1, requires_grad=True, device=device)
     np.testing.assert_array_equal(autograd.loop_tape_words(linear_sum, 1, [x, 5], [out]), [0])
     backward_ones(linear_sum, 1, [x, 5], out)
     np.testing.assert_array_equal(x.grad.numpy(), np.ones(5))
@@ -476,7 +476,7 @@ def test_linear_accumulation_needs_no_tape_and_nonlinear_values_do():
     assert two_carried.compiled().needs_tape
     np.testing.assert_array_equal(autograd.loop_tape_words(two_carried, 1, [x, 4], [out]), [4])
     x.grad.zero_()
-    backward_ones(two_carried, 1, [x, 4], sp.zeros(1, requires_grad=True))
+    backward_ones(two_carried, 1, [x, 4], sp.zeros(1, requires_grad=True, device=device))
     np.testing.assert_array_equal(x.grad.numpy(), [1.0, 0.5, 0.25, 0.125, 0.0])
 
 

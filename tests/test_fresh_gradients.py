@@ -28,14 +28,14 @@ def bits(a) -> np.ndarray:
 
 def garbage(a):
     """Make `a` look like new memory: NaN everywhere (what a stray read would show)."""
-    a.numpy()[...] = np.nan
+    a.fill_(np.nan)
     return a
 
 
-def wave_inputs(shape=(37, 41), seed=0):
+def wave_inputs(shape=(37, 41), seed=0, device="cpu"):
     rng = np.random.default_rng(seed)
-    up = sp.array(rng.standard_normal(shape).astype(np.float32), requires_grad=True)
-    u = sp.array(rng.standard_normal(shape).astype(np.float32), requires_grad=True)
+    up = sp.array(rng.standard_normal(shape).astype(np.float32), requires_grad=True, device=device)
+    u = sp.array(rng.standard_normal(shape).astype(np.float32), requires_grad=True, device=device)
     w = rng.standard_normal(shape).astype(np.float32)
     w[:5] = 0.0                       # zero and negative-zero seeds: the sign of every zero must match
     w[5:9] = -0.0
@@ -43,7 +43,7 @@ def wave_inputs(shape=(37, 41), seed=0):
 
 
 def run_wave(up, u, w, fresh, same=False):
-    out = sp.zeros(u.shape, requires_grad=True)
+    out = sp.zeros(u.shape, requires_grad=True, device=u.device)
     tape = sp.Tape()
     with tape:
         sp.launch(wave, u.shape, inputs=[u if same else up, u, C, B], outputs=[out])
@@ -51,64 +51,64 @@ def run_wave(up, u, w, fresh, same=False):
     return tape
 
 
-def test_a_gather_form_overwrites_fresh_gradients_with_the_bits_of_adding_to_zeros():
-    up, u, w = wave_inputs()
+def test_a_gather_form_overwrites_fresh_gradients_with_the_bits_of_adding_to_zeros(device):
+    up, u, w = wave_inputs(device=device)
     run_wave(up, u, w, fresh=())
     expect_u, expect_up = bits(u.grad).copy(), bits(up.grad).copy()
     # d/dup is -w: its one contribution added to a zero (every zero comes out +0.0)
     np.testing.assert_array_equal(expect_up, (np.float32(0.0) + -w).view(np.uint32))
     np.testing.assert_allclose(u.grad.numpy(), wave_adjoint_reference(u.numpy(), w), rtol=1e-5, atol=1e-6)
-    up2, u2, _ = wave_inputs()
+    up2, u2, _ = wave_inputs(device=device)
     run_wave(up2, u2, w, fresh=(garbage(u2.grad), garbage(up2.grad)))
     np.testing.assert_array_equal(bits(u2.grad), expect_u)
     np.testing.assert_array_equal(bits(up2.grad), expect_up)
 
 
-def test_fresh_gradients_still_accumulate_where_not_fresh():
+def test_fresh_gradients_still_accumulate_where_not_fresh(device):
     """Only the gradients named fresh are overwritten: up.grad here holds earlier sums."""
-    up, u, w = wave_inputs()
-    up.grad.numpy()[...] = 1.5
+    up, u, w = wave_inputs(device=device)
+    up.grad.fill_(1.5)
     run_wave(up, u, w, fresh=())
     expect = bits(up.grad).copy()
     np.testing.assert_array_equal(expect, (np.float32(1.5) + -w).view(np.uint32))
-    up2, u2, _ = wave_inputs()
-    up2.grad.numpy()[...] = 1.5
+    up2, u2, _ = wave_inputs(device=device)
+    up2.grad.fill_(1.5)
     run_wave(up2, u2, w, fresh=(garbage(u2.grad),))
     np.testing.assert_array_equal(bits(up2.grad), expect)
 
 
-def test_an_array_passed_as_two_arguments_is_not_overwritten_twice():
+def test_an_array_passed_as_two_arguments_is_not_overwritten_twice(device):
     """up and u are the same array: its gradient gets both parameters' sums, so neither stores:
     the fresh mask is empty and the gradient is zero-filled before the adjoint runs."""
-    _, u, w = wave_inputs()
-    out = sp.zeros(u.shape, requires_grad=True)
+    _, u, w = wave_inputs(device=device)
+    out = sp.zeros(u.shape, requires_grad=True, device=device)
     pending = {id(u.grad._storage): garbage(u.grad)}
     assert _fresh_mask(pending, _signature(wave), [u, u, C, B, out], gathered=("up", "u")) == 0
     assert not pending and not u.grad.numpy().any()
     run_wave(None, u, w, fresh=(), same=True)
     expect = bits(u.grad).copy()
-    _, u2, _ = wave_inputs()
+    _, u2, _ = wave_inputs(device=device)
     run_wave(None, u2, w, fresh=(garbage(u2.grad),), same=True)
     np.testing.assert_array_equal(bits(u2.grad), expect)
 
 
-def test_fresh_gradients_nothing_wrote_are_zero_filled():
-    up, u, w = wave_inputs()
-    unused = garbage(sp.zeros(7))
+def test_fresh_gradients_nothing_wrote_are_zero_filled(device):
+    up, u, w = wave_inputs(device=device)
+    unused = garbage(sp.zeros(7, device=device))
     run_wave(up, u, w, fresh=(garbage(u.grad), garbage(up.grad), unused))
     np.testing.assert_array_equal(unused.numpy(), np.zeros(7, np.float32))
     assert np.isfinite(u.grad.numpy()).all() and np.isfinite(up.grad.numpy()).all()
 
 
-def test_scatters_seeds_and_copies_see_zeros_in_fresh_gradients():
+def test_scatters_seeds_and_copies_see_zeros_in_fresh_gradients(device):
     """A scattering adjoint (x[idx[i]]), a copy's adjoint and a seed add into fresh gradients:
     each is zero-filled first."""
-    idx = sp.array(np.array([3, 0, 3, 1, 3], np.int32))
+    idx = sp.array(np.array([3, 0, 3, 1, 3], np.int32), device=device)
 
     def run(fresh_ones):
-        x = sp.array(np.arange(4, dtype=np.float32), requires_grad=True)
-        y = sp.zeros(5, requires_grad=True)
-        z = sp.zeros(5, requires_grad=True)
+        x = sp.array(np.arange(4, dtype=np.float32), requires_grad=True, device=device)
+        y = sp.zeros(5, requires_grad=True, device=device)
+        z = sp.zeros(5, requires_grad=True, device=device)
         tape = sp.Tape()
         with tape:
             sp.launch(pick, 5, inputs=[x, idx], outputs=[y])

@@ -47,11 +47,11 @@ def wave_adjoint_reference(u, w):
     return g
 
 
-def wave_gradients(shape, deterministic, seed=0):
+def wave_gradients(shape, deterministic, seed=0, device="cpu"):
     rng = np.random.default_rng(seed)
-    u = sp.array(rng.standard_normal(shape).astype(np.float32), requires_grad=True)
-    up = sp.array(rng.standard_normal(shape).astype(np.float32), requires_grad=True)
-    out = sp.zeros(shape, requires_grad=True)
+    u = sp.array(rng.standard_normal(shape).astype(np.float32), requires_grad=True, device=device)
+    up = sp.array(rng.standard_normal(shape).astype(np.float32), requires_grad=True, device=device)
+    out = sp.zeros(shape, requires_grad=True, device=device)
     w = rng.standard_normal(shape).astype(np.float32)
     tape = sp.Tape(deterministic=deterministic)
     with tape:
@@ -68,23 +68,23 @@ def test_stencil_kernel_has_a_gather_form_over_both_inputs():
 
 
 @pytest.mark.parametrize("shape", [(1, 1), (2, 3), (37, 64), (256, 129)])
-def test_gathered_stencil_adjoint_matches_the_float64_transpose(shape):
-    u, w, gu, gup = wave_gradients(shape, deterministic=False)
+def test_gathered_stencil_adjoint_matches_the_float64_transpose(shape, device):
+    u, w, gu, gup = wave_gradients(shape, deterministic=False, device=device)
     np.testing.assert_allclose(gu, wave_adjoint_reference(u, w), rtol=2e-6, atol=2e-6)
     np.testing.assert_array_equal(gup, -w)
 
 
-def test_gather_form_gives_the_same_bits_with_and_without_deterministic():
-    a = wave_gradients((64, 80), deterministic=False, seed=3)
-    b = wave_gradients((64, 80), deterministic=True, seed=3)
+def test_gather_form_gives_the_same_bits_with_and_without_deterministic(device):
+    a = wave_gradients((64, 80), deterministic=False, seed=3, device=device)
+    b = wave_gradients((64, 80), deterministic=True, seed=3, device=device)
     np.testing.assert_array_equal(a[2], b[2])
     np.testing.assert_array_equal(a[3], b[3])
 
 
-def test_gather_and_scatter_adjoints_agree_to_rounding(monkeypatch):
-    u, w, gathered, _ = wave_gradients((48, 48), deterministic=True, seed=5)
+def test_gather_and_scatter_adjoints_agree_to_rounding(monkeypatch, device):
+    u, w, gathered, _ = wave_gradients((48, 48), deterministic=True, seed=5, device=device)
     monkeypatch.setattr(wave.compiled(), "gather", None)
-    _, _, scattered, _ = wave_gradients((48, 48), deterministic=True, seed=5)
+    _, _, scattered, _ = wave_gradients((48, 48), deterministic=True, seed=5, device=device)
     np.testing.assert_allclose(gathered, scattered, rtol=1e-6, atol=1e-6)
 
 
@@ -95,12 +95,12 @@ def pair_and_shift(a: F1, b: F1, out: F1):
     out[i] = a[i // 2] * b[i + 1]          # a: index not tid + constant; b: offset +1
 
 
-def test_unqualified_arrays_scatter_in_the_zero_offset_pass():
+def test_unqualified_arrays_scatter_in_the_zero_offset_pass(device):
     gather = pair_and_shift.compiled().gather
     assert gather is not None and gather.arrays == ("b",) and gather.scatters
-    a = sp.array(np.arange(1.0, 5.0, dtype=np.float32), requires_grad=True)
-    b = sp.array(np.arange(10.0, 19.0, dtype=np.float32), requires_grad=True)
-    out = sp.zeros(8, requires_grad=True)
+    a = sp.array(np.arange(1.0, 5.0, dtype=np.float32), requires_grad=True, device=device)
+    b = sp.array(np.arange(10.0, 19.0, dtype=np.float32), requires_grad=True, device=device)
+    out = sp.zeros(8, requires_grad=True, device=device)
     w = np.arange(1.0, 9.0, dtype=np.float32)
     tape = sp.Tape()
     with tape:
@@ -128,10 +128,10 @@ def shift_left(a: F1, b: F1, out: F1):
     out[i] = v
 
 
-def test_gather_with_a_scattered_array_when_shapes_fit():
-    a = sp.array(np.ones(8, np.float32), requires_grad=True)
-    b = sp.array(np.ones(8, np.float32), requires_grad=True)
-    out = sp.zeros(8, requires_grad=True)
+def test_gather_with_a_scattered_array_when_shapes_fit(device):
+    a = sp.array(np.ones(8, np.float32), requires_grad=True, device=device)
+    b = sp.array(np.ones(8, np.float32), requires_grad=True, device=device)
+    out = sp.zeros(8, requires_grad=True, device=device)
     assert _gather_fits(shift_left.compiled().gather, _signature(shift_left), [a, b, out], (8,))
     w = np.arange(1.0, 9.0, dtype=np.float32)
     tape = sp.Tape(deterministic=True)
@@ -171,11 +171,11 @@ def smooth3(x: sp.array(dtype=sp.vec3, ndim=2), out: sp.array(dtype=sp.vec3, ndi
     out[i, j] = v
 
 
-def test_vector_arrays_gather_too():
+def test_vector_arrays_gather_too(device):
     assert smooth3.compiled().gather.arrays == ("x",)
     rng = np.random.default_rng(1)
-    x = sp.array(rng.standard_normal((5, 7, 3)).astype(np.float32), dtype=sp.vec3, requires_grad=True)
-    out = sp.zeros((5, 7), dtype=sp.vec3, requires_grad=True)
+    x = sp.array(rng.standard_normal((5, 7, 3)).astype(np.float32), dtype=sp.vec3, requires_grad=True, device=device)
+    out = sp.zeros((5, 7), dtype=sp.vec3, requires_grad=True, device=device)
     w = rng.standard_normal((5, 7, 3)).astype(np.float32)
     tape = sp.Tape()
     with tape:
@@ -195,10 +195,10 @@ def periodic_wave(u: F2, up: F2, c: float, b: float, n: int, u_next: F2):
     u_next[i, j] = 2.0 * x - up[i, j] + c * lap - b * x * x * x
 
 
-def periodic_gradients(n, w, u, up, period, deterministic=True):
-    ua = sp.array(u, requires_grad=True)
-    upa = sp.array(up, requires_grad=True)
-    out = sp.zeros((n, n), requires_grad=True)
+def periodic_gradients(n, w, u, up, period, deterministic=True, device="cpu"):
+    ua = sp.array(u, requires_grad=True, device=device)
+    upa = sp.array(up, requires_grad=True, device=device)
+    out = sp.zeros((n, n), requires_grad=True, device=device)
     tape = sp.Tape(deterministic=deterministic)
     with tape:
         sp.launch(periodic_wave, (n, n), inputs=[ua, upa, C, B, period], outputs=[out])
@@ -207,16 +207,16 @@ def periodic_gradients(n, w, u, up, period, deterministic=True):
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 33, 128])
-def test_periodic_stencil_gathers_and_matches_the_float64_transpose(n):
+def test_periodic_stencil_gathers_and_matches_the_float64_transpose(n, device):
     """(i + 1) % n and (i + n - 1) % n with n the extent: the gather wraps around each axis, and in
     the middle of the launch the interior variant indexes without the modulo."""
     gather = periodic_wave.compiled().gather
     assert set(gather.arrays) == {"u", "up"} and not gather.scatters
     rng = np.random.default_rng(n)
     u, up, w = (rng.standard_normal((n, n)).astype(np.float32) for _ in range(3))
-    args = [sp.array(u), sp.array(up), C, B, n, sp.zeros((n, n))]
+    args = [sp.array(u, device=device), sp.array(up, device=device), C, B, n, sp.zeros((n, n), device=device)]
     assert _gather_fits(gather, _signature(periodic_wave), args, (n, n))
-    out, gu, gup = periodic_gradients(n, w, u, up, n)
+    out, gu, gup = periodic_gradients(n, w, u, up, n, device=device)
     u64, w64 = u.astype(np.float64), w.astype(np.float64)
     lap = sum(np.roll(u64, s, axis=a) for s in (1, -1) for a in (0, 1)) - 4.0 * u64
     np.testing.assert_allclose(out, 2.0 * u64 - up + C * lap - B * u64 ** 3, rtol=1e-5, atol=1e-5)
@@ -224,18 +224,18 @@ def test_periodic_stencil_gathers_and_matches_the_float64_transpose(n):
         np.roll(w64, s, axis=a) for s in (1, -1) for a in (0, 1))
     np.testing.assert_allclose(gu, expected, rtol=2e-6, atol=2e-6)
     np.testing.assert_array_equal(gup, -w)
-    same = periodic_gradients(n, w, u, up, n, deterministic=False)
+    same = periodic_gradients(n, w, u, up, n, deterministic=False, device=device)
     np.testing.assert_array_equal(same[1], gu)
 
 
-def test_a_period_other_than_the_extent_keeps_the_scatter():
+def test_a_period_other_than_the_extent_keeps_the_scatter(device):
     # n = 5 on a 7 x 7 launch: thread 6 reads row (6 + 1) % 5 = 2, not a neighbour in the launch.
     gather = periodic_wave.compiled().gather
     rng = np.random.default_rng(9)
     u, up, w = (rng.standard_normal((7, 7)).astype(np.float32) for _ in range(3))
-    args = [sp.array(u), sp.array(up), C, B, 5, sp.zeros((7, 7))]
+    args = [sp.array(u, device=device), sp.array(up, device=device), C, B, 5, sp.zeros((7, 7), device=device)]
     assert not _gather_fits(gather, _signature(periodic_wave), args, (7, 7))
-    _, gu, _ = periodic_gradients(7, w, u, up, 5)
+    _, gu, _ = periodic_gradients(7, w, u, up, 5, device=device)
     u64, w64 = u.astype(np.float64), w.astype(np.float64)
     expected = (2.0 - 4.0 * C - 3.0 * B * u64 * u64) * w64
     for i in range(7):

@@ -17,15 +17,15 @@ def scale(y: sp.array(dtype=float), z: sp.array(dtype=float)):
     z[i] = 0.5 * y[i]
 
 
-def test_replay_runs_the_captured_launches_in_order_on_the_current_data():
-    x, y, z = sp.ones(4), sp.zeros(4), sp.zeros(4)
+def test_replay_runs_the_captured_launches_in_order_on_the_current_data(device):
+    x, y, z = sp.ones(4, device=device), sp.zeros(4, device=device), sp.zeros(4, device=device)
     with sp.capture() as graph:
         sp.launch(axpy, 4, inputs=[2.0, x, y])
         sp.launch(scale, 4, inputs=[y], outputs=[z])
     assert len(graph) == 2
     np.testing.assert_array_equal(y.numpy(), [2, 2, 2, 2])          # captured launches ran once
     version = y.version
-    x.numpy()[:] = [1, 2, 3, 4]                                      # new data, same memory
+    x.assign([1, 2, 3, 4])                                           # new data, same memory
     graph.replay()
     graph.replay()
     np.testing.assert_array_equal(y.numpy(), [2 + 2 * 2, 2 + 2 * 4, 2 + 2 * 6, 2 + 2 * 8])
@@ -33,8 +33,8 @@ def test_replay_runs_the_captured_launches_in_order_on_the_current_data():
     assert y.version == version + 2                                  # replays count as writes
 
 
-def test_launches_on_a_recording_tape_cannot_be_captured():
-    x, y = sp.ones(4, requires_grad=True), sp.zeros(4, requires_grad=True)
+def test_launches_on_a_recording_tape_cannot_be_captured(device):
+    x, y = sp.ones(4, requires_grad=True, device=device), sp.zeros(4, requires_grad=True, device=device)
     with pytest.raises(sp.LaunchError, match="axpy.*Tape"), sp.Tape(), sp.capture():
         sp.launch(axpy, 4, inputs=[2.0, x, y])
     np.testing.assert_array_equal(y.numpy(), [0, 0, 0, 0])         # refused before running

@@ -69,9 +69,9 @@ def flags2_reference(launch, ref_shape, count):
     ((6, 9), (2, 4), 9),          # smaller: the box ends where their bounds say
 ])
 @pytest.mark.parametrize("deterministic", [False, True])
-def test_boundary_tests_in_two_dimensions(launch, ref_shape, count, deterministic):
-    ref = sp.zeros(ref_shape, dtype=int)
-    out = sp.zeros(launch, dtype=int)
+def test_boundary_tests_in_two_dimensions(launch, ref_shape, count, deterministic, device):
+    ref = sp.zeros(ref_shape, dtype=int, device=device)
+    out = sp.zeros(launch, dtype=int, device=device)
     sp.launch(flags2, launch, inputs=[ref, count], outputs=[out], deterministic=deterministic)
     np.testing.assert_array_equal(out.numpy(), flags2_reference(launch, ref_shape, count))
 
@@ -90,8 +90,8 @@ def flags1(ref: I1, out: I1):
 
 
 @pytest.mark.parametrize("n", [1, 2, 4, 5000])
-def test_boundary_tests_in_one_dimension(n):
-    ref, out = sp.zeros(n, dtype=int), sp.zeros(n, dtype=int)
+def test_boundary_tests_in_one_dimension(n, device):
+    ref, out = sp.zeros(n, dtype=int, device=device), sp.zeros(n, dtype=int, device=device)
     sp.launch(flags1, n, inputs=[ref], outputs=[out])
     i = np.arange(n)
     np.testing.assert_array_equal(out.numpy(), (i >= 1) * 1 + (i < n - 2) * 2 + (i + 2 <= n) * 4)
@@ -113,8 +113,8 @@ def flags3(ref: I3, out: I3):
 
 
 @pytest.mark.parametrize("shape", [(1, 1, 1), (3, 4, 5), (9, 17, 33)])
-def test_boundary_tests_in_three_dimensions(shape):
-    ref, out = sp.zeros(shape, dtype=int), sp.zeros(shape, dtype=int)
+def test_boundary_tests_in_three_dimensions(shape, device):
+    ref, out = sp.zeros(shape, dtype=int, device=device), sp.zeros(shape, dtype=int, device=device)
     sp.launch(flags3, shape, inputs=[ref], outputs=[out])
     i, j, k = np.indices(shape)
     expected = (i > 0) * 1 + (j < shape[1] - 1) * 2 + (k > 1) * 4 + (k < shape[2] - 1) * 8
@@ -139,11 +139,11 @@ def untouched(a: I1, b: I1, out: I1):
         out[i] = 1
 
 
-def test_comparisons_with_loaded_values_are_left_alone():
+def test_comparisons_with_loaded_values_are_left_alone(device):
     assert interior_variant(untouched.compiled().forward, "x") is None
-    a = sp.array(np.array([1, 0, 1, 0], dtype=np.int32))
-    b = sp.array(np.array([0, 5, 6, 7], dtype=np.int32))
-    out = sp.zeros(4, dtype=int)
+    a = sp.array(np.array([1, 0, 1, 0], dtype=np.int32), device=device)
+    b = sp.array(np.array([0, 5, 6, 7], dtype=np.int32), device=device)
+    out = sp.zeros(4, dtype=int, device=device)
     sp.launch(untouched, 4, inputs=[a, b], outputs=[out])
     np.testing.assert_array_equal(out.numpy(), [0, 0, 6, 0])
 
@@ -155,12 +155,12 @@ def periodic_sum(a: I2, n: int, out: I2):
 
 
 @pytest.mark.parametrize("n", [1, 2, 5, 70])
-def test_periodic_indices_lose_their_modulo_in_the_middle(n):
+def test_periodic_indices_lose_their_modulo_in_the_middle(n, device):
     interior = interior_variant(periodic_sum.compiled().forward, "periodic_interior")
     verify(interior.function)
     assert not any(isinstance(s, ir.Op) and s.op == "mod" for s in ir.walk(interior.function.body))
     a = np.arange(n * n, dtype=np.int32).reshape(n, n)
-    out = sp.zeros((n, n), dtype=int)
-    sp.launch(periodic_sum, (n, n), inputs=[sp.array(a), n], outputs=[out])
+    out = sp.zeros((n, n), dtype=int, device=device)
+    sp.launch(periodic_sum, (n, n), inputs=[sp.array(a, device=device), n], outputs=[out])
     expected = np.roll(a, -1, axis=0) + np.roll(a, 1, axis=1) + np.roll(a, -2, axis=0)
     np.testing.assert_array_equal(out.numpy(), expected)

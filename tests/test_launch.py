@@ -60,31 +60,31 @@ def expected_indices(shape):
 
 @pytest.mark.parametrize("kernel, shape", [(index_1d, (7,)), (index_2d, (3, 5)), (index_3d, (2, 3, 4)),
                                            (index_4d, (2, 3, 4, 5))], ids=["1d", "2d", "3d", "4d"])
-def test_tid_gives_one_index_per_dimension(kernel, shape):
-    out = sp.zeros(shape, dtype=int)
+def test_tid_gives_one_index_per_dimension(kernel, shape, device):
+    out = sp.zeros(shape, dtype=int, device=device)
     sp.launch(kernel, shape if len(shape) > 1 else shape[0], outputs=[out])
     np.testing.assert_array_equal(out.numpy(), expected_indices(shape))
 
 
-def test_2d_and_4d_arrays_with_array_shape():
+def test_2d_and_4d_arrays_with_array_shape(device):
     a = np.arange(12.0).reshape(3, 4)
-    out = sp.zeros((4, 3), dtype=sp.float64)
-    sp.launch(transpose_2d, (3, 4), inputs=[sp.array(a)], outputs=[out])
+    out = sp.zeros((4, 3), dtype=sp.float64, device=device)
+    sp.launch(transpose_2d, (3, 4), inputs=[sp.array(a, device=device)], outputs=[out])
     np.testing.assert_array_equal(out.numpy(), a.T * 2 + 4)
 
     b = np.random.default_rng(0).standard_normal((2, 3, 4, 5))
-    out = sp.zeros((2, 3, 4), dtype=sp.float64)
-    sp.launch(reduce_4d, (2, 3, 4), inputs=[sp.array(b)], outputs=[out])
+    out = sp.zeros((2, 3, 4), dtype=sp.float64, device=device)
+    sp.launch(reduce_4d, (2, 3, 4), inputs=[sp.array(b, device=device)], outputs=[out])
     np.testing.assert_allclose(out.numpy(), b.sum(axis=3), rtol=1e-15)
 
 
-def test_launch_with_fewer_dims_than_tid_unpacks_is_an_error():
+def test_launch_with_fewer_dims_than_tid_unpacks_is_an_error(device):
     with pytest.raises(LaunchError, match="index_2d"):
-        sp.launch(index_2d, 6, outputs=[sp.zeros((2, 3), dtype=int)])
+        sp.launch(index_2d, 6, outputs=[sp.zeros((2, 3), dtype=int, device=device)])
 
 
-def test_empty_launch_runs_nothing():
-    out = sp.full(3, 5, dtype=int)
+def test_empty_launch_runs_nothing(device):
+    out = sp.full(3, 5, dtype=int, device=device)
     sp.launch(index_1d, 0, outputs=[out])
     np.testing.assert_array_equal(out.numpy(), [5, 5, 5])
 
@@ -103,13 +103,13 @@ def count_everything(f: sp.array(dtype=sp.float64), n: sp.array(dtype=int), m: s
     sp.atomic_max(hi, 0, sp.float64((i * 7919) % 100003))
 
 
-def test_atomics_under_threads_are_exact():
+def test_atomics_under_threads_are_exact(device):
     threads = 100_000
-    f = sp.zeros(2, dtype=sp.float64)
-    n = sp.zeros(2, dtype=int)
-    m = sp.zeros(1, dtype=sp.int64)
-    lo = sp.full(1, 10 ** 6, dtype=int)
-    hi = sp.full(1, -1.0, dtype=sp.float64)
+    f = sp.zeros(2, dtype=sp.float64, device=device)
+    n = sp.zeros(2, dtype=int, device=device)
+    m = sp.zeros(1, dtype=sp.int64, device=device)
+    lo = sp.full(1, 10 ** 6, dtype=int, device=device)
+    hi = sp.full(1, -1.0, dtype=sp.float64, device=device)
     sp.launch(count_everything, threads, outputs=[f, n, m, lo, hi])
     assert f.numpy().tolist() == [100000.0, 50000.0]      # every partial sum is an exact float64
     assert n.numpy().tolist() == [100000, -200000]
@@ -126,29 +126,29 @@ def saxpy(a: float, x: sp.array(dtype=float), y: sp.array(dtype=float)):
     y[i] = a * x[i] + y[i]
 
 
-def test_wrong_argument_count_names_the_kernel_and_parameters():
+def test_wrong_argument_count_names_the_kernel_and_parameters(device):
     with pytest.raises(LaunchError) as e:
-        sp.launch(saxpy, 4, inputs=[2.0, sp.zeros(4)])
+        sp.launch(saxpy, 4, inputs=[2.0, sp.zeros(4, device=device)])
     msg = str(e.value)
     assert "saxpy" in msg and "3" in msg and "a, x, y" in msg
 
 
-@pytest.mark.parametrize("bad, what", [
-    (sp.zeros(4, dtype=sp.float64), "float64"),
-    (sp.zeros(4, dtype=int), "int32"),
-    (sp.zeros((2, 2)), "2 dimension"),
-    (np.zeros(4, np.float32), "ndarray"),
+@pytest.mark.parametrize("make_bad, what", [
+    (lambda device: sp.zeros(4, dtype=sp.float64, device=device), "float64"),
+    (lambda device: sp.zeros(4, dtype=int, device=device), "int32"),
+    (lambda device: sp.zeros((2, 2), device=device), "2 dimension"),
+    (lambda device: np.zeros(4, np.float32), "ndarray"),
 ], ids=["dtype float64", "dtype int32", "ndim", "numpy array"])
-def test_wrong_array_argument_names_kernel_and_argument(bad, what):
+def test_wrong_array_argument_names_kernel_and_argument(make_bad, what, device):
     with pytest.raises(LaunchError) as e:
-        sp.launch(saxpy, 4, inputs=[2.0, bad], outputs=[sp.zeros(4)])
+        sp.launch(saxpy, 4, inputs=[2.0, make_bad(device)], outputs=[sp.zeros(4, device=device)])
     msg = str(e.value)
     assert "kernel 'saxpy'" in msg and "argument 'x'" in msg and what in msg
 
 
-def test_wrong_scalar_argument_names_kernel_and_argument():
+def test_wrong_scalar_argument_names_kernel_and_argument(device):
     with pytest.raises(LaunchError) as e:
-        sp.launch(saxpy, 4, inputs=["2.0", sp.zeros(4)], outputs=[sp.zeros(4)])
+        sp.launch(saxpy, 4, inputs=["2.0", sp.zeros(4, device=device)], outputs=[sp.zeros(4, device=device)])
     msg = str(e.value)
     assert "kernel 'saxpy'" in msg and "argument 'a'" in msg and "float32" in msg
 
@@ -194,8 +194,8 @@ def test_debug_out_of_range_names_kernel_array_and_index():
     np.testing.assert_array_equal(out.numpy(), [1.0, 2.0, 3.0, 4.0])
 
 
-def test_debug_out_of_range_in_2d_store():
-    grid = sp.zeros((2, 3), dtype=int)
+def test_debug_out_of_range_in_2d_store(device):
+    grid = sp.zeros((2, 3), dtype=int, device=device)
     with pytest.raises(IndexError) as e:
         sp.launch(bad_2d_write, (2, 3), outputs=[grid], debug=True)
     msg = str(e.value)
@@ -213,15 +213,15 @@ def sum_of_squares(y: sp.array(dtype=sp.float64), loss: sp.array(dtype=sp.float6
 
 
 @pytest.mark.parametrize("how", ["copy", "clone", "assign"])
-def test_differentiable_copies(how):
-    x = sp.array(np.ones(3), requires_grad=True)
-    loss = sp.zeros(1, dtype=sp.float64, requires_grad=True)
+def test_differentiable_copies(how, device):
+    x = sp.array(np.ones(3), requires_grad=True, device=device)
+    loss = sp.zeros(1, dtype=sp.float64, requires_grad=True, device=device)
     tape = sp.Tape()
     with tape:
         if how == "clone":
             y = sp.clone(x)
         else:
-            y = sp.zeros(3, dtype=sp.float64, requires_grad=True)
+            y = sp.zeros(3, dtype=sp.float64, requires_grad=True, device=device)
             if how == "copy":
                 sp.copy(y, x)
             else:
@@ -239,11 +239,11 @@ def spring_energy(x: sp.array(dtype=vec3d), k: sp.array(dtype=sp.float64), e: sp
     e[i] = 0.5 * k[i] * sp.length_sq(d) + sp.sin(k[i]) * d.x
 
 
-def test_repeated_backward_with_zero_gives_identical_gradients():
+def test_repeated_backward_with_zero_gives_identical_gradients(device):
     rng = np.random.default_rng(1)
-    x = sp.array(rng.standard_normal((5, 3)), dtype=vec3d, requires_grad=True)
-    k = sp.array(rng.uniform(1, 2, 5), requires_grad=True)
-    e = sp.zeros(5, dtype=sp.float64, requires_grad=True)
+    x = sp.array(rng.standard_normal((5, 3)), dtype=vec3d, requires_grad=True, device=device)
+    k = sp.array(rng.uniform(1, 2, 5), requires_grad=True, device=device)
+    e = sp.zeros(5, dtype=sp.float64, requires_grad=True, device=device)
     seed = rng.standard_normal(5)
     tape = sp.Tape()
     with tape:
@@ -270,14 +270,14 @@ def environment_step(x: sp.array(dtype=vec3d), p: sp.array(dtype=sp.float64), y:
     y[i] = vec2d(s.x * s.y + p[i] * s.z, sp.sin(s.z) + s.x * s.x * p[i])
 
 
-def test_jacobian_rows_of_many_environments_through_the_tape():
+def test_jacobian_rows_of_many_environments_through_the_tape(device):
     envs = 1000
     rng = np.random.default_rng(2)
     xv = rng.standard_normal((envs, 3))
     pv = rng.standard_normal(envs)
-    x = sp.array(xv, dtype=vec3d, requires_grad=True)
-    p = sp.array(pv, requires_grad=True)
-    y = sp.zeros(envs, dtype=vec2d, requires_grad=True)
+    x = sp.array(xv, dtype=vec3d, requires_grad=True, device=device)
+    p = sp.array(pv, requires_grad=True, device=device)
+    y = sp.zeros(envs, dtype=vec2d, requires_grad=True, device=device)
     tape = sp.Tape()
     with tape:
         sp.launch(environment_step, envs, inputs=[x, p], outputs=[y])

@@ -33,12 +33,13 @@ def accumulate(a: sp.array(dtype=float), b: sp.array(dtype=float)):
     sp.atomic_add(b, 0, a[i])
 
 
-def _arrays(n=4):
-    return sp.array(np.arange(1, n + 1, dtype=np.float32), requires_grad=True), sp.zeros(n, requires_grad=True)
+def _arrays(n=4, device="cpu"):
+    return (sp.array(np.arange(1, n + 1, dtype=np.float32), requires_grad=True, device=device),
+            sp.zeros(n, requires_grad=True, device=device))
 
 
-def test_a_kernel_that_reads_and_overwrites_an_array_is_refused_naming_kernel_argument_and_line():
-    a, b = _arrays()
+def test_a_kernel_that_reads_and_overwrites_an_array_is_refused_naming_kernel_argument_and_line(device):
+    a, b = _arrays(device=device)
     with pytest.raises(sp.OverwriteError) as e, sp.Tape():
         sp.launch(square_then_reset, 4, inputs=[a], outputs=[b])
     message = str(e.value)
@@ -47,16 +48,16 @@ def test_a_kernel_that_reads_and_overwrites_an_array_is_refused_naming_kernel_ar
     np.testing.assert_array_equal(a.numpy(), [1, 2, 3, 4])    # refused before running: nothing lost
 
 
-def test_the_same_kernel_runs_normally_outside_a_tape():
-    a, b = _arrays()
+def test_the_same_kernel_runs_normally_outside_a_tape(device):
+    a, b = _arrays(device=device)
     sp.launch(square_then_reset, 4, inputs=[a], outputs=[b])
     np.testing.assert_array_equal(b.numpy(), [1, 4, 9, 16])
     np.testing.assert_array_equal(a.numpy(), [1, 1, 1, 1])
 
 
-def test_overwriting_an_input_of_an_earlier_recorded_launch_names_both_launches():
-    a, b = _arrays()
-    c = sp.zeros(4, requires_grad=True)
+def test_overwriting_an_input_of_an_earlier_recorded_launch_names_both_launches(device):
+    a, b = _arrays(device=device)
+    c = sp.zeros(4, requires_grad=True, device=device)
     with pytest.raises(sp.OverwriteError) as e, sp.Tape():
         sp.launch(square, 4, inputs=[a], outputs=[b])
         sp.launch(double, 4, inputs=[c], outputs=[a])        # overwrites a, which square read
@@ -64,9 +65,9 @@ def test_overwriting_an_input_of_an_earlier_recorded_launch_names_both_launches(
     assert "square" in message and "double" in message and "'a'" in message
 
 
-def test_accumulation_and_write_before_read_are_not_overwrites():
-    a, b = _arrays()
-    c = sp.zeros(4, requires_grad=True)
+def test_accumulation_and_write_before_read_are_not_overwrites(device):
+    a, b = _arrays(device=device)
+    c = sp.zeros(4, requires_grad=True, device=device)
     tape = sp.Tape()
     with tape:
         sp.launch(double, 4, inputs=[a], outputs=[c])        # writes c before anyone read it
@@ -78,8 +79,8 @@ def test_accumulation_and_write_before_read_are_not_overwrites():
     np.testing.assert_array_equal(a.grad.numpy(), [6, 6, 6, 6])
 
 
-def test_changing_a_recorded_input_on_the_host_is_caught_at_backward():
-    a, b = _arrays()
+def test_changing_a_recorded_input_on_the_host_is_caught_at_backward(device):
+    a, b = _arrays(device=device)
     tape = sp.Tape()
     with tape:
         sp.launch(square, 4, inputs=[a], outputs=[b])
@@ -94,11 +95,11 @@ def bump(x: sp.array(dtype=float)):
     sp.atomic_add(x, i, 1.0)
 
 
-def test_accumulating_into_an_array_an_earlier_launch_read_is_refused():
+def test_accumulating_into_an_array_an_earlier_launch_read_is_refused(device):
     # y = x * x needs the old x in its backward; adding to x afterwards would silently change the
     # gradient ([4, 6] instead of [2, 4]), so it is an error that names both launches.
-    x = sp.array([1.0, 2.0], requires_grad=True)
-    y = sp.zeros(2, requires_grad=True)
+    x = sp.array([1.0, 2.0], requires_grad=True, device=device)
+    y = sp.zeros(2, requires_grad=True, device=device)
     with pytest.raises(sp.OverwriteError, match=r"bump.*accumulates into.*'x'.*square"), sp.Tape():
         sp.launch(square, 2, inputs=[x], outputs=[y])
         sp.launch(bump, 2, inputs=[], outputs=[x])
@@ -118,9 +119,9 @@ def store_in_a_loop_then_read(a: sp.array(dtype=float), v: sp.array(dtype=float)
         v[i] = a[i] * v[i]
 
 
-def test_reading_back_a_value_the_kernel_stored_is_allowed_and_differentiates():
-    a = sp.array([1.0, 3.0], requires_grad=True)
-    v, x = sp.zeros(2, requires_grad=True), sp.zeros(2, requires_grad=True)
+def test_reading_back_a_value_the_kernel_stored_is_allowed_and_differentiates(device):
+    a = sp.array([1.0, 3.0], requires_grad=True, device=device)
+    v, x = sp.zeros(2, requires_grad=True, device=device), sp.zeros(2, requires_grad=True, device=device)
     tape = sp.Tape()
     with tape:
         sp.launch(store_then_read_back, 2, inputs=[a], outputs=[v, x])
@@ -128,8 +129,8 @@ def test_reading_back_a_value_the_kernel_stored_is_allowed_and_differentiates():
     np.testing.assert_array_equal(a.grad.numpy(), [8.0, 24.0])      # d(4 a^2)/da
 
 
-def test_a_store_in_a_loop_that_is_read_again_is_refused():
-    a = sp.array([1.0, 3.0], requires_grad=True)
-    v = sp.ones(2, requires_grad=True)
+def test_a_store_in_a_loop_that_is_read_again_is_refused(device):
+    a = sp.array([1.0, 3.0], requires_grad=True, device=device)
+    v = sp.ones(2, requires_grad=True, device=device)
     with pytest.raises(sp.OverwriteError, match=r"store_in_a_loop_then_read.*'v'"), sp.Tape():
         sp.launch(store_in_a_loop_then_read, 2, inputs=[a, v, 3])

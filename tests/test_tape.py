@@ -16,12 +16,14 @@ def record_square_sum(tape, y, loss):
     loss.assign([float(np.sum(y.numpy() ** 2))])
 
     def backward():
-        y.grad.numpy()[...] += 2.0 * y.numpy() * loss.grad.numpy()[0]
+        y.grad._add_host(2.0 * y.numpy() * loss.grad.numpy()[0])
     tape.record_func(backward, [y, loss], name="square_sum")
 
 
 def launch(tape, name, fn, adjoint, reads=None, writes=None, accumulates=None):
-    """A Python stand-in for a kernel launch: run `fn`, record it the way the launcher does."""
+    """A Python stand-in for a kernel launch: run `fn`, record it the way the launcher does. Like a
+    kernel, `fn` and `adjoint` write memory without bumping versions (`_write_host`, `_add_host`, on
+    any device); the launcher marks what the launch wrote."""
     op = RecordedOp(f"launch of kernel '{name}'", reads or {}, writes or {}, accumulates or {},
                     adjoint, where=f"model.py:{len(tape.ops) + 10}")
     if active_tape() is tape:
@@ -34,18 +36,18 @@ def launch(tape, name, fn, adjoint, reads=None, writes=None, accumulates=None):
 def double(tape, x, y):
     """y = 2 x."""
     def fn():
-        y.numpy()[...] = 2.0 * x.numpy()
+        y._write_host(2.0 * x.numpy())
 
     def adjoint():
-        x.grad.numpy()[...] += 2.0 * y.grad.numpy()
+        x.grad._add_host(2.0 * y.grad.numpy())
     launch(tape, "double", fn, adjoint, reads={"x": x}, writes={"y": y})
 
 
 # -- differentiable copies (Warp's seed examples) ------------------------------------------------------
 @pytest.mark.parametrize("how", ["clone", "copy", "assign"])
-def test_copies_are_differentiable(how):
-    x = array([1.0, 1.0, 1.0], requires_grad=True)
-    loss = zeros(1, requires_grad=True)
+def test_copies_are_differentiable(how, device):
+    x = array([1.0, 1.0, 1.0], requires_grad=True, device=device)
+    loss = zeros(1, requires_grad=True, device=device)
     tape = Tape()
     with tape:
         if how == "clone":
@@ -59,8 +61,8 @@ def test_copies_are_differentiable(how):
     np.testing.assert_array_equal(loss.numpy(), [3.0])
 
 
-def test_warp_copy_example_through_a_kernel():
-    x = array(np.arange(3), dtype=float, requires_grad=True)
+def test_warp_copy_example_through_a_kernel(device):
+    x = array(np.arange(3), dtype=float, requires_grad=True, device=device)
     y, z = zeros_like(x), zeros_like(x)
     tape = Tape()
     with tape:
@@ -70,9 +72,9 @@ def test_warp_copy_example_through_a_kernel():
     np.testing.assert_array_equal(x.grad.numpy(), [2.0, 2.0, 2.0])
 
 
-def test_copy_with_offsets_routes_gradients_to_the_copied_range():
-    src = array([1.0, 2.0, 3.0, 4.0], requires_grad=True)
-    dest = zeros(3, requires_grad=True)
+def test_copy_with_offsets_routes_gradients_to_the_copied_range(device):
+    src = array([1.0, 2.0, 3.0, 4.0], requires_grad=True, device=device)
+    dest = zeros(3, requires_grad=True, device=device)
     tape = Tape()
     with tape:
         copy(dest, src, dest_offset=1, src_offset=2, count=2)
@@ -80,8 +82,8 @@ def test_copy_with_offsets_routes_gradients_to_the_copied_range():
     np.testing.assert_array_equal(src.grad.numpy(), [0.0, 0.0, 20.0, 30.0])
 
 
-def test_clone_without_grad_detaches():
-    x = array([1.0, 2.0], requires_grad=True)
+def test_clone_without_grad_detaches(device):
+    x = array([1.0, 2.0], requires_grad=True, device=device)
     tape = Tape()
     with tape:
         y = clone(x, requires_grad=False)
@@ -89,13 +91,13 @@ def test_clone_without_grad_detaches():
 
 
 # -- seeding and repeatability ----------------------------------------------------------------------------
-def test_seeds_are_copied_not_adopted():
-    x = array([1.0, 2.0, 3.0], requires_grad=True)
+def test_seeds_are_copied_not_adopted(device):
+    x = array([1.0, 2.0, 3.0], requires_grad=True, device=device)
     y = zeros_like(x)
     tape = Tape()
     with tape:
         double(tape, x, y)
-    seed = ones(3)
+    seed = ones(3, device=device)
     tape.backward(grads={y: seed})
     assert y.grad is not seed
     seed.fill_(100.0)
@@ -104,13 +106,13 @@ def test_seeds_are_copied_not_adopted():
     np.testing.assert_array_equal(seed.numpy(), [100.0, 100.0, 100.0])
 
 
-def test_repeated_backward_with_zero_is_identical():
-    x = array([1.0, 2.0, 3.0], requires_grad=True)
+def test_repeated_backward_with_zero_is_identical(device):
+    x = array([1.0, 2.0, 3.0], requires_grad=True, device=device)
     y = zeros_like(x)
     tape = Tape()
     with tape:
         double(tape, x, y)
-    seed = array([1.0, 0.0, 0.5])
+    seed = array([1.0, 0.0, 0.5], device=device)
     results = []
     for _ in range(3):
         tape.backward(grads={y: seed})
@@ -121,9 +123,9 @@ def test_repeated_backward_with_zero_is_identical():
     np.testing.assert_array_equal(seed.numpy(), [1.0, 0.0, 0.5])
 
 
-def test_backward_without_zero_accumulates():
-    x = array([1.0], requires_grad=True)
-    loss = zeros(1, requires_grad=True)
+def test_backward_without_zero_accumulates(device):
+    x = array([1.0], requires_grad=True, device=device)
+    loss = zeros(1, requires_grad=True, device=device)
     tape = Tape()
     with tape:
         record_square_sum(tape, clone(x), loss)
@@ -132,8 +134,8 @@ def test_backward_without_zero_accumulates():
     assert loss.grad.numpy()[0] == 2.0
 
 
-def test_zero_clears_seeded_and_intermediate_grads():
-    x = array([1.0, 2.0], requires_grad=True)
+def test_zero_clears_seeded_and_intermediate_grads(device):
+    x = array([1.0, 2.0], requires_grad=True, device=device)
     y = zeros_like(x)
     tape = Tape()
     with tape:
@@ -148,13 +150,13 @@ def test_zero_clears_seeded_and_intermediate_grads():
     assert tape.ops == () and tape.gradients == {}
 
 
-def test_loss_must_be_a_one_element_array_with_grad():
-    x = array([1.0, 2.0], requires_grad=True)
+def test_loss_must_be_a_one_element_array_with_grad(device):
+    x = array([1.0, 2.0], requires_grad=True, device=device)
     tape = Tape()
     with pytest.raises(ValueError, match="one-element"):
         tape.backward(x)
     with pytest.raises(ValueError, match="requires_grad=True"):
-        tape.backward(zeros(1))
+        tape.backward(zeros(1, device=device))
     with pytest.raises(ValueError, match=r"seed of shape \(3,\).*expected \(2,\)"):
         tape.backward(grads={x: [1.0, 2.0, 3.0]})
 
@@ -166,8 +168,8 @@ def test_backward_inside_the_with_block_is_an_error():
             tape.backward(grads={})
 
 
-def test_tape_is_reentrant_and_nested_tapes_record_innermost():
-    x = array([1.0], requires_grad=True)
+def test_tape_is_reentrant_and_nested_tapes_record_innermost(device):
+    x = array([1.0], requires_grad=True, device=device)
     y, z = zeros_like(x), zeros_like(x)
     outer, inner = Tape(), Tape()
     with outer:
@@ -185,10 +187,10 @@ def test_tape_is_reentrant_and_nested_tapes_record_innermost():
 
 
 # -- overwrite safety at record time ----------------------------------------------------------------------
-def test_overwriting_an_array_an_earlier_launch_read_is_refused():
-    a = array([1.0, 2.0, 3.0], requires_grad=True)
+def test_overwriting_an_array_an_earlier_launch_read_is_refused(device):
+    a = array([1.0, 2.0, 3.0], requires_grad=True, device=device)
     b = zeros_like(a)
-    c = array([-1.0, -2.0, -3.0], requires_grad=True)
+    c = array([-1.0, -2.0, -3.0], requires_grad=True, device=device)
     tape = Tape()
     with tape:
         double(tape, a, b)                     # reads a
@@ -206,11 +208,11 @@ def test_overwriting_an_array_an_earlier_launch_read_is_refused():
     lambda a: a.fill_(0.0),
     lambda a: a.zero_(),
     lambda a: a.assign([0.0, 0.0]),
-    lambda a: a.assign(zeros(2, requires_grad=True)),
-    lambda a: copy(a, zeros(2)),
+    lambda a: a.assign(zeros_like(a, requires_grad=True)),
+    lambda a: copy(a, zeros_like(a, requires_grad=False)),
 ])
-def test_host_writes_while_recording_are_checked(mutate):
-    a = array([1.0, 2.0], requires_grad=True)
+def test_host_writes_while_recording_are_checked(mutate, device):
+    a = array([1.0, 2.0], requires_grad=True, device=device)
     tape = Tape()
     with tape:
         double(tape, a, zeros_like(a))
@@ -220,20 +222,20 @@ def test_host_writes_while_recording_are_checked(mutate):
     np.testing.assert_array_equal(a.numpy(), [1.0, 2.0])
 
 
-def test_reading_and_overwriting_in_one_launch_is_refused():
-    a = array([1.0, 2.0], requires_grad=True)
+def test_reading_and_overwriting_in_one_launch_is_refused(device):
+    a = array([1.0, 2.0], requires_grad=True, device=device)
     tape = Tape()
     with tape:
         with pytest.raises(OverwriteError, match=r"reads argument 'a' and overwrites it as argument 'out'"):
             launch(tape, "inplace", lambda: None, lambda: None, reads={"a": a}, writes={"out": a})
 
 
-def test_repeated_accumulation_is_allowed_but_not_into_an_array_an_earlier_op_read():
-    x = array([1.0, 2.0], requires_grad=True)
-    total = zeros(1, requires_grad=True)
+def test_repeated_accumulation_is_allowed_but_not_into_an_array_an_earlier_op_read(device):
+    x = array([1.0, 2.0], requires_grad=True, device=device)
+    total = zeros(1, requires_grad=True, device=device)
     tape = Tape()
     with tape:
-        def add(): total.numpy()[0] += x.numpy().sum()
+        def add(): total._add_host(x.numpy().sum())
         launch(tape, "sum", add, lambda: None, reads={"x": x}, accumulates={"total": total})
         launch(tape, "sum_again", add, lambda: None, reads={"x": x}, accumulates={"total": total})
         launch(tape, "read_total", lambda: None, lambda: None, reads={"t": total}, accumulates={})
@@ -243,8 +245,8 @@ def test_repeated_accumulation_is_allowed_but_not_into_an_array_an_earlier_op_re
     tape.backward(grads={total: [1.0]})          # and no version complaint either
 
 
-def test_write_before_read_is_fine():
-    x = array([1.0, 2.0], requires_grad=True)
+def test_write_before_read_is_fine(device):
+    x = array([1.0, 2.0], requires_grad=True, device=device)
     y = zeros_like(x)
     z = zeros_like(x)
     tape = Tape()
@@ -256,8 +258,8 @@ def test_write_before_read_is_fine():
     np.testing.assert_array_equal(x.grad.numpy(), [4.0, 4.0])
 
 
-def test_nothing_is_checked_outside_a_tape():
-    a = array([1.0, 2.0], requires_grad=True)
+def test_nothing_is_checked_outside_a_tape(device):
+    a = array([1.0, 2.0], requires_grad=True, device=device)
     tape = Tape()
     double(tape, a, zeros_like(a))
     a.fill_(3.0)
@@ -269,11 +271,11 @@ def test_nothing_is_checked_outside_a_tape():
     lambda a: a.fill_(0.0),
     lambda a: a.assign([5.0, 6.0]),
     lambda a: a.zero_(),
-    lambda a: copy(a, ones(2)),
+    lambda a: copy(a, ones_like(a, requires_grad=False)),
     lambda a: a._mark_written(),
 ])
-def test_modifying_a_read_array_after_recording_fails_at_backward(mutate):
-    x = array([1.0, 2.0], requires_grad=True)
+def test_modifying_a_read_array_after_recording_fails_at_backward(mutate, device):
+    x = array([1.0, 2.0], requires_grad=True, device=device)
     y = zeros_like(x)
     tape = Tape()
     with tape:
@@ -287,9 +289,9 @@ def test_modifying_a_read_array_after_recording_fails_at_backward(mutate):
     np.testing.assert_array_equal(x.grad.numpy(), [0.0, 0.0])   # nothing was accumulated
 
 
-def test_a_modification_between_recordings_is_not_forgotten():
-    x = array([1.0, 2.0], requires_grad=True)
-    total = zeros(1, requires_grad=True)
+def test_a_modification_between_recordings_is_not_forgotten(device):
+    x = array([1.0, 2.0], requires_grad=True, device=device)
+    total = zeros(1, requires_grad=True, device=device)
     tape = Tape()
     with tape:
         double(tape, x, zeros_like(x))
@@ -298,8 +300,8 @@ def test_a_modification_between_recordings_is_not_forgotten():
         tape.backward(grads={total: [1.0]})
 
 
-def test_unread_arrays_may_change_after_recording():
-    x = array([1.0, 2.0], requires_grad=True)
+def test_unread_arrays_may_change_after_recording(device):
+    x = array([1.0, 2.0], requires_grad=True, device=device)
     y = zeros_like(x)
     tape = Tape()
     with tape:
@@ -310,9 +312,9 @@ def test_unread_arrays_may_change_after_recording():
 
 
 # -- visualisation ---------------------------------------------------------------------------------------------
-def test_visualize_writes_dot_with_ops_and_arrays(tmp_path):
-    x = array([1.0], requires_grad=True)
-    y, z = zeros_like(x), zeros(1)
+def test_visualize_writes_dot_with_ops_and_arrays(tmp_path, device):
+    x = array([1.0], requires_grad=True, device=device)
+    y, z = zeros_like(x), zeros(1, device=device)
     tape = Tape()
     with tape:
         double(tape, x, y)
@@ -327,8 +329,8 @@ def test_visualize_writes_dot_with_ops_and_arrays(tmp_path):
     assert '[label="x"];' in dot          # the edge from x into the launch, labelled with the argument
 
 
-def test_has_read_tells_which_arrays_a_recorded_op_read():
-    x, y, z = array([1.0, 2.0]), zeros(2), zeros(2)
+def test_has_read_tells_which_arrays_a_recorded_op_read(device):
+    x, y, z = array([1.0, 2.0], device=device), zeros(2, device=device), zeros(2, device=device)
     tape = Tape()
     with tape:
         double(tape, x, y)

@@ -42,12 +42,12 @@ def weighted_sum64(a: F64, w: F64, out: F64):
     sp.atomic_add(out, 0, w[i] * a[i])
 
 
-def chain_model(n=16, dt=0.05):
-    model = sp.Model(dt=dt)
+def chain_model(n=16, dt=0.05, device="cpu"):
+    model = sp.Model(device, dt=dt)
     model.state("x", n, sp.float64)
     model.state("v", n, sp.float64)
-    model.param("k", sp.array(np.array([4.0, 0.5]), dtype=sp.float64))
-    model.param("c", sp.array(np.array([0.1]), dtype=sp.float64))
+    model.param("k", sp.array(np.array([4.0, 0.5]), dtype=sp.float64, device=device))
+    model.param("c", sp.array(np.array([0.1]), dtype=sp.float64, device=device))
 
     @model.step
     def step(s):
@@ -58,11 +58,11 @@ def chain_model(n=16, dt=0.05):
     return model
 
 
-def chain_initial(n=16, seed=0):
+def chain_initial(n=16, seed=0, device="cpu"):
     rng = np.random.default_rng(seed)
     x = np.arange(n, dtype=np.float64) + 0.1 * rng.standard_normal(n)
     v = 0.1 * rng.standard_normal(n)
-    return {"x": sp.array(x, dtype=sp.float64), "v": sp.array(v, dtype=sp.float64)}
+    return {"x": sp.array(x, dtype=sp.float64, device=device), "v": sp.array(v, dtype=sp.float64, device=device)}
 
 
 # -- particles on springs, vec3 float32, forces scattered with atomics ---------------------------------
@@ -96,12 +96,12 @@ def height_loss(x: V3, out: F32):
     sp.atomic_add(out, 0, x[i][1] * x[i][1] + 0.1 * x[i][0])
 
 
-def particle_model(n=64, dt=0.01):
-    model = sp.Model(dt=dt)
+def particle_model(n=64, dt=0.01, device="cpu"):
+    model = sp.Model(device, dt=dt)
     model.state("x", n, sp.vec3)
     model.state("v", n, sp.vec3)
-    model.param("k", sp.array([40.0]))
-    model.param("g", sp.array([9.8]))
+    model.param("k", sp.array([40.0], device=device))
+    model.param("g", sp.array([9.8], device=device))
 
     @model.step
     def step(s):
@@ -112,17 +112,17 @@ def particle_model(n=64, dt=0.01):
     return model
 
 
-def particle_initial(n=64, seed=1):
+def particle_initial(n=64, seed=1, device="cpu"):
     rng = np.random.default_rng(seed)
     x = np.zeros((n, 3), np.float32)
     x[:, 0] = np.arange(n) * 1.05
     x += 0.05 * rng.standard_normal((n, 3)).astype(np.float32)
     v = (0.1 * rng.standard_normal((n, 3))).astype(np.float32)
-    return {"x": sp.array(x, dtype=sp.vec3), "v": sp.array(v, dtype=sp.vec3)}
+    return {"x": sp.array(x, dtype=sp.vec3, device=device), "v": sp.array(v, dtype=sp.vec3, device=device)}
 
 
 def height(state):
-    out = sp.zeros(1, requires_grad=True)
+    out = sp.zeros(1, requires_grad=True, device=state.x.device)
     sp.launch(height_loss, state.x.shape[0], inputs=[state.x], outputs=[out])
     return out
 
@@ -135,6 +135,6 @@ def energy_rate(s):
 
 def chain_final_x_squared(state):
     """A terminal loss for the chain: sum of the final positions squared."""
-    out = sp.zeros(1, dtype=sp.float64)
+    out = sp.zeros(1, dtype=sp.float64, device=state.x.device)
     sp.launch(sum_squares64, state.x.shape[0], inputs=[state.x], outputs=[out])
     return out

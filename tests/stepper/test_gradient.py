@@ -10,7 +10,7 @@ N_CHAIN = 16
 
 
 def final_x_squared(state):
-    out = sp.zeros(1, dtype=sp.float64)
+    out = sp.zeros(1, dtype=sp.float64, device=state.x.device)
     sp.launch(sum_squares64, N_CHAIN, inputs=[state.x], outputs=[out])
     return out
 
@@ -23,9 +23,9 @@ def rollout_loss(model, x, v, k, c, steps):
 
 
 @pytest.mark.parametrize("schedule", [lambda n: sp.StoreAll(n), lambda n: sp.Revolve(n, 4)])
-def test_chain_gradient_matches_float64_finite_differences(schedule):
+def test_chain_gradient_matches_float64_finite_differences(schedule, device):
     steps = 40
-    model, initial = chain_model(N_CHAIN), chain_initial(N_CHAIN)
+    model, initial = chain_model(N_CHAIN, device=device), chain_initial(N_CHAIN, device=device)
     result = model.gradient(initial, steps, loss=final_x_squared, schedule=schedule(steps))
     x0, v0 = initial["x"].numpy().copy(), initial["v"].numpy().copy()
     k0, c0 = model.params.k.numpy().copy(), model.params.c.numpy().copy()
@@ -44,17 +44,17 @@ def test_chain_gradient_matches_float64_finite_differences(schedule):
     model.params.c.assign(c0)
 
 
-def test_dot_product_test_on_a_linear_rollout():
+def test_dot_product_test_on_a_linear_rollout(device):
     """With linear springs the rollout is affine, so J dx = R(x0 + dx) - R(x0) up to rounding and
     <J dx, w> = <dx, J^T w> holds to float64 precision."""
     steps = 60
-    model, initial = chain_model(N_CHAIN), chain_initial(N_CHAIN)
+    model, initial = chain_model(N_CHAIN, device=device), chain_initial(N_CHAIN, device=device)
     model.params.k.assign([3.0, 0.0])      # no cubic term: linear springs
     rng = np.random.default_rng(11)
-    w = sp.array(rng.standard_normal(N_CHAIN), dtype=sp.float64)
+    w = sp.array(rng.standard_normal(N_CHAIN), dtype=sp.float64, device=device)
 
     def weighted(state):
-        out = sp.zeros(1, dtype=sp.float64)
+        out = sp.zeros(1, dtype=sp.float64, device=device)
         sp.launch(weighted_sum64, N_CHAIN, inputs=[state.x, w], outputs=[out])
         return out
     adjoint = model.gradient(initial, steps, loss=weighted, schedule=sp.Revolve(steps, 5)).grads
@@ -66,9 +66,9 @@ def test_dot_product_test_on_a_linear_rollout():
     assert abs(lhs - rhs) <= 1e-10 * abs(rhs)
 
 
-def test_running_loss_gradient_matches_finite_differences():
+def test_running_loss_gradient_matches_finite_differences(device):
     steps = 30
-    model, initial = chain_model(N_CHAIN), chain_initial(N_CHAIN)
+    model, initial = chain_model(N_CHAIN, device=device), chain_initial(N_CHAIN, device=device)
 
     def running(s):
         out = s.scratch("kinetic", 1, sp.float64)
@@ -86,8 +86,8 @@ def test_running_loss_gradient_matches_finite_differences():
     assert abs(fd - result.grads["v"].numpy() @ dv) <= 1e-7 * abs(fd)
 
 
-def test_particle_gradient_has_parameter_and_state_gradients():
-    model, initial = particle_model(), particle_initial()
+def test_particle_gradient_has_parameter_and_state_gradients(device):
+    model, initial = particle_model(device=device), particle_initial(device=device)
     result = model.gradient(initial, 50, loss=height, running_loss=energy_rate, schedule=sp.Revolve(50, 6))
     assert set(result.grads) == {"x", "v", "k", "g"}
     assert result.grads["x"].shape == (64,) and result.grads["x"].dtype == sp.vec3

@@ -21,10 +21,10 @@ def rescale(x: F1, total: F1, y: F1):
     y[i] = x[i] * (1.0 - 1.0e-6 * total[0]) + 1.0e-3 * sp.sin(x[i])
 
 
-def racing_model():
+def racing_model(device="cpu"):
     """A state whose next value depends on a float sum made with atomics: its bits depend on the
     order the threads add in."""
-    model = sp.Model()
+    model = sp.Model(device=device)
     model.state("x", N, sp.float32)
 
     @model.step
@@ -36,7 +36,7 @@ def racing_model():
 
 
 def square_sum(state):
-    out = sp.zeros(1, requires_grad=True)
+    out = sp.zeros(1, requires_grad=True, device=state.x.device)
     sp.launch(sum_into, N, inputs=[state.x], outputs=[out])
     return out
 
@@ -47,8 +47,8 @@ def initial():
     return {"x": (rng.standard_normal(N) * 10.0 ** rng.uniform(-3, 3, N)).astype(np.float32)}
 
 
-def test_recomputed_steps_keep_deterministic_atomics_serial():
-    model, x0 = racing_model(), initial()
+def test_recomputed_steps_keep_deterministic_atomics_serial(device):
+    model, x0 = racing_model(device=device), initial()
     steps = 12
     stored = model.gradient(x0, steps, loss=square_sum, schedule=sp.StoreAll(steps))
     for snapshots in (1, 2, 3):
@@ -59,8 +59,8 @@ def test_recomputed_steps_keep_deterministic_atomics_serial():
         np.testing.assert_array_equal(result.final.x.numpy(), stored.final.x.numpy())
 
 
-def test_recomputations_do_not_record_on_the_users_tape():
-    model, x0 = racing_model(), initial()
+def test_recomputations_do_not_record_on_the_users_tape(device):
+    model, x0 = racing_model(device=device), initial()
     user = sp.Tape()
     with user:
         result = model.gradient(x0, 6, loss=square_sum, schedule=sp.Revolve(6, 2))

@@ -9,8 +9,8 @@ STEPS = 200
 
 
 @pytest.fixture(scope="module")
-def reference():
-    model, initial = particle_model(), particle_initial()
+def reference(device):
+    model, initial = particle_model(device=device), particle_initial(device=device)
     result = model.gradient(initial, STEPS, loss=height, running_loss=energy_rate, schedule=sp.StoreAll(STEPS))
     return model, initial, result
 
@@ -114,22 +114,22 @@ def test_ram_snapshots_are_held_states_unless_a_ram_storage_is_given(reference):
     assert held.stats.peak_memory_bytes == copied.stats.peak_memory_bytes
 
 
-def test_revolve_peak_memory_is_its_snapshots_plus_three_states():
+def test_revolve_peak_memory_is_its_snapshots_plus_three_states(device):
     """With a terminal loss, a step's s.next memory is reused for the previous state's gradient: the
     snapshots, the step's input, the carried adjoint and the new adjoint, plus one step's scratch
     (the force and its gradient)."""
-    model, initial = particle_model(), particle_initial()
+    model, initial = particle_model(device=device), particle_initial(device=device)
     for snapshots in (2, 5, 12):
         result = model.gradient(initial, STEPS, loss=height, schedule=sp.Revolve(STEPS, snapshots))
         force = 64 * 12
         assert result.stats.peak_memory_bytes <= (snapshots + 3) * model.state_bytes + 2 * force
 
 
-def test_models_that_skip_zero_filling_still_get_zeroed_gradients():
+def test_models_that_skip_zero_filling_still_get_zeroed_gradients(device):
     """zero_buffers=False skips filling new state and scratch versions (the chain's kernels store
     every element), never the gradients."""
     from stepper_models import chain_final_x_squared as final_x_squared, chain_initial, chain_model
-    model, initial = chain_model(), chain_initial()
+    model, initial = chain_model(device=device), chain_initial(device=device)
     reference = model.gradient(initial, 60, loss=final_x_squared, schedule=sp.Revolve(60, 4))
     model.zero_buffers = False
     again = model.gradient(initial, 60, loss=final_x_squared, schedule=sp.Revolve(60, 4))

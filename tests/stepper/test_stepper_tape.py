@@ -11,17 +11,17 @@ STEPS = 30
 
 
 def final_x_squared(state):
-    out = sp.zeros(1, dtype=sp.float64)
+    out = sp.zeros(1, dtype=sp.float64, device=state.x.device)
     sp.launch(sum_squares64, 16, inputs=[state.x], outputs=[out])
     return out
 
 
-def test_rollout_on_a_tape_composes_with_kernels_before_and_after():
-    model, initial = chain_model(), chain_initial()
+def test_rollout_on_a_tape_composes_with_kernels_before_and_after(device):
+    model, initial = chain_model(device=device), chain_initial(device=device)
     # x0 = 2 a + 0 (exact), so d loss / d a = 2 d loss / d x0 exactly
-    a = sp.array(initial["x"].numpy() / 2, dtype=sp.float64, requires_grad=True)
-    v0 = sp.array(initial["v"].numpy(), dtype=sp.float64, requires_grad=True)
-    x0 = sp.zeros(16, dtype=sp.float64, requires_grad=True)
+    a = sp.array(initial["x"].numpy() / 2, dtype=sp.float64, requires_grad=True, device=device)
+    v0 = sp.array(initial["v"].numpy(), dtype=sp.float64, requires_grad=True, device=device)
+    x0 = sp.zeros(16, dtype=sp.float64, requires_grad=True, device=device)
     tape = sp.Tape(deterministic=True)
     with tape:
         sp.launch(affine, 16, inputs=[a, 2.0, 0.0], outputs=[x0])
@@ -46,9 +46,9 @@ def test_rollout_on_a_tape_composes_with_kernels_before_and_after():
     np.testing.assert_array_equal(model.params.c.grad.numpy(), expected.grads["c"].numpy())
 
 
-def test_changing_the_initial_state_after_recording_is_caught_at_backward():
-    model, initial = chain_model(), chain_initial()
-    x0 = sp.array(initial["x"].numpy(), dtype=sp.float64, requires_grad=True)
+def test_changing_the_initial_state_after_recording_is_caught_at_backward(device):
+    model, initial = chain_model(device=device), chain_initial(device=device)
+    x0 = sp.array(initial["x"].numpy(), dtype=sp.float64, requires_grad=True, device=device)
     tape = sp.Tape()
     with tape:
         final = model.rollout({"x": x0, "v": initial["v"]}, 5)

@@ -39,22 +39,22 @@ def square_sum(x: F64, out: F64):
 
 
 def loss(state):
-    out = sp.zeros(1, dtype=sp.float64, requires_grad=True)
+    out = sp.zeros(1, dtype=sp.float64, requires_grad=True, device=state.x.device)
     sp.launch(square_sum, state.x.shape[0], inputs=[state.x], outputs=[out])
     return out
 
 
-def counting_model(step):
+def counting_model(step, device="cpu"):
     """A one-state float64 model whose step function counts its calls."""
     calls = []
-    model = sp.Model(dt=0.1)
+    model = sp.Model(dt=0.1, device=device)
     model.state("x", 8, sp.float64)
 
     @model.step
     def counted(s):
         calls.append(s.n)
         step(s)
-    return model, calls, {"x": sp.array(np.linspace(-1.0, 1.0, 8), dtype=sp.float64)}
+    return model, calls, {"x": sp.array(np.linspace(-1.0, 1.0, 8), dtype=sp.float64, device=device)}
 
 
 def same_bits(a, b):
@@ -68,10 +68,10 @@ SCHEDULES = [lambda: sp.Revolve(STEPS, 3), lambda: sp.Revolve(STEPS, 6), lambda:
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
-def test_a_traced_step_function_runs_once_per_step_and_gives_store_alls_bits(schedule, tmp_path):
+def test_a_traced_step_function_runs_once_per_step_and_gives_store_alls_bits(schedule, tmp_path, device):
     """chain_model's step (a force into s.scratch, then an integrator reading it, parameters with
     gradients) makes the same launches every step: recomputations and recordings replay them."""
-    model, initial = chain_model(), chain_initial()
+    model, initial = chain_model(device=device), chain_initial(device=device)
     stored = model.gradient(initial, STEPS, loss=loss, schedule=sp.StoreAll(STEPS))
     calls = []
     step = model.step_fn
@@ -83,10 +83,10 @@ def test_a_traced_step_function_runs_once_per_step_and_gives_store_alls_bits(sch
     same_bits(stored, result)
 
 
-def runs_at_every_evaluation(step):
+def runs_at_every_evaluation(step, device="cpu"):
     """A Revolve gradient of `step`'s model calls the step function at every forward evaluation
     and gives store-all's bits; returns it and the initial state."""
-    model, calls, initial = counting_model(step)
+    model, calls, initial = counting_model(step, device=device)
     stored = model.gradient(initial, STEPS, loss=loss, schedule=sp.StoreAll(STEPS))
     del calls[:]
     result = model.gradient(initial, STEPS, loss=loss, schedule=sp.Revolve(STEPS, 3))
@@ -95,11 +95,11 @@ def runs_at_every_evaluation(step):
     return result, initial
 
 
-def test_a_step_whose_launches_depend_on_the_step_is_not_replayed():
+def test_a_step_whose_launches_depend_on_the_step_is_not_replayed(device):
     """s.t reaches the kernel as a scalar: every step's launches differ, so each evaluation runs
     the step function, and the gradient still has store-all's bits and matches finite differences."""
     result, initial = runs_at_every_evaluation(
-        lambda s: sp.launch(drift, 8, inputs=[s.prev.x, s.t], outputs=[s.next.x]))
+        lambda s: sp.launch(drift, 8, inputs=[s.prev.x, s.t], outputs=[s.next.x]), device=device)
     x0 = initial["x"].numpy().copy()
 
     def f(x):
@@ -111,22 +111,22 @@ def test_a_step_whose_launches_depend_on_the_step_is_not_replayed():
     assert abs(result.grads["x"].numpy() @ dx - fd) <= 1e-7 * abs(fd)
 
 
-def test_a_step_that_branches_on_its_index_is_not_replayed():
+def test_a_step_that_branches_on_its_index_is_not_replayed(device):
     def alternating(s):
         kernel = halve if s.n % 2 else drift
         args = [s.prev.x] if s.n % 2 else [s.prev.x, 0.0]
         sp.launch(kernel, 8, inputs=args, outputs=[s.next.x])
-    runs_at_every_evaluation(alternating)
+    runs_at_every_evaluation(alternating, device=device)
 
 
-def test_a_step_that_writes_on_the_host_is_not_replayed():
+def test_a_step_that_writes_on_the_host_is_not_replayed(device):
     def fills_then_launches(s):
         s.scratch("unused", 8, sp.float64).fill_(1.0)
         sp.launch(halve, 8, inputs=[s.prev.x], outputs=[s.next.x])
-    runs_at_every_evaluation(fills_then_launches)
+    runs_at_every_evaluation(fills_then_launches, device=device)
 
 
-def test_replayed_scratch_buffers_are_zero_filled_as_asked():
+def test_replayed_scratch_buffers_are_zero_filled_as_asked(device):
     """An accumulating scratch buffer must be zero again in every replay (zero_buffers=True), and
     one asked for with zero=False is left as the pool hands it over (the kernel stores all of it)."""
     def accumulate(s):
@@ -135,7 +135,7 @@ def test_replayed_scratch_buffers_are_zero_filled_as_asked():
         tmp = s.scratch("tmp", 8, sp.float64, zero=False)
         sp.launch(halve, 8, inputs=[s.prev.x], outputs=[tmp])
         sp.launch(nudge, 8, inputs=[tmp, acc], outputs=[s.next.x])
-    model, calls, initial = counting_model(accumulate)
+    model, calls, initial = counting_model(accumulate, device=device)
     stored = model.gradient(initial, STEPS, loss=loss, schedule=sp.StoreAll(STEPS))
     del calls[:]
     result = model.gradient(initial, STEPS, loss=loss, schedule=sp.Revolve(STEPS, 3))
@@ -144,7 +144,7 @@ def test_replayed_scratch_buffers_are_zero_filled_as_asked():
     np.testing.assert_array_equal(result.final.x.numpy(), stored.final.x.numpy())
 
 
-def test_recomputations_leave_out_the_running_loss(monkeypatch):
+def test_recomputations_leave_out_the_running_loss(monkeypatch, device):
     """The running loss's launches are part of the trace (a recording's adjoint needs them), but
     a recomputation replays only the step function's: the loss kernel runs once per recording."""
     import stepper.trace as trace
@@ -156,7 +156,8 @@ def test_recomputations_leave_out_the_running_loss(monkeypatch):
         out = s.scratch("loss", 1, sp.float64)
         sp.launch(square_sum, 8, inputs=[s.next.x], outputs=[out])
         return out
-    model, calls, initial = counting_model(lambda s: sp.launch(halve, 8, inputs=[s.prev.x], outputs=[s.next.x]))
+    model, calls, initial = counting_model(lambda s: sp.launch(halve, 8, inputs=[s.prev.x], outputs=[s.next.x]),
+                                           device=device)
     stored = model.gradient(initial, STEPS, loss=loss, running_loss=running, schedule=sp.StoreAll(STEPS))
     result = model.gradient(initial, STEPS, loss=loss, running_loss=running, schedule=sp.Revolve(STEPS, 3))
     same_bits(stored, result)
