@@ -46,8 +46,10 @@ from .types import float32
 
 __all__ = ["jacobian", "jacobian_fd", "gradcheck", "gradcheck_tape", "jacobian_plot", "loop_tape_words"]
 
-# float32 finite differences: a step near cbrt(float32 eps) balances rounding and truncation error.
+# Central differences: a step near cbrt(machine eps) balances rounding and truncation error; for
+# float32 that is 2**-10, for float64 about 6e-6 (1e-6 here: the error is flat around the optimum).
 _EPS_FLOAT32 = 2.0 ** -10
+_EPS_FLOAT64 = 1e-6
 
 
 @dataclass
@@ -106,7 +108,8 @@ class _KernelProblem(_Problem):
                 self._baseline.append((a, a.numpy().copy()))
             if not (a.requires_grad and a.dtype.is_float):
                 continue
-            if use.reads:
+            # A kernel that reads back only what it stored (a write-once history) has no input there.
+            if use.reads and not (use.stores and use.overwrites_read is None):
                 self.inputs.append(_Var(p.name, i, a))
             if use.stores or use.accumulates:
                 self.outputs.append(_Var(p.name, i, a))
@@ -224,7 +227,9 @@ def _jacobian_ad(problem: _Problem, mask, max_outputs_per_var: int):
     return result, pairs
 
 
-def _step(x: float, dtype, eps: float) -> float:
+def _step(x: float, dtype, eps: float | None) -> float:
+    if eps is None:             # by dtype (see _EPS_FLOAT64)
+        eps = _EPS_FLOAT32 if dtype.scalar == float32 else _EPS_FLOAT64
     if dtype.scalar == float32:
         eps = max(eps, _EPS_FLOAT32)
     return eps * max(1.0, abs(x))
@@ -289,10 +294,11 @@ def jacobian(function, dim=None, inputs=None, outputs=None, input_output_mask=No
 
 
 def jacobian_fd(function, dim=None, inputs=None, outputs=None, input_output_mask=None, max_inputs_per_var: int = -1,
-                eps: float = 1e-4, device=None, plot_jacobians: bool = False) -> dict[tuple[str, str], np.ndarray]:
+                eps: float | None = None, device=None, plot_jacobians: bool = False) -> dict[tuple[str, str], np.ndarray]:
     """Jacobians by central finite differences, ``(f(x + h) - f(x - h)) / (2 h)``, in float64.
 
-    The step is ``eps * max(1, |x|)`` per input scalar. float64 inputs are perturbed and evaluated
+    The step is ``eps * max(1, |x|)`` per input scalar; `eps` defaults by dtype (float64: 1e-6,
+    float32: 2**-10). float64 inputs are perturbed and evaluated
     in float64; float32 inputs in float32 with a step of at least 2**-10 (a smaller one drowns in
     rounding), and the difference quotient divides by the perturbation actually stored. Columns
     beyond `max_inputs_per_var` (if > 0) are NaN. Same keys and mask as `jacobian`.
@@ -350,7 +356,7 @@ def _print_summary(label: str, results: list[_PairResult]) -> None:
     print(f"Gradient check for {label} {verdict}")
 
 
-def gradcheck(function, dim=None, inputs=None, outputs=None, *, eps: float = 1e-4, atol: float = 1e-3,
+def gradcheck(function, dim=None, inputs=None, outputs=None, *, eps: float | None = None, atol: float = 1e-3,
               rtol: float = 1e-2, raise_exception: bool = True, input_output_mask=None, device=None,
               max_inputs_per_var: int = -1, max_outputs_per_var: int = -1, plot_relative_error: bool = False,
               plot_absolute_error: bool = False, show_summary: bool = True) -> bool:
@@ -360,7 +366,8 @@ def gradcheck(function, dim=None, inputs=None, outputs=None, *, eps: float = 1e-
     NaN; only the first `max_outputs_per_var` rows and `max_inputs_per_var` columns are compared when
     those are > 0. Prints a table per input/output pair (`show_summary`) and returns True if all
     pass; otherwise raises ValueError naming the pair and its worst element (`raise_exception`) or
-    returns False. Example::
+    returns False. The step `eps` defaults by dtype (see `jacobian_fd`): float64 checks can use
+    tolerances near 1e-9. Example::
 
         assert gradcheck(my_kernel, n, inputs=[a, b], outputs=[out], raise_exception=False)
     """
@@ -391,7 +398,7 @@ def gradcheck(function, dim=None, inputs=None, outputs=None, *, eps: float = 1e-
     return not failed
 
 
-def gradcheck_tape(tape: Tape, eps: float = 1e-4, atol: float = 1e-3, rtol: float = 1e-2, *,
+def gradcheck_tape(tape: Tape, eps: float | None = None, atol: float = 1e-3, rtol: float = 1e-2, *,
                    raise_exception: bool = True, input_output_masks: dict | None = None, blacklist_kernels=None,
                    whitelist_kernels=None, max_inputs_per_var: int = -1, max_outputs_per_var: int = -1,
                    plot_relative_error: bool = False, plot_absolute_error: bool = False,

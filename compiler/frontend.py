@@ -243,6 +243,8 @@ class Frontend(ExpressionLowering, CallLowering):
             self.error(node, f"cannot assign to array argument '{name}'", f"write {name}[i] = ... to store into it")
         if current is None:
             t = declared or value.type
+            if declared is None and self.is_weak(value) and value.type.is_float:
+                t = float32        # a weak value on its own is float32, as a literal is
             current = ir.Var(name, t)
             self.scope.locals[name] = current
         value = self.convert(value, current.type, node, name)
@@ -254,6 +256,9 @@ class Frontend(ExpressionLowering, CallLowering):
             return value
         if isinstance(value, ir.Const) and value.weak and isinstance(target, ScalarType):
             return ir.Const(value.value if target != bool_ else bool(value.value), target)
+        if self.is_weak(value) and isinstance(target, ScalarType) and target != bool_ \
+                and isinstance(value.type, ScalarType):
+            return self.emit_value(ir.Op, target, op=cast_op(target), args=(value,), loc=self.loc(node))
         if isinstance(target, ScalarType) and isinstance(value.type, ScalarType) and not value.type.is_float \
                 and (target.is_float or target == int64):
             return self.op(cast_op(target), [value], node)
@@ -306,7 +311,9 @@ class Frontend(ExpressionLowering, CallLowering):
             values = self.expr(st.value, tuple_ok=True)
             values = values if isinstance(values, tuple) else (values,)
             if scope.results is None:
-                scope.results = [ir.Var("result", v.type) for v in values]
+                # A weak value returned on its own is float32, as a literal is (see is_weak).
+                scope.results = [ir.Var("result", float32 if self.is_weak(v) and v.type.is_float else v.type)
+                                 for v in values]
             if len(values) != len(scope.results):
                 self.error(st, f"this return gives {len(values)} value(s), an earlier one {len(scope.results)}")
             for var, v in zip(scope.results, values):

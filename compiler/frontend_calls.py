@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import builtins as py_builtins
 import inspect
+import re
 
 from . import ir
 from .builtins import PYTHON_BUILTINS, Builtin, cast_op, construct_op
@@ -34,6 +35,9 @@ class CallLowering:
                        "call builtins, types such as vec3(...), or @func functions")
         if node.keywords:
             self.error(node, "keyword arguments are not supported in kernel calls", "pass arguments by position")
+        if type(callee).__name__ == "Kernel":    # compiler.kernel imports this module: compare by name
+            self.error(node, f"{ast.unparse(node.func)} is a @kernel, and kernels cannot call kernels",
+                       "make it a @func (called per thread, inlined) or launch it from Python")
         if callee is py_builtins.print:
             return self.call_print(node)
         if isinstance(callee, Builtin) and callee.name == "tid":
@@ -67,12 +71,14 @@ class CallLowering:
         if isinstance(callee, ScalarType):
             if len(args) != 1:
                 self.error(node, f"{callee}() takes one value")
-            if args[0].type == callee:
+            if args[0].type == callee and not self.is_weak(args[0]):
                 return args[0]
             if isinstance(args[0], ir.Const) and isinstance(args[0].type, ScalarType):
                 return ir.Const(callee.np_dtype and _py(callee, args[0].value), callee)
             if not isinstance(args[0].type, ScalarType):
                 self.error(node, f"cannot convert a {args[0].type} to {callee}")
+            if self.is_weak(args[0]):       # an explicit type ends weak typing (see is_weak)
+                return self.emit_value(ir.Op, callee, op=cast_op(callee), args=tuple(args), loc=self.loc(node))
             return self.op(cast_op(callee), args, node)
         if isinstance(callee, (VectorType, MatrixType)):
             if not args:
@@ -100,7 +106,15 @@ class CallLowering:
             for a in args[1:]:
                 out = self.op(name, [out, a], node)
             return out
-        return self.op(name, args, node)
+        try:
+            return self.op(name, args, node)
+        except ValueError as e:
+            # The typing rules unpack their argument types, so a wrong count surfaces here.
+            count = re.match(r"(?:too many|not enough) values to unpack \(expected (\d+)", str(e))
+            if count is None:
+                raise
+            self.error(node, f"{name}() takes {count.group(1)} argument(s), got {len(args)}",
+                       f"call {name}() with {count.group(1)} argument(s)")
 
     def call_tid(self, node):
         if node.args:

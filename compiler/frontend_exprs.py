@@ -4,12 +4,13 @@ and builtins.py)."""
 from __future__ import annotations
 
 import ast
+import math
 import builtins as py_builtins
 
 from . import ir
 from .builtins import OPS
 from .typing_rules import TypeRuleError
-from .types import ScalarType, as_dtype, bool_, float32, int32, int64
+from .types import ScalarType, as_dtype, bool_, float32, float64, int32, int64
 
 BINOPS = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "div", ast.FloorDiv: "floordiv",
           ast.Mod: "mod", ast.Pow: "pow", ast.MatMult: "matmul"}
@@ -46,18 +47,40 @@ class ExpressionLowering:
     def read(self, var: ir.Var, loc) -> ir.Temp:
         return self.emit_value(ir.ReadVar, var.type, var=var, loc=loc)
 
+    # Weak values that are not constants: a choice between literals (`1.0 if c else 2.0`,
+    # `select(c, -1.0, 1.0)`) and arithmetic on such choices. As in JAX they stay weakly typed: they
+    # are computed in float64 (or int32) and adopt their context's type like a literal would.
+    def is_weak(self, value) -> bool:
+        if isinstance(value, ir.Const):
+            return value.weak
+        return isinstance(value, ir.Temp) and value.id in self.__dict__.get("_weak_temps", ())
+
+    def mark_weak(self, value):
+        self.__dict__.setdefault("_weak_temps", set()).add(value.id)
+        return value
+
     def op(self, name, args, node) -> ir.Temp:
         folded = _fold_literals(name, args)
         if folded is not None:
             return folded
+        values = args[1:] if name == "where" else args
+        weak_result = name in _WEAK_OPS and all(map(self.is_weak, values)) \
+            and all(isinstance(a.type, ScalarType) for a in values)
+        if weak_result:
+            # Compute at the widest precision; the context narrows the result once, correctly rounded.
+            args = [_widen_weak(a) for a in args]
         opdef = OPS[name]
         try:
-            param_types, result = opdef.typing([a.type for a in args],
-                                               [isinstance(a, ir.Const) and a.weak for a in args])
+            # Operands all weak and widened: type them as what they now are (float64 or int32).
+            weaks = [not weak_result and self.is_weak(a) for a in args]
+            param_types, result = opdef.typing([a.type for a in args], weaks)
         except TypeRuleError as e:
             self.error(node, str(e), e.hint)
         args = [self.convert(a, t, node) if a.type != t else a for a, t in zip(args, param_types)]
-        return self.emit_value(ir.Op, result, op=name, args=tuple(args), loc=self.loc(node))
+        out = self.emit_value(ir.Op, result, op=name, args=tuple(args), loc=self.loc(node))
+        if weak_result and result != bool_:
+            self.mark_weak(out)
+        return out
 
     def condition(self, node) -> ir.Operand:
         c = self.expr(node)
@@ -216,9 +239,12 @@ class ExpressionLowering:
             a = self.expr(node.body)
         with orelse:
             b = self.expr(node.orelse)
+        weak = self.is_weak(a) and self.is_weak(b) and isinstance(a.type, ScalarType) \
+            and isinstance(b.type, ScalarType)
+        if weak:       # a choice between literals stays weak (see is_weak)
+            a, b = _widen_weak(a), _widen_weak(b)
         try:
-            (_, ta, tb), t = OPS["where"].typing([bool_, a.type, b.type], [False, isinstance(a, ir.Const) and a.weak,
-                                                                       isinstance(b, ir.Const) and b.weak])
+            (_, ta, tb), t = OPS["where"].typing([bool_, a.type, b.type], [False, self.is_weak(a), self.is_weak(b)])
         except TypeRuleError as e:
             self.error(node, f"the two sides of the conditional expression differ: {e}", e.hint)
         result = ir.Var("ifexp", t)
@@ -227,7 +253,8 @@ class ExpressionLowering:
         with orelse:
             self.emit(ir.Assign(result, self.convert(b, t, node), self.loc(node)))
         self.emit(ir.If(cond, tuple(then.stmts), tuple(orelse.stmts), self.loc(node)))
-        return self.read(result, self.loc(node))
+        out = self.read(result, self.loc(node))
+        return self.mark_weak(out) if weak else out
 
     def expr_Tuple(self, node):
         return tuple(self.expr(e) for e in node.elts)
@@ -267,19 +294,58 @@ class ExpressionLowering:
         return self.op("extract", [base, *indices], node)
 
 
+def _round_half_away(x):     # C's round(), which kernels use (Python's round() goes to even)
+    return math.floor(x + 0.5) if x >= 0 else -math.floor(-x + 0.5)
+
+
 _FOLDABLE = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
              "div": lambda a, b: a / b, "neg": lambda a: -a}
+# Builtins of literals fold too (`cos(0.5)`, `sqrt(2.0)`): float results, except where noted below.
+_FOLDABLE_FLOAT = {n: getattr(math, n) for n in ("sin", "cos", "tan", "asin", "acos", "atan", "sinh",
+                                                  "cosh", "tanh", "exp", "log", "log2", "log10", "sqrt")}
+_FOLDABLE_FLOAT.update(atan2=math.atan2, pow=math.pow, floor=lambda x: float(math.floor(x)),
+                       ceil=lambda x: float(math.ceil(x)), round=lambda x: float(_round_half_away(x)))
+# These keep integers integral, as the ops do.
+_FOLDABLE_KEEP = {"abs": abs, "sign": lambda x: type(x)((x > 0) - (x < 0)), "min": min, "max": max,
+                  "clamp": lambda x, lo, hi: min(max(x, lo), hi)}
 
 
 def _fold_literals(name, args):
-    """An expression of untyped number literals (`2.0 * 0.1`) is itself an untyped literal, as in
-    JAX: it is computed here, in double precision, and adopts its context's type like a literal."""
-    if name not in _FOLDABLE or not all(isinstance(a, ir.Const) and a.weak for a in args):
+    """An expression of untyped number literals (`2.0 * 0.1`, `cos(0.5)`, `min(1.0, 2.0)`) is itself
+    an untyped literal, as in JAX: it is computed here, in double precision, and adopts its
+    context's type like a literal."""
+    if name == "where" and isinstance(args[0], ir.Const) and not isinstance(args[0].value, (list, tuple)) \
+            and all(isinstance(a, ir.Const) and a.weak for a in args[1:]):
+        return args[1] if args[0].value else args[2]
+    if not all(isinstance(a, ir.Const) and a.weak and isinstance(a.type, ScalarType) for a in args):
         return None
     values = [a.value for a in args]
-    if name == "div" and values[1] == 0:
-        return None
-    result = _FOLDABLE[name](*values)
-    if name == "div" or any(isinstance(v, float) for v in values):
+    floats = any(isinstance(v, float) for v in values)
+    try:
+        if name in _FOLDABLE:
+            if name == "div" and values[1] == 0:
+                return None
+            result = _FOLDABLE[name](*values)
+            floats = floats or name == "div"
+        elif name in _FOLDABLE_FLOAT and (floats or name != "pow"):   # pow of two ints stays an int op
+            result, floats = _FOLDABLE_FLOAT[name](*map(float, values)), True
+        elif name in _FOLDABLE_KEEP:
+            result = _FOLDABLE_KEEP[name](*(map(float, values) if floats else values))
+        else:
+            return None
+    except (ValueError, OverflowError, ZeroDivisionError):
+        return None            # the kernel computes it (nan, inf) as it would at run time
+    if floats:
         return ir.Const(float(result), float32, True)
     return ir.Const(result, int64 if abs(result) >= 2**31 else int32, True)
+
+
+# Scalar operations whose result is weak when every operand is (constructors and casts are not).
+_WEAK_OPS = {*_FOLDABLE, *_FOLDABLE_FLOAT, *_FOLDABLE_KEEP, "where", "floordiv", "mod"}
+
+
+def _widen_weak(value):
+    """A weak float literal as a float64 operand (an operation on weak values is computed in float64)."""
+    if isinstance(value, ir.Const) and value.weak and isinstance(value.type, ScalarType) and value.type.is_float:
+        return ir.Const(value.value, float64, True)
+    return value

@@ -11,7 +11,7 @@ import ctypes
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import ir
+from . import ir, write_once
 from .adjoint import AdjointUnsupported, adjoint_function
 from .backends import build_cpu_library, load_cpu_library
 from .codegen.targets import render_cpu, render_cuda
@@ -33,6 +33,7 @@ class ArgumentUse:
     accumulates: bool = False     # `a[i] += v`, atomics
     adjoint_reads: bool = False   # read by @func_replay / @func_grad code only
     overwrites_read: ir.Loc | None = None   # a store that may overwrite a value the kernel read
+    write_once_refusal: str | None = None   # why a store-and-load array is not provably write-once
     first_store: ir.Loc | None = None
 
 
@@ -68,8 +69,14 @@ def argument_uses(fn: ir.Function) -> dict[str, ArgumentUse]:
             u.accumulates = True
             if s.kind in ("min", "max") or (s.out is not None and s.out.id in used):
                 u.reads = True
-    for name, loc in _overwrites_of_read_values(fn.body).items():
-        uses[name].overwrites_read = loc
+    conflicts = _overwrites_of_read_values(fn.body)
+    # Recursions that write each element once and read it only after (ys[i, t] from ys[i, t - 1])
+    # have an exact adjoint; write_once proves it or says why not.
+    unproven = write_once.refusals(fn, conflicts)
+    for name, loc in conflicts.items():
+        if name in unproven:
+            uses[name].overwrites_read = loc
+            uses[name].write_once_refusal = unproven[name]
     return uses
 
 

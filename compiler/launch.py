@@ -14,6 +14,7 @@ import struct
 import numpy as np
 
 from . import launch_cuda
+from .bounds import check_extents, tid_indexed
 from .errors import CompileError, OverwriteError, raise_if_out_of_bounds
 from .graph import CapturedLaunch, capturing
 from .kernel import Kernel
@@ -72,6 +73,7 @@ class _Signature:
         self.overwrite = next(((u.overwrites_read, n) for n, u in compiled.uses.items()
                                if u.overwrites_read is not None), None)
         self.op_name = f"launch of kernel '{kernel.__name__}'"
+        self.bounds = tid_indexed(compiled.forward)      # arrays whose extent the launch's dim must fit
 
 
 def _signature(kernel: Kernel) -> _Signature:
@@ -87,7 +89,7 @@ def _dims(kernel: Kernel, dim, tid_ndim: int) -> tuple[int, ...]:
     if type(dim) is tuple and len(dim) == tid_ndim == 2 and type(dim[0]) is int and type(dim[1]) is int \
             and 0 <= dim[0] < 2**15 and 0 <= dim[1] < 2**15:
         return dim                            # the common 2-d launch, under 2**31 threads by construction
-    dims = (dim,) if isinstance(dim, (int, np.integer)) else tuple(dim)
+    dims = (dim,) if isinstance(dim, (int, np.integer)) else tuple(dim) if isinstance(dim, (tuple, list)) else (dim,)
     if not 1 <= len(dims) <= 4 or not all(isinstance(d, (int, np.integer)) and d >= 0 for d in dims):
         raise LaunchError(f"launch of kernel '{kernel.__name__}': dim must be a non-negative int or a tuple of 1 to 4 "
                           f"of them, got {dim!r}")
@@ -188,6 +190,10 @@ def launch(kernel: Kernel, dim, inputs=(), outputs=(), device=None, debug: bool 
             values.append(a)
             continue
         values += _check_argument(kernel, p, a, device)
+    if sig.bounds and not debug:             # debug=True checks every index itself, with the index in its message
+        problem = check_extents(kernel.__name__, sig.bounds, args, dims)
+        if problem:
+            raise LaunchError(problem)
     buffer = sig.packer.pack(*values)
 
     settle()                                 # launches held earlier (Tape.defer_launches) run first
@@ -241,10 +247,13 @@ def _mark_written(sig, args, tape):
 def _record(tape, kernel, compiled, sig, args, dims, buffer, debug, deterministic, device):
     if sig.overwrite is not None:
         loc, name = sig.overwrite
+        why = compiled.uses[name].write_once_refusal
         raise OverwriteError(
             f"{loc}: kernel '{kernel.__name__}' reads array argument '{name}' and also overwrites "
-            f"it (a[i] = ...) while a Tape records; the adjoint would read the overwritten values. "
-            f"Fix: write the result into a separate output array, or accumulate with a[i] += ... if that is meant.")
+            f"it (a[i] = ...) while a Tape records; the adjoint would read the overwritten values"
+            + (f" (it is not provably written once, each element before it is read: {why})" if why else "")
+            + ". Fix: carry a running value in a local (y = a * x[i, t] + (1 - a) * y) and store it; or "
+            "write the result into a separate output array, or accumulate with a[i] += ... if that is meant.")
     if compiled.adjoint_error is not None and any(args[k].requires_grad for _, k in sig.arrays):
         e = compiled.adjoint_error
         line = linecache.getline(e.loc.filename, e.loc.lineno).rstrip("\n")

@@ -184,6 +184,8 @@ def as_dtype(dtype) -> ValueType:
     if dtype is bool:
         return bool_
     try:
+        if isinstance(dtype, type) and not issubclass(dtype, np.generic):
+            raise TypeError          # list, dict, str...: NumPy would call them "object"
         name = np.dtype(dtype).name
     except TypeError:
         raise TypeError(f"{dtype!r} is not a dtype; use float32, float64, int32, int64, bool, "

@@ -12,6 +12,7 @@ from checkpoint import __all__ as _checkpoint_all
 from .errors import ModelError, NonFiniteError
 from .gradient import GradientResult, GradientStats
 from .model import Model
+from .optimize import TaylorResult, taylor_test, value_and_grad
 from .rollout import Rollout, RolloutStats
 from .snapshots import TierStats
 from .state import State, StateSpec
@@ -22,5 +23,5 @@ __version__ = "0.1.0"
 __all__ = [
     *_compiler_all, *_checkpoint_all,
     "Model", "State", "StateSpec", "StepContext", "Rollout", "RolloutStats", "GradientResult",
-    "GradientStats", "TierStats", "ModelError", "NonFiniteError",
+    "GradientStats", "TierStats", "ModelError", "NonFiniteError", "value_and_grad", "taylor_test", "TaylorResult",
 ]

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from checkpoint import Online, Revolve, StorageType, from_checkpoint_schedules
 
+from .disk_plan import warn_if_large
 from .errors import ModelError
 from .executor import Sweep
 from .progress import progress_bar
@@ -91,9 +92,9 @@ def prepare_schedule(schedule, steps, until):
             schedule = Revolve(steps, max(1, min(steps, math.isqrt(steps - 1) + 1)))
     elif callable(schedule) and not hasattr(schedule, "__iter__"):
         schedule = schedule(steps)
-    if not hasattr(schedule, "__iter__"):
-        raise ModelError(f"schedule must be a checkpointing schedule (e.g. Revolve(steps, 20)), got "
-                         f"{type(schedule).__name__}")
+    if isinstance(schedule, str) or not hasattr(schedule, "__iter__"):
+        raise ModelError(f"schedule must be a checkpointing schedule object (e.g. Revolve(steps, 20), "
+                         f"Online(16)) or a function steps -> schedule, got {type(schedule).__name__} {schedule!r}")
     max_n = getattr(schedule, "max_n", None)
     online = hasattr(schedule, "finalize") and max_n is None
     if getattr(schedule, "is_exhausted", False) or getattr(schedule, "_stream", None) is not None:
@@ -126,6 +127,8 @@ def start_sweep(model, initial, steps, *, schedule=None, storage=None, running_l
     model._check_ready()
     values = check_initial(model.states, initial, model.device)
     schedule, convert = prepare_schedule(schedule, steps, until)
+    if _uses_disk(schedule):
+        warn_if_large(schedule, steps, model.state_bytes)     # before anything is written
     tiers = Tiers(*resolve_storage(storage, _uses_disk(schedule)))
     total = getattr(schedule, "forward_steps", None)
     bar = progress_bar(progress, None if total is None or steps is None else total + steps, desc)

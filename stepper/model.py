@@ -42,6 +42,7 @@ class Model:
         self.states: dict[str, StateSpec] = {}
         self._params: dict[str, array] = {}
         self._params_state = State({})       # what `params` gives; every step reads it
+        self._series: dict[str, array] = {}  # time-indexed inputs, row n for step n (see series)
         self.step_fn = None
 
     # -- declarations ------------------------------------------------------------------------------
@@ -73,6 +74,32 @@ class Model:
         self._params_state = State(self._params)
         return value
 
+    def series(self, name: str, values: array) -> array:
+        """Declare a time-indexed input: step n reads row n of `values` (``values[n]``; a
+        one-element array for a 1-D `values`) as ``s.series.<name>``. Per-step data (forcing terms,
+        the samples a recursion consumes) read this way keep steps traceable, which passing
+        ``s.n`` to a kernel does not. Read only; not differentiated. `values` needs a row per step."""
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ModelError(f"series name {name!r} must be a Python identifier")
+        if name in self.states or name in self._params or name in self._series:
+            raise ModelError(f"'{name}' is already declared")
+        if not isinstance(values, array) or values.device != self.device:
+            raise ModelError(f"series '{name}' must be a stepper.array on '{self.device}', got "
+                             f"{type(values).__name__}")
+        self._series[name] = values
+        return values
+
+    def series_row(self, n: int) -> State:
+        """The time-indexed inputs of step n (views of row n), as ``s.series`` gives them."""
+        rows = {}
+        for name, values in self._series.items():
+            if n >= values.shape[0]:
+                raise ModelError(f"series '{name}' has {values.shape[0]} rows, but step {n} ran; give it a row "
+                                 f"per step")
+            data = values._data[n] if values.ndim > 1 else values._data[n:n + 1]
+            rows[name] = array._wrap(data, values.dtype, storage=values._storage, fn=f"s.series.{name}")
+        return State(rows)
+
     def step(self, fn):
         """Decorator: the step function ``fn(s)``; it reads ``s.prev``/``s.params`` and writes ``s.next``."""
         if not callable(fn):
@@ -100,15 +127,16 @@ class Model:
         """Run `steps` steps forward from `initial` (``{name: array}``); return the final state as a
         `Rollout` (a State with ``.steps``, ``.history``, ``.stats``). Only two versions of the state
         are live at once. Options: ``callback(n, state)`` every ``every`` steps; ``record_every=k``
-        keeps NumPy copies of every k-th state in ``.history``; ``checkpoint="run.h5"`` with
-        ``checkpoint_every=k`` writes HDF5 snapshots that `resume` continues from; ``until(state)``
+        keeps NumPy copies of every k-th state in ``.history``; ``checkpoint="run.ckpt"`` with
+        ``checkpoint_every=k`` writes crash-safe checkpoints (a directory of HDF5 files, one per
+        checkpoint; ``overwrite=True`` replaces an earlier run's) that `resume` continues from; ``until(state)``
         stops early; ``check_finite``; ``deterministic`` (serial atomics, for bit-exact reruns);
         ``progress``. Inside a recording `Tape` the rollout is recorded as one operation (options
         ``schedule=``, ``storage=``) whose backward is the checkpointed reverse sweep."""
         return _rollout.rollout(self, initial, steps, **options)
 
     def resume(self, path, steps: int | None = None, **options):
-        """Continue a rollout that wrote HDF5 checkpoints to `path` from its last complete snapshot,
+        """Continue a rollout that wrote checkpoints to directory `path` from its newest intact one,
         to `steps` (default: the run's original length); returns what that rollout would have."""
         return _rollout.resume(self, path, steps, **options)
 
@@ -130,6 +158,15 @@ class Model:
         Returns a `GradientResult`: ``.loss``, ``.grads[name]`` for initial states and parameters,
         ``.final`` and ``.stats`` (`GradientStats`)."""
         return _gradient.gradient(self, initial, steps, loss, schedule, storage, **options)
+
+    def evaluate(self, initial, steps: int | None = None, loss=None, *, running_loss=None, **options) -> float:
+        """The loss of a rollout of `steps` steps from `initial`, as a Python float, without its
+        gradient and without recording anything: the same steps, kernels and order as `gradient`,
+        so ``evaluate(...) == gradient(...).loss`` bit for bit. Made for finite-difference checks and
+        line searches. ``loss`` and ``running_loss`` as in `gradient`; options ``deterministic``
+        (default True), ``check_finite``, ``progress``."""
+        from .evaluate import evaluate
+        return evaluate(self, initial, steps, loss, running_loss=running_loss, **options)
 
     def __repr__(self) -> str:
         states = ", ".join(f"{n}: {s.dtype} {s.shape}" for n, s in self.states.items())

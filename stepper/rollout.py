@@ -1,17 +1,21 @@
 """Forward-only rollouts: callbacks, recorded history, HDF5 checkpoints and `resume` after a crash.
 
+Checkpoints go to a `CheckpointDirectory` (one fsynced, atomically renamed HDF5 file each), so a kill
+loses at most the checkpoint being written; each records the model's fingerprint (dt, t0, state and
+parameter shapes and dtypes), which `resume` checks.
+
 Two versions of the state are live at a time: the step's input (``s.prev``) and its output
 (``s.next``); the input goes back to the pool once the step is done.
 """
 from __future__ import annotations
 
-import os
+import json
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
-from checkpoint import HDF5Storage
+from checkpoint.storage.checkpoint_dir import CheckpointDirectory
 from compiler.runtime.tape import active_tape
 
 from .errors import ModelError
@@ -50,7 +54,7 @@ def _check_every(name, value):
 
 def rollout(model, initial, steps, *, callback=None, every: int = 1, record_every=None, checkpoint=None,
             checkpoint_every=None, until=None, check_finite=False, deterministic=False, progress=None,
-            schedule=None, storage=None):
+            schedule=None, storage=None, overwrite=False):
     """See `Model.rollout`."""
     tape = active_tape()
     if tape is not None:
@@ -72,11 +76,11 @@ def rollout(model, initial, steps, *, callback=None, every: int = 1, record_ever
     if checkpoint is not None:
         if checkpoint_every is None:
             raise ModelError("checkpoint= needs checkpoint_every= (steps between snapshots)")
-        store = HDF5Storage(checkpoint, mode="w")     # a bad path fails here, before the run
+        # A bad path, another job's directory or an earlier run's checkpoints fail here, before the run.
+        store = CheckpointDirectory(checkpoint, mode="w", overwrite=overwrite)
     elif checkpoint_every is not None:
-        raise ModelError("checkpoint_every= needs checkpoint='path.h5'")
-    meta = {"total_steps": steps, "checkpoint_every": checkpoint_every,
-            "states": {n: [list(s.shape), str(s.dtype)] for n, s in model.states.items()}}
+        raise ModelError("checkpoint_every= needs checkpoint='run.ckpt' (a directory for the checkpoints)")
+    meta = {"total_steps": steps, "checkpoint_every": checkpoint_every, **fingerprint(model)}
     return _run(model, values, 0, steps, store, meta, callback=callback, every=every,
                 record_every=record_every, until=until, check_finite=check_finite,
                 deterministic=deterministic, progress=progress)
@@ -86,29 +90,47 @@ def resume(model, path, steps=None, *, callback=None, every: int = 1, record_eve
            check_finite=False, deterministic=False, progress=None):
     """See `Model.resume`."""
     model._check_ready()
-    if not os.path.isfile(path):
-        raise ModelError(f"resume({path!r}): no such checkpoint file")
-    store = HDF5Storage(path, mode="a")
+    store = CheckpointDirectory(path, mode="a")
     try:
-        done = store.steps()
-        if not done:
-            raise ModelError(f"resume({path!r}): the file holds no complete snapshot to resume from")
-        snap = store.read(done[-1])
-        meta = {k: snap.metadata[k] for k in ("total_steps", "checkpoint_every", "states")
-                if k in snap.metadata}
+        snap = store.read_latest()
+        done = snap.step
+        meta = {k: snap.metadata[k] for k in ("total_steps", "checkpoint_every") if k in snap.metadata}
+        _check_fingerprint(model, snap.metadata, store.path)
+        meta.update(fingerprint(model))
         values = check_initial(model.states, dict(snap.arrays), model.device, what=f"snapshot in {path}")
         total = steps if steps is not None else meta.get("total_steps")
         if total is None:
             raise ModelError(f"resume({path!r}): the run was open-ended (until=); pass steps=")
-        if total < done[-1]:
-            raise ModelError(f"resume({path!r}): the last snapshot is at step {done[-1]}, beyond steps={total}")
+        if total < done:
+            raise ModelError(f"resume({path!r}): the last checkpoint is at step {done}, beyond steps={total}")
         meta["total_steps"] = total
     except BaseException:
         store.close()
         raise
-    return _run(model, values, done[-1], total, store, meta, callback=callback, every=every,
+    return _run(model, values, done, total, store, meta, callback=callback, every=every,
                 record_every=record_every, until=until, check_finite=check_finite,
                 deterministic=deterministic, progress=progress)
+
+
+def fingerprint(model) -> dict:
+    """What a checkpoint must match to be resumed by ``model``: its times, states and parameters."""
+    return {"dt": model.dt, "t0": model.t0,
+            "states": {n: [list(s.shape), str(s.dtype)] for n, s in model.states.items()},
+            "params": {n: [list(p.shape), str(p.dtype)] for n, p in model.params.items()}}
+
+
+def _check_fingerprint(model, metadata, path) -> None:
+    mine = fingerprint(model)
+    for key, value in mine.items():
+        found = metadata.get(key)
+        if key in metadata and _jsonish(found) != _jsonish(value):
+            raise ModelError(f"resume({path!r}): the checkpoints were written by a model with {key}={found!r}, "
+                             f"this model has {key}={value!r}; resume with the model that wrote them, or "
+                             "start a new rollout")
+
+
+def _jsonish(value):
+    return json.loads(json.dumps(value))
 
 
 def _run(model, values, start, steps, store, meta, *, callback, every, record_every, until, check_finite,

@@ -114,14 +114,15 @@ def resolve_storage(storage, needs_disk: bool) -> tuple[dict, list]:
             if key not in (_RAM, _DISK):
                 raise ModelError(f"storage keys must be StorageType.RAM or StorageType.DISK, got {key!r}")
             if isinstance(value, (str, os.PathLike)):
-                value = HDF5Storage(value, mode="w")
+                value = HDF5Storage(value, mode="w", overwrite=False)
                 owned.append(value)
             if not isinstance(value, Storage):
                 raise ModelError(f"storage[{key!r}] must be a checkpoint Storage or a path, got "
                                  f"{type(value).__name__}")
             tiers[key] = value
     elif isinstance(storage, (str, os.PathLike)):
-        tiers[_DISK] = HDF5Storage(storage, mode="w")     # raises StorageError on a bad path
+        # A bad path, a file another job writes or a file that is not ours is a StorageError here.
+        tiers[_DISK] = HDF5Storage(storage, mode="w", overwrite=False)
         owned.append(tiers[_DISK])
     elif isinstance(storage, Storage):
         tiers[_DISK] = storage

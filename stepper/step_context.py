@@ -18,6 +18,7 @@ from compiler.runtime.tape import outside_tapes
 
 from .errors import ModelError
 from .state import State
+from .trace_notes import warn_untraceable
 from .trace import StepTrace, trace_step
 from .versions import BufferPool, set_grad
 
@@ -86,7 +87,8 @@ class StepTape(Tape):
 class StepContext:
     """The argument of a step function: ``s.prev`` (the state at step n, read only), ``s.next`` (fresh
     arrays for the state at n + 1, zero-filled), ``s.params``, ``s.n`` (the step index), ``s.t``
-    (= t0 + n dt), ``s.dt``, and ``s.scratch(name, shape, dtype)`` for temporary buffers."""
+    (= t0 + n dt), ``s.dt``, ``s.series`` (row n of each `Model.series` input) and
+    ``s.scratch(name, shape, dtype)`` for temporary buffers."""
 
     def __init__(self, n: int, t: float, dt: float, prev: State, next: State, params: State,
                  pool: BufferPool, grads: "GradSlots | None" = None):
@@ -96,6 +98,7 @@ class StepContext:
         self._grads = grads
         self._scratch: dict[str, array] = {}
         self._scratch_zero: dict[str, bool | None] = {}      # the zero= each was asked with
+        self.series = State({})                               # set by the runner (Model.series)
 
     def scratch(self, name: str, shape, dtype=float, zero: bool | None = None) -> array:
         """A buffer for this step only: a fresh version every step, so a later step never overwrites
@@ -185,6 +188,9 @@ def check_scalar_loss(value, what: str) -> array:
 _version = operator.attrgetter("_storage.version")
 
 
+_NO_SERIES = State({})
+
+
 class StepRunner:
     """Runs steps of `model` with versions from `pool`. What every step needs from the model (the
     Kinds of its states' versions, the labels that name its parameters in messages) is worked out
@@ -212,12 +218,13 @@ class StepRunner:
         the state comes out with the same bits. Every step's trace being the same, the launches
         run from it, without the step function. Returns what `run` does, with no tape and no loss."""
         if self.trace:
-            nxt, scratch = self._replay(prev, with_loss=False)
+            nxt, scratch = self._replay(prev, with_loss=False, series=self._rows(n))
             return nxt, scratch, None, None
         model, pool = self.model, self.pool
         take = pool.take
         nxt = State({name: take(kind) for name, kind in self._kinds})
         ctx = StepContext(n, model.t0 + n * model.dt, model.dt, prev, nxt, self._params, pool)
+        ctx.series = self._rows(n)
         try:
             with outside_tapes(self.deterministic):
                 model.step_fn(ctx)
@@ -235,7 +242,7 @@ class StepRunner:
         this state, built from the trace: its launches are recorded on a fresh tape (and run, but
         for the last one when `outputs_dead`) without the step function, its GradSlots or checks."""
         tape = Tape(self.deterministic)
-        nxt, scratch = self._replay(prev, tape=tape, skip_last=outputs_dead)
+        nxt, scratch = self._replay(prev, tape=tape, skip_last=outputs_dead, series=self._rows(n))
         if outputs_dead:
             self.launches_skipped += 1
         loss = self.trace.loss
@@ -255,11 +262,18 @@ class StepRunner:
             raise
         return nxt, scratch
 
+    def _rows(self, n: int) -> State:
+        return self.model.series_row(n) if self.model._series else _NO_SERIES
+
     def _observe(self, tape, prev, nxt, ctx, loss, step_ops: int) -> None:
+        first = self.trace
         if self.trace is None:
-            self.trace = trace_step(tape, prev, nxt, ctx._scratch, ctx._scratch_zero, loss, step_ops) or False
-        elif not self.trace.matches(tape, prev, nxt, ctx._scratch, ctx._scratch_zero, loss, step_ops):
+            self.trace = trace_step(tape, prev, nxt, ctx._scratch, ctx._scratch_zero, loss, step_ops,
+                                    ctx.series) or False
+        elif not self.trace.matches(tape, prev, nxt, ctx._scratch, ctx._scratch_zero, loss, step_ops, ctx.series):
             self.trace = False
+        if self.trace is False:       # say why, once per model: it runs correctly, only slower
+            warn_untraceable(self.model, ctx.n, tape, first, prev, nxt, ctx._scratch, ctx.series)
 
     def run(self, n: int, prev: State, record: bool = False, donors=(), outputs_dead: bool = False):
         """Run step n from `prev`; return (next State, its scratch buffers by name, the tape, the loss
@@ -282,8 +296,10 @@ class StepRunner:
             for a in nxt.values():
                 grads.attach(a)
         ctx = StepContext(n, model.t0 + n * model.dt, model.dt, prev, nxt, self._params, pool, grads)
+        ctx.series = self._rows(n)
         protected = {id(a._storage): "s.prev." + name for name, a in prev.items()}
         protected.update(self._param_labels)
+        protected.update({id(a._storage): "s.series." + name for name, a in ctx.series.items()})
         tape = StepTape(protected, self.deterministic, ctx)
         if outputs_dead:
             tape.defer_launches()

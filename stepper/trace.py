@@ -28,7 +28,8 @@ __all__ = ["Slot", "StepTrace", "trace_step"]
 
 @dataclass(frozen=True, slots=True)
 class Slot:
-    """One of a step's own buffers: ``group`` is "prev", "next" or "scratch"."""
+    """One of a step's own buffers: ``group`` is "prev", "next", "scratch" or "series" (the row of
+    a time-indexed input, `Model.series`, for the step being run)."""
     group: str
     name: str
 
@@ -65,7 +66,7 @@ class StepTrace:
     differentiable: bool           # every kernel has an adjoint (else recording must raise, so it runs)
     step_launches: int             # the step function's launches; the running loss's follow them
 
-    def matches(self, tape, prev, nxt, scratch: dict, scratch_zero: dict, loss, step_ops: int) -> bool:
+    def matches(self, tape, prev, nxt, scratch: dict, scratch_zero: dict, loss, step_ops: int, series=None) -> bool:
         """Whether the step that just ran under `tape` (as for `trace_step`) made this trace.
         Every first run of a step asks, so this walks the tape against the trace in place: building
         the step's own trace and comparing costs 11 us a step against 2.5 us. Arguments at a slot's
@@ -78,7 +79,7 @@ class StepTrace:
         for (name, shape, dtype, zero), (have, a) in zip(self.scratch, scratch.items()):
             if name != have or a.shape != shape or a.dtype != dtype or scratch_zero.get(name) != zero:
                 return False
-        groups = {"prev": prev, "next": nxt, "scratch": scratch}
+        groups = {"prev": prev, "next": nxt, "scratch": scratch, "series": series or {}}
         if (loss is None) != (self.loss is None) or loss is not None and groups[self.loss.group].get(self.loss.name) is not loss:
             return False
         own_memory = None
@@ -102,11 +103,12 @@ class StepTrace:
                         return False
         return True
 
-    def run(self, prev, nxt, scratch: dict, tape=None, skip_last: bool = False, with_loss: bool = True) -> None:
+    def run(self, prev, nxt, scratch: dict, tape=None, skip_last: bool = False, with_loss: bool = True,
+            series=None) -> None:
         """The step's launches on these versions (`scratch` by name, already taken). With `tape`,
         each is also recorded there; `skip_last` records the last one without running it.
         ``with_loss=False`` leaves out the running loss's launches (a recomputation needs no loss)."""
-        groups = {"prev": prev, "next": nxt, "scratch": scratch}
+        groups = {"prev": prev, "next": nxt, "scratch": scratch, "series": series or {}}
         launches = self.launches if with_loss else self.launches[:self.step_launches]
         last = len(launches) - 1
         for k, t in enumerate(launches):
@@ -114,14 +116,15 @@ class StepTrace:
             relaunch(t.kernel, t.dims, args, t.deterministic, tape, t.where, run=not (skip_last and k == last))
 
 
-def trace_step(tape, prev, nxt, scratch: dict, scratch_zero: dict, loss, step_ops: int) -> StepTrace | None:
+def trace_step(tape, prev, nxt, scratch: dict, scratch_zero: dict, loss, step_ops: int,
+               series=None) -> StepTrace | None:
     """The trace of a step that just ran under `tape` (a StepTape) from `prev` into `nxt` with these
     scratch buffers, or None when the step cannot be replayed (see the module docstring). The first
     `step_ops` ops are the step function's, the rest the running loss's."""
     if tape.writes_checked != len(tape._ops):
         return None                  # a write the tape checked but did not record: a copy, fill_, ...
     slots = {}
-    for group, arrays in (("prev", prev), ("next", nxt), ("scratch", scratch)):
+    for group, arrays in (("prev", prev), ("next", nxt), ("scratch", scratch), ("series", series or {})):
         for name, a in arrays.items():
             slots[id(a)] = Slot(group, name)
     writable = {id(a) for a in (*nxt.values(), *scratch.values())}

@@ -326,3 +326,21 @@ def test_python_function_inputs_are_named_by_its_parameters(device):
     jac = autograd.jacobian(lambda x, y: product(x, y), inputs=[a, b])
     np.testing.assert_array_equal(jac["x", "output_0"], [[2.0]])
     np.testing.assert_array_equal(jac["y", "output_0"], [[0.0]])
+
+
+@sp.kernel
+def exp_of_three_x(x: sp.array(dtype=sp.float64), y: sp.array(dtype=sp.float64)):
+    i = sp.tid()
+    y[i] = sp.exp(3.0 * x[i])
+
+
+def test_gradcheck_steps_by_dtype_so_float64_checks_are_tight():
+    # d/dx exp(3x) = 3 exp(3x) exactly; a float64 central difference with a 1e-6 step is good to
+    # ~1e-10 relative, with the old 1e-4 step only to ~1e-8 (truncation: h^2 f''' / 6).
+    x = sp.array(np.array([0.1, 0.5, 1.0]), dtype=sp.float64, requires_grad=True)
+    y = sp.zeros(3, dtype=sp.float64, requires_grad=True)
+    assert sp.autograd.gradcheck(exp_of_three_x, 3, [x], [y], atol=0, rtol=1e-9, show_summary=False)
+    assert not sp.autograd.gradcheck(exp_of_three_x, 3, [x], [y], eps=1e-4, atol=0, rtol=1e-9,
+                                     raise_exception=False, show_summary=False)
+    fd = sp.autograd.jacobian_fd(exp_of_three_x, 3, [x], [y])[("x", "y")]
+    np.testing.assert_allclose(np.diag(fd), 3 * np.exp(3 * x.numpy()), rtol=1e-9)

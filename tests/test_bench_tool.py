@@ -75,3 +75,59 @@ def test_advice_takes_the_fastest_that_fits_and_says_when_nothing_does():
 def test_budget_lists():
     assert parse_budgets(["4..64"]) == [4, 8, 16, 32, 64]
     assert parse_budgets(["4,8", "12"]) == [4, 8, 12]
+
+
+USER_MODEL = f'''
+import sys
+sys.path.insert(0, {str(REPO / "tests" / "stepper")!r})
+from physics_models import final_theta_squared, omega_squared, pendulum_model
+from stepper.bench import Problem
+
+def make(n=16):
+    model, initial = pendulum_model(n)
+    return Problem("pendulums", f"{{n}} damped pendulums", model, initial, final_theta_squared, omega_squared)
+
+def not_a_problem(size=4):
+    return 42
+'''
+
+
+def run_user_model(tmp_path, spec):
+    (tmp_path / "my_pendulums.py").write_text(USER_MODEL)
+    cmd = [sys.executable, "-m", "stepper.bench", "tradeoff", "--model", spec, "--size", "8", "--steps", "30",
+           "--budgets", "2", "--probe", "10", "--threads", "1", "--out", str(tmp_path / "out")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+
+
+def test_a_users_model_with_a_running_loss_runs_from_module_and_function(tmp_path):
+    done = run_user_model(tmp_path, "my_pendulums:make")
+    assert done.returncode == 0, done.stderr
+    data = json.loads((tmp_path / "out" / "tradeoff.json").read_text())
+    assert data["example"] == "my_pendulums:make" and data["description"] == "8 damped pendulums"
+    assert [r["config"] for r in data["rows"]] == ["Revolve s=2", "store-all"]
+
+
+def test_a_users_function_that_returns_no_problem_is_named(tmp_path):
+    done = run_user_model(tmp_path, "my_pendulums:not_a_problem")
+    assert done.returncode == 2
+    assert "not_a_problem() returned a int; return stepper.bench.Problem(" in done.stderr
+
+
+def test_advice_on_an_unmeasured_budget_never_contradicts_the_measurements():
+    from dataclasses import replace
+    costs = Costs(forward_s=1e-3, adjoint_s=1e-3, storeall_step_s=1e-3)
+    s2 = replace(_row("Revolve s=2", "revolve", 2, 1.0, 3.0), theory_s=1.5, slowdown=3.0)
+    s8 = replace(_row("Revolve s=8", "revolve", 8, 2.0, 2.0), theory_s=1.0, slowdown=2.0)
+    s32 = replace(_row("Revolve s=32", "revolve", 32, 10.0, 1.2), theory_s=0.6, slowdown=1.2)
+    store = _row("store-all", "storeall", 100, 50.0, 1.0)
+    # 4 MiB fits Revolve s=24 (not measured). Its theory is below s=32's measured 1.2 s even when
+    # scaled by s=32's measured/theory ratio (2): the prediction is held at what s=32 measured.
+    advice = advise([s2, s8, s32, store], 4 * 2**20, 2**17, costs, steps=100)
+    assert advice.row is s8
+    assert "not measured: Revolve s=24" in advice.text and "predicted 1.20 s, 1.20x" in advice.text
+    assert "Revolve s=32's measured/theory" in advice.text and "keep" not in advice.text
+    # With s=8 measured faster than that, the advice keeps s=8.
+    fast8 = replace(s8, wall_s=1.0, slowdown=1.0)
+    kept = advise([s2, fast8, s32, store], 4 * 2**20, 2**17, costs, steps=100)
+    assert "no faster than Revolve s=8 as measured: keep Revolve s=8" in kept.text

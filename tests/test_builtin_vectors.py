@@ -267,10 +267,6 @@ def literal_expressions(c: sp.array(dtype=int), out: sp.array(dtype=sp.float64, 
     out[i, 2] = sp.select(c[i] > 0, -1.0, 1.0)
 
 
-@pytest.mark.xfail(strict=True, reason="design: arithmetic on literals folds into a weak literal (2.0 * 0.1), "
-                                       "but a choice between literals (1.0 if c else 2.0, select) becomes "
-                                       "float32, so storing it into a float64 array is a CompileError (JAX "
-                                       "keeps such results weak)")
 def test_expressions_of_literals_stay_weakly_typed(device):
     out = sp.zeros((2, 3), dtype=sp.float64, device=device)
     sp.launch(literal_expressions, 2, inputs=[sp.array(np.array([1, 0], np.int32), device=device)], outputs=[out])

@@ -118,6 +118,18 @@ def vector_times_vector(a: sp.array(dtype=sp.vec3)):
     a[i] = a[i] * a[i]  # <- vec * vec
 
 
+@sp.kernel
+def sqrt_of_two_values(x: sp.array(dtype=float)):
+    i = sp.tid()
+    x[i] = sp.sqrt(x[i], x[i])  # <- sqrt of two values
+
+
+@sp.kernel
+def calls_a_kernel(x: sp.array(dtype=float)):
+    i = sp.tid()
+    uses_lambda(x)  # <- kernel calls kernel
+
+
 def launch_args(kernel, device="cpu"):
     if kernel in (float64_into_float32_local, mixes_float32_and_float64):
         return [sp.zeros(2, device=device), sp.zeros(2, dtype=sp.float64, device=device)]
@@ -139,6 +151,8 @@ CASES = [
     (float64_into_float32_local, "# <- float64 into float32 local", "'t'"),
     (mixes_float32_and_float64, "# <- mixed precision", "float64"),
     (vector_times_vector, "# <- vec * vec", "vec3"),
+    (sqrt_of_two_values, "# <- sqrt of two values", "sqrt() takes 1 argument(s), got 2"),
+    (calls_a_kernel, "# <- kernel calls kernel", "uses_lambda is a @kernel, and kernels cannot call kernels"),
 ]
 
 
@@ -252,3 +266,8 @@ def test_second_process_loads_from_the_cache_without_a_compiler(tmp_path):
     assert second.returncode == 0, second.stdout + second.stderr
     assert second.stdout.strip() == "OK [0.25, 2.25, 4.25]"
     assert sorted(p.name for p in cache.glob("*.so")) == libraries           # nothing new was built
+
+
+def test_a_python_type_that_is_not_a_dtype_says_what_dtypes_are():
+    with pytest.raises(TypeError, match=r"<class 'list'> is not a dtype; use float32, float64"):
+        sp.array(dtype=list)

@@ -54,3 +54,9 @@ def test_main_demo_loss_falls(tmp_path, device):
     except ImportError:
         return
     assert (tmp_path / "demo.png").exists()
+
+
+def test_diffusivity_is_recovered_with_scipy_lbfgsb():
+    pytest.importorskip("scipy", reason="the L-BFGS-B example needs scipy")
+    first, last, error0, error = load("diffusivity_inverse").main(cells=20, steps=150, iterations=40)
+    assert last < 1e-3 * first and error < 0.2 * error0

@@ -190,8 +190,47 @@ def test_debug_out_of_range_names_kernel_array_and_index():
     msg = str(e.value)
     assert "shifted_read" in msg and "'a'" in msg and "[4" in msg and "test_launch.py" in msg
 
-    sp.launch(shifted_read, 4, inputs=[a], outputs=[out])      # without debug, nothing is checked
-    np.testing.assert_array_equal(out.numpy(), [1.0, 2.0, 3.0, 4.0])
+    # without debug, an index that is tid() + constant on every thread is still checked, at launch
+    before = out.numpy().copy()
+    with pytest.raises(sp.LaunchError) as e:
+        sp.launch(shifted_read, 4, inputs=[a], outputs=[out])
+    assert str(e.value) == (
+        f"launch of kernel 'shifted_read': argument 'a' has shape (4,), but the kernel indexes its axis 0 with "
+        f"tid() + 1 on every thread ({__file__}:175) and dim=4 needs at least 5 there; launch over the array's "
+        "extent or pass a larger array")
+    np.testing.assert_array_equal(out.numpy(), before)          # nothing ran
+
+
+@sp.kernel
+def scale_2d(a: sp.array(dtype=float, ndim=2), out: sp.array(dtype=float, ndim=2)):
+    i, j = sp.tid()
+    out[i, j] = 2.0 * a[j, i]
+
+
+@sp.kernel
+def guarded_copy(a: sp.array(dtype=float), n: int, out: sp.array(dtype=float)):
+    i = sp.tid()
+    if i < n:
+        out[i] = a[i]
+
+
+def test_launch_wider_than_a_tid_indexed_array_is_a_launch_error():
+    a, out = sp.zeros((3, 2)), sp.zeros((2, 4))
+    with pytest.raises(sp.LaunchError) as e:
+        sp.launch(scale_2d, (2, 4), inputs=[a], outputs=[out])
+    assert str(e.value).startswith(
+        "launch of kernel 'scale_2d': argument 'a' has shape (3, 2), but the kernel indexes its axis 0 with "
+        "tid()[1] on every thread")
+    assert str(e.value).endswith("and dim=(2, 4) needs at least 4 there; launch over the array's extent or pass "
+                                 "a larger array")
+    with pytest.raises(sp.LaunchError, match=r"argument 'out' has shape \(2, 4\).*dim=\(3, 4\) needs at least 3"):
+        sp.launch(scale_2d, (3, 4), inputs=[sp.zeros((4, 3))], outputs=[out])
+    sp.launch(scale_2d, (2, 3), inputs=[sp.ones((3, 2))], outputs=[out])      # a smaller launch is fine
+    np.testing.assert_array_equal(out.numpy(), [[2, 2, 2, 0], [2, 2, 2, 0]])
+    # a guarded index is left to debug=True: rounding a launch up past the data is a legitimate pattern
+    small, big = sp.ones(3), sp.zeros(8)
+    sp.launch(guarded_copy, 8, inputs=[small, 3], outputs=[big])
+    np.testing.assert_array_equal(big.numpy(), [1, 1, 1, 0, 0, 0, 0, 0])
 
 
 def test_debug_out_of_range_in_2d_store(device):
@@ -294,3 +333,9 @@ def test_jacobian_rows_of_many_environments_through_the_tape(device):
     expected_x = np.stack([np.stack([b, a, pv], 1), np.stack([2 * a * pv, 0 * a, np.cos(c)], 1)], 1)
     np.testing.assert_allclose(jac_x, expected_x, rtol=1e-15, atol=1e-15)
     np.testing.assert_allclose(jac_p, np.stack([c, a * a], 1), rtol=1e-15, atol=1e-15)
+
+
+def test_a_float_dim_names_the_launch_and_what_dim_takes():
+    with pytest.raises(sp.LaunchError, match=r"launch of kernel 'guarded_copy': dim must be a non-negative int or a "
+                                             r"tuple of 1 to 4 of them, got 10.0"):
+        sp.launch(guarded_copy, 10.0, inputs=[sp.zeros(3), 3], outputs=[sp.zeros(10)])

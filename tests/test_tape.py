@@ -123,15 +123,38 @@ def test_repeated_backward_with_zero_is_identical(device):
     np.testing.assert_array_equal(seed.numpy(), [1.0, 0.0, 0.5])
 
 
-def test_backward_without_zero_accumulates(device):
-    x = array([1.0], requires_grad=True, device=device)
+def test_each_backward_without_zero_adds_one_gradient_per_pass(device):
+    # loss = sum(x * x) through a clone: as in Warp and PyTorch, a second backward adds one more
+    # gradient (2x) to the input, and the seed does not pile up in loss.grad.
+    x = array([1.0, 2.0], requires_grad=True, device=device)
     loss = zeros(1, requires_grad=True, device=device)
     tape = Tape()
     with tape:
-        record_square_sum(tape, clone(x), loss)
+        y = clone(x)
+        record_square_sum(tape, y, loss)
     tape.backward(loss)
+    np.testing.assert_array_equal(x.grad.numpy(), [2.0, 4.0])
     tape.backward(loss)
-    assert loss.grad.numpy()[0] == 2.0
+    np.testing.assert_array_equal(x.grad.numpy(), [4.0, 8.0])
+    np.testing.assert_array_equal(loss.grad.numpy(), [1.0])
+    np.testing.assert_array_equal(y.grad.numpy(), [2.0, 4.0])     # this pass's, not the sum of two
+    tape.zero()
+    tape.backward(loss)
+    np.testing.assert_array_equal(x.grad.numpy(), [2.0, 4.0])
+
+
+def test_grads_seeds_stay_copies_across_repeated_backward(device):
+    x = array([1.0, 2.0, 3.0], requires_grad=True, device=device)
+    y = zeros_like(x)
+    tape = Tape()
+    with tape:
+        double(tape, x, y)
+    seed = array([1.0, 0.0, 0.5], device=device)
+    for passes in (1, 2, 3):
+        tape.backward(grads={y: seed})
+        np.testing.assert_array_equal(y.grad.numpy(), [1.0, 0.0, 0.5])
+        np.testing.assert_array_equal(x.grad.numpy(), passes * np.array([2.0, 0.0, 1.0]))
+    np.testing.assert_array_equal(seed.numpy(), [1.0, 0.0, 0.5])
 
 
 def test_zero_clears_seeded_and_intermediate_grads(device):

@@ -13,6 +13,10 @@ __all__ = ["Revolve"]
 class Revolve(Schedule):
     """Reverse `max_n` steps keeping at most `snapshots_in_ram` states in RAM.
 
+    ``Revolve(max_n, snapshots=s, storage=StorageType.DISK)`` keeps the same `s` snapshots on disk
+    instead (the gradient's `storage=` then needs an HDF5 path or storage); `snapshots` is the
+    tier-neutral name of the count, `snapshots_in_ram` the historical one (the same number).
+
     The snapshot count includes the initial state. The schedule runs exactly
     `optimal_steps(max_n, snapshots_in_ram)` forward steps, the Griewank-Walther optimum, counted
     as checkpoint_schedules counts them (each step is recorded by the forward run just before its
@@ -24,12 +28,22 @@ class Revolve(Schedule):
     416
     """
 
-    def __init__(self, max_n: int, snapshots_in_ram: int, *, storage=StorageType.RAM):
+    def __init__(self, max_n: int, snapshots_in_ram: int | None = None, *, storage=StorageType.RAM,
+                 snapshots: int | None = None):
         super().__init__(check_steps(max_n))
-        self.snapshots_in_ram = check_snapshots(snapshots_in_ram, "snapshots_in_ram")
+        if (snapshots_in_ram is None) == (snapshots is None):
+            raise TypeError("Revolve(max_n, snapshots): give the snapshot count once, as snapshots= "
+                            "(or positionally)")
+        count = snapshots if snapshots is not None else snapshots_in_ram
+        self.snapshots_in_ram = check_snapshots(count, "snapshots" if snapshots is not None else "snapshots_in_ram")
         if storage not in (StorageType.RAM, StorageType.DISK):
             raise ValueError(f"storage must be StorageType.RAM or StorageType.DISK, got {storage!r}")
         self.storage = storage
+
+    @property
+    def snapshots(self) -> int:
+        """How many states the schedule keeps at once (in `storage`'s tier), the initial one included."""
+        return self.snapshots_in_ram
 
     @property
     def forward_steps(self) -> int:

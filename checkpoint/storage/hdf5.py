@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import os
+import resource
 import threading
 import time
 import warnings
@@ -23,6 +24,7 @@ import numpy as np
 from . import layout
 from .background import BackgroundWorker, InlineWorker
 from .base import Storage
+from .filelock import lock_path
 from .errors import (SnapshotIncompleteError, SnapshotMissingError, StorageClosedError, StorageError,
                      describe_steps)
 from .snapshot import Snapshot, check_step, copy_arrays, freeze, make_metadata
@@ -31,6 +33,9 @@ __all__ = ["HDF5Storage"]
 
 _COMPRESSIONS = (None, "gzip", "lzf")
 _MODES = ("w", "a", "r")
+_DAMAGED_FIX = ("HDF5 cannot recover snapshots from it. Write them again to a new path (a gradient's "
+                "snapshots are scratch); resumable rollout checkpoints are kept one file each for this reason")
+_ROOM_MARGIN = 1 << 20   # HDF5 metadata written with a snapshot and at close; a few KiB in practice
 
 
 class HDF5Storage(Storage):
@@ -38,7 +43,9 @@ class HDF5Storage(Storage):
 
     ``path``: the file. ``mode``: ``"w"`` creates or truncates it, ``"a"``
     opens an existing file (or creates one) and keeps its complete snapshots,
-    ``"r"`` opens one read-only. ``compression``: None, ``"gzip"`` (level in
+    ``"r"`` opens one read-only; ``overwrite=False`` makes ``"w"`` refuse to truncate an existing
+    file that is not a snapshot file. The path is locked before it is touched: a second writer
+    (or a writer while someone reads) gets a `StorageError` and changes nothing. ``compression``: None, ``"gzip"`` (level in
     ``compression_opts``, 0-9) or ``"lzf"``. ``chunk_bytes``: target size of
     the HDF5 chunks that carry the fletcher32 checksums.
 
@@ -55,13 +62,22 @@ class HDF5Storage(Storage):
 
     def __init__(self, path: str | os.PathLike, compression: str | None = None, mode: str = "w", *,
                  compression_opts: int | None = None, chunk_bytes: int = 2 << 20,
-                 background: bool = True, max_pending: int = 2) -> None:
+                 background: bool = True, max_pending: int = 2, overwrite: bool = True) -> None:
         super().__init__()
         self.path = os.path.abspath(os.fspath(path))
         _check_options(compression, compression_opts, mode, chunk_bytes, max_pending)
         self.compression, self.compression_opts = compression, compression_opts
         self.mode, self.chunk_bytes, self.max_pending = mode, int(chunk_bytes), max_pending
-        self._file = _open(self.path, mode)
+        _check_path(self.path, mode)
+        self._lockfd = lock_path(self.path, exclusive=mode != "r", what="snapshot file", create=True) \
+            if mode != "r" or os.path.isfile(self.path) else None
+        try:
+            if mode == "w" and not overwrite:
+                _refuse_foreign(self.path)
+            self._file = _open(self.path, mode)
+        except BaseException:
+            _release(self._lockfd)
+            raise
         try:
             layout.tune_cache(self._file)
             if mode == "r":
@@ -69,8 +85,12 @@ class HDF5Storage(Storage):
             else:
                 layout.init_file(self._file)
             complete, incomplete = layout.scan(self._file)
-        except BaseException:
+        except BaseException as exc:
             self._file.close()
+            _release(self._lockfd)
+            if isinstance(exc, (OSError, RuntimeError, KeyError, ValueError)):
+                raise StorageError(f"{self.path} is damaged: its root metadata cannot be read ({exc}); "
+                                   f"{_DAMAGED_FIX}") from exc
             raise
         # Caller-visible state, shared with the I/O thread under _lock:
         # _index holds every readable step (on disk or pending) -> bytes;
@@ -84,7 +104,7 @@ class HDF5Storage(Storage):
         self._worker = BackgroundWorker(f"HDF5Storage({os.path.basename(self.path)})", max_pending) \
             if background else InlineWorker()
         # Finish queued writes even if the user forgets close(); holds no reference to self.
-        self._finalizer = weakref.finalize(self, _shutdown, self._worker, self._file, self.path)
+        self._finalizer = weakref.finalize(self, _shutdown, self._worker, self._file, self.path, self._lockfd)
 
     def __repr__(self) -> str:
         return (f"HDF5Storage({self.path!r}, compression={self.compression!r}, mode={self.mode!r}, "
@@ -98,6 +118,7 @@ class HDF5Storage(Storage):
         copies = copy_arrays(arrays)
         entry = (copies, make_metadata(step, copies, metadata))
         nbytes = sum(a.nbytes for a in copies.values())
+        self._check_room(step, nbytes)
         copied = time.perf_counter() - start  # the copy is I/O done by the caller; the rest is counted by the task
         with self._lock:
             self._pending[step] = entry
@@ -190,6 +211,7 @@ class HDF5Storage(Storage):
         self._worker.drain()
         self._counters.add(blocked_seconds=time.perf_counter() - start)
         self._raise_background_error()
+        self._check_identity()
 
     def close(self) -> None:
         """Write everything still queued, close the file, then raise any I/O error left."""
@@ -200,8 +222,14 @@ class HDF5Storage(Storage):
         try:
             self._worker.stop()
         finally:
-            self._file.close()
-        self._raise_background_error()
+            try:
+                self._file.close()
+            finally:
+                try:
+                    self._raise_background_error()
+                    self._check_identity()
+                finally:
+                    _release(self._lockfd)
 
     # -- work done on the I/O thread -----------------------------------------
     def _write_task(self, step: int, entry: tuple[dict, dict]) -> None:
@@ -240,6 +268,47 @@ class HDF5Storage(Storage):
             raise StorageError(f"deleting the snapshot of step {step} from {self.path} failed: {exc}") from exc
 
     # -- helpers ---------------------------------------------------------------
+    def _check_room(self, step: int, nbytes: int) -> None:
+        """Refuse a write that the disk or the file-size limit cannot hold, before HDF5 tries it.
+
+        HDF5 does not survive running out of space: its metadata cache is left half-flushed and the
+        process dies later (SIGSEGV/SIGBUS) with the file damaged. Checking first keeps every
+        completed snapshot and the file intact. The estimate is conservative (it ignores space
+        HDF5 could reuse from deleted snapshots); a disk that another process fills between this
+        check and the write can still reach HDF5's failure.
+        """
+        with self._lock:
+            pending = sum(sum(a.nbytes for a in arrays.values()) for arrays, _ in self._pending.values())
+        need = nbytes + pending + nbytes // 8 + _ROOM_MARGIN
+        stat = os.statvfs(os.path.dirname(self.path))
+        room, why = stat.f_bavail * stat.f_frsize, "the disk is full"
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        if limit != resource.RLIM_INFINITY:
+            left = limit - os.path.getsize(self.path)
+            if left < room:
+                room, why = left, f"the process's file-size limit ({limit} bytes, ulimit -f) is reached"
+        if need > room:
+            raise StorageError(
+                f"no room for the snapshot of step {step} ({nbytes} bytes) in {self.path}: {why} "
+                f"({max(room, 0)} bytes left, {need} needed with HDF5's overhead and the queued writes). "
+                f"Nothing was written; the snapshots stored so far are intact ({len(self.steps())} of them). "
+                "Free space, or give the storage a path on a larger disk")
+
+    def _check_identity(self) -> None:
+        """Raise if the path no longer names the file we write: deleted or replaced while open,
+        everything written since went to a file nobody can open again."""
+        if self._lockfd is None or self.mode == "r":
+            return
+        mine = os.fstat(self._lockfd)
+        try:
+            now = os.stat(self.path)
+        except FileNotFoundError:
+            now = None
+        if now is None or (now.st_dev, now.st_ino) != (mine.st_dev, mine.st_ino):
+            what = "was deleted" if now is None else "was replaced by another file"
+            raise StorageError(f"{self.path} {what} while this storage had it open: the snapshots written to "
+                               "it are lost. Keep snapshot files in place until close(), then write them again")
+
     def _missing(self, step: int) -> StorageError:
         if step in self._incomplete:
             return SnapshotIncompleteError(
@@ -276,8 +345,8 @@ def _check_options(compression, compression_opts, mode, chunk_bytes, max_pending
         raise ValueError(f"max_pending must be >= 1, got {max_pending}")
 
 
-def _open(path: str, mode: str) -> h5py.File:
-    """Open the file now, so a bad path fails here, with a message naming it."""
+def _check_path(path: str, mode: str) -> None:
+    """Fail now, with a message naming the path, rather than an hour into a run."""
     directory = os.path.dirname(path)
     if mode == "r" and not os.path.isfile(path):
         raise StorageError(f"cannot read snapshots from {path}: no such file")
@@ -288,18 +357,44 @@ def _open(path: str, mode: str) -> h5py.File:
         target = path if os.path.exists(path) else directory
         if not os.access(target, os.W_OK):
             raise StorageError(f"cannot write snapshot file {path}: no write permission on {target}")
+
+
+def _refuse_foreign(path: str) -> None:
+    """Raise unless ``path`` is absent, empty, or one of our snapshot files (which "w" may replace)."""
+    if not os.path.isfile(path) or os.path.getsize(path) == 0:
+        return
     try:
-        return h5py.File(path, mode, libver=layout.LIBVER)
-    except (OSError, ValueError) as exc:
-        raise StorageError(f"cannot open snapshot file {path} with mode={mode!r}: {exc}") from exc
+        with h5py.File(path, "r", locking=False) as f:
+            found = f.attrs.get("format")
+    except (OSError, ValueError):
+        found = None
+    if isinstance(found, bytes):
+        found = found.decode()
+    if found != layout.FORMAT:
+        raise StorageError(f"{path} holds something other than snapshots; nothing was changed. Choose "
+                           "another path for the snapshots, or delete the file yourself")
+
+
+def _open(path: str, mode: str) -> h5py.File:
+    try:
+        return h5py.File(path, mode, libver=layout.LIBVER, locking=False)   # we hold the lock (filelock.py)
+    except (OSError, ValueError, RuntimeError) as exc:
+        damaged = "truncated" in str(exc) or "signature" in str(exc) or isinstance(exc, RuntimeError)
+        raise StorageError(f"cannot open snapshot file {path} with mode={mode!r}: {exc}"
+                           + (f"; the file is damaged (cut short or overwritten): {_DAMAGED_FIX}" if damaged else "")
+                           ) from exc
 
 
 def _check_format_readonly(f: h5py.File) -> None:
-    if layout.SNAPSHOTS not in f:
-        raise StorageError(f"{f.filename} is not a snapshot file: it has no '/{layout.SNAPSHOTS}' group")
+    layout.check_format(f, writing=False)
 
 
-def _shutdown(worker, file, path) -> None:
+def _release(fd) -> None:
+    if fd is not None:
+        os.close(fd)
+
+
+def _shutdown(worker, file, path, lockfd) -> None:
     """Finalizer for an HDF5Storage that was never closed: keep its data, warn about errors."""
     try:
         worker.stop()
@@ -309,3 +404,4 @@ def _shutdown(worker, file, path) -> None:
                           RuntimeWarning, stacklevel=1)
     finally:
         file.close()
+        _release(lockfd)

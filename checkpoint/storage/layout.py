@@ -112,19 +112,26 @@ def init_file(f: h5py.File) -> None:
         f.create_group(SNAPSHOTS)
         f.flush()
         return
+    check_format(f, writing=True)
+
+
+def check_format(f: h5py.File, writing: bool) -> None:
+    """Raise unless ``f`` is a snapshot file of the version this code reads and writes."""
     found = f.attrs.get("format")
     if isinstance(found, bytes):
         found = found.decode()
     if found != FORMAT or SNAPSHOTS not in f:
+        fix = "pick another path or open it with mode='w' to overwrite it" if writing else \
+            "it was not written by HDF5Storage"
         raise StorageError(
             f"{f.filename} is an HDF5 file but not a snapshot file (no '/{SNAPSHOTS}' group "
-            f"with format={FORMAT!r}); pick another path or open it with mode='w' to overwrite it"
+            f"with format={FORMAT!r}); {fix}"
         )
     version = int(f.attrs.get("format_version", -1))
     if version != FORMAT_VERSION:
         raise StorageError(
             f"{f.filename} has snapshot format version {version}; this code reads version "
-            f"{FORMAT_VERSION}"
+            f"{FORMAT_VERSION}: read it with the version of this package that wrote it"
         )
 
 

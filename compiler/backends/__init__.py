@@ -10,7 +10,7 @@ Both caches live in ``~/.cache/stepper/kernels`` unless a call passes ``cache_di
 """
 from .common import DEFAULT_CACHE_DIR, BuildError, get_cache_dir, set_cache_dir
 from .cpu_build import (Compiler, CompilerNotFoundError, build_cpu_library, find_compiler, find_cxx,
-                        load_cpu_library)
+                        load_cpu_library, set_build_timeout)
 from .cuda_driver import (CudaError, cuda_available, device_arch, device_count, get_function, launch,
                           load_module, primary_context, synchronize)
 from .nvrtc import DEFAULT_ARCH, DEFAULT_OPTIONS, NvrtcNotFoundError, compile_cuda, nvrtc_version
@@ -18,7 +18,7 @@ from .nvrtc import DEFAULT_ARCH, DEFAULT_OPTIONS, NvrtcNotFoundError, compile_cu
 __all__ = [
     "BuildError", "set_cache_dir", "get_cache_dir", "DEFAULT_CACHE_DIR",
     "CompilerNotFoundError", "Compiler", "find_cxx", "find_compiler", "build_cpu_library",
-    "load_cpu_library",
+    "load_cpu_library", "set_build_timeout",
     "NvrtcNotFoundError", "nvrtc_version", "compile_cuda", "DEFAULT_ARCH", "DEFAULT_OPTIONS",
     "CudaError", "cuda_available", "device_count", "device_arch", "primary_context", "load_module",
     "get_function", "launch", "synchronize",

@@ -32,6 +32,7 @@ import os
 import platform
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -41,11 +42,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from . import cache_check
+from .cache_check import CACHE_HINT
 from .common import (BuildError, Hasher, atomic_write, get_cache_dir, package_version, safe_name,
                      temp_path_for, unlink_quietly)
 
 __all__ = ["CompilerNotFoundError", "Compiler", "find_cxx", "find_compiler", "build_cpu_library",
-           "load_cpu_library", "BASE_FLAGS"]
+           "load_cpu_library", "BASE_FLAGS", "set_build_timeout"]
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +63,15 @@ CANDIDATES = ("c++", "g++", "clang++")
 LIB_SUFFIX = ".dylib" if sys.platform == "darwin" else ".so"
 # Bump when the way we build changes in a way that the hashed inputs do not show.
 _RECIPE = "cpu-build-1"
+_build_timeout = [600.0]     # seconds one compiler run may take (set_build_timeout)
+
+
+def set_build_timeout(seconds: float) -> None:
+    """How long one C++ compiler run may take before it is killed and the build fails with a
+    `BuildError` (default 600 s; generated kernels build in 0.2-5 s)."""
+    if not seconds > 0:
+        raise ValueError(f"the build timeout must be a positive number of seconds, got {seconds!r}")
+    _build_timeout[0] = float(seconds)
 
 _INSTALL_HINT = (
     "Install a C++17 compiler with OpenMP:\n"
@@ -149,7 +161,7 @@ def build_cpu_library(source: str, name: str, include_dirs: Iterable[str | os.Pa
     the cache, no compiler runs. Raises :class:`BuildError` with the compiler's diagnostics (pointing
     at the user's Python lines through ``#line`` directives) and :class:`CompilerNotFoundError`.
     """
-    cache = get_cache_dir(cache_dir)
+    cache = _cache_dir(cache_dir)
     include_dirs = [Path(d).resolve() for d in include_dirs]
     extra = tuple(flags or ())
     source_key = (Hasher().add("recipe", _RECIPE).add("version", package_version())
@@ -168,8 +180,10 @@ def build_cpu_library(source: str, name: str, include_dirs: Iterable[str | os.Pa
     compiler_key = Hasher().add("identity", compiler.identity).add("flags", "\0".join(all_flags)).hexdigest(8)
     cpu = f"-{cpu_tag()}" if compiler.native else ""
     lib = cache / f"{stem}-{compiler_key}{cpu}{LIB_SUFFIX}"
-    if lib.exists():
+    if cache_check.is_valid(lib):
         return lib
+    if lib.exists():
+        log.warning("kernel cache entry %s does not match its size/hash record: rebuilding it", lib)
     return _compile(compiler, all_flags, include_dirs, source, name, cache / f"{stem}.cpp", lib)
 
 
@@ -185,8 +199,25 @@ def load_cpu_library(path: str | os.PathLike) -> ctypes.CDLL:
             lib = _loaded.get(key)
             if lib is None:
                 _limit_openmp_spinning()
-                lib = _loaded[key] = ctypes.CDLL(key)
+                try:
+                    lib = _loaded[key] = ctypes.CDLL(key)
+                except OSError as exc:
+                    raise BuildError(f"cannot load the kernel library {key} from the kernel cache: {exc}. "
+                                     f"Delete that file to rebuild it, or {CACHE_HINT}") from exc
     return lib
+
+
+def _cache_dir(cache_dir) -> Path:
+    """The cache directory, created and checked writable now, so a bad one is a clear error."""
+    try:
+        cache = get_cache_dir(cache_dir)
+        probe = cache / f".write-probe-{os.getpid()}-{threading.get_ident()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise BuildError(f"the kernel cache {exc.filename or cache_dir or '~/.cache/stepper/kernels'} is not "
+                         f"usable ({exc.strerror or exc}); {CACHE_HINT}") from exc
+    return cache
 
 
 def _limit_openmp_spinning() -> None:
@@ -206,7 +237,7 @@ def _compile(compiler: Compiler, flags: Sequence[str], include_dirs: Sequence[Pa
     tmp_lib = temp_path_for(lib)
     cmd = [*compiler.command, *flags, *(f"-I{d}" for d in include_dirs), str(src_path), "-o", str(tmp_lib)]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
+    proc = _run_compiler(cmd, tmp_lib, name)
     if proc.returncode != 0:
         unlink_quietly(tmp_lib)
         failed = src_path.parent / f"{safe_name(name)}.failed.cpp"
@@ -218,9 +249,42 @@ def _compile(compiler: Compiler, flags: Sequence[str], include_dirs: Sequence[Pa
             f"command: {command}\n"
             f"the failing source is saved as {failed}",
             log=proc.stderr, command=command, source_path=failed)
-    os.replace(tmp_lib, lib)
+    try:
+        built = tmp_lib.stat().st_size
+    except OSError:
+        built = 0
+    if built == 0:
+        unlink_quietly(tmp_lib)
+        raise BuildError(f"C++ compilation of {name!r} exited 0 but wrote no library to {tmp_lib}; check the "
+                         f"compiler ($CXX or {', '.join(CANDIDATES)} on PATH): command {shlex.join(cmd)}",
+                         log=proc.stderr, command=shlex.join(cmd))
+    try:
+        cache_check.write_record(tmp_lib, lib)       # before the library: whoever sees it sees its record
+        os.replace(tmp_lib, lib)
+    except OSError as exc:
+        unlink_quietly(tmp_lib)
+        raise BuildError(f"cannot store the built kernel library in the kernel cache {lib.parent} "
+                         f"({exc.strerror or exc}); {CACHE_HINT}") from exc
+    cache_check.forget(lib)
     log.debug("built %s in %.2f s: %s", lib.name, time.perf_counter() - t0, shlex.join(cmd))
     return lib
+
+
+def _run_compiler(cmd: list[str], tmp_lib: Path, name: str) -> subprocess.CompletedProcess:
+    """Run the compiler in its own process group, so that on timeout it and its helpers (cc1plus,
+    as, ld) are all killed."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace",
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=_build_timeout[0])
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        unlink_quietly(tmp_lib)
+        raise BuildError(f"C++ compilation of {name!r} did not finish within {_build_timeout[0]:g} s and was "
+                         f"killed; raise the limit with compiler.backends.set_build_timeout(seconds) or check "
+                         f"the compiler: {shlex.join(cmd)}", command=shlex.join(cmd)) from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def _prebuilt(cache: Path, stem: str) -> Path | None:
@@ -228,7 +292,8 @@ def _prebuilt(cache: Path, stem: str) -> Path | None:
     def runs_here(p: Path) -> bool:
         tags = p.name[len(stem) + 1:-len(LIB_SUFFIX)].split("-")[1:]
         return tags in ([], [cpu_tag()])
-    found = [p for p in cache.glob(f"{stem}-*{LIB_SUFFIX}") if not p.name.startswith(".") and runs_here(p)]
+    found = [p for p in cache.glob(f"{stem}-*{LIB_SUFFIX}")
+             if not p.name.startswith(".") and runs_here(p) and cache_check.is_valid(p)]
     return max(found, key=lambda p: p.stat().st_mtime_ns) if found else None
 
 

@@ -11,6 +11,9 @@
 What we keep from Warp and what we do not:
 - Seeds are copied into ``array.grad`` (added), never adopted: the seed array stays untouched and
   repeated ``backward``/``zero`` cycles give identical results.
+- One gradient per pass, as in Warp and PyTorch: a second ``backward`` without ``zero()`` adds one
+  more gradient to the inputs' ``.grad`` (the leaves), while the seeds and the gradients of arrays
+  a recorded op wrote (intermediates) start again from zero, so no pass propagates an earlier one's.
 - Overwrites are refused, not warned about. While a tape records, an operation that overwrites an
   array an earlier recorded operation read raises `OverwriteError` before anything is written;
   accumulation (``+=``, atomics) is not an overwrite. Every array carries a version counter, and
@@ -187,6 +190,7 @@ class Tape:
         self._ops: list[RecordedOp] = []
         self._reads: dict[int, _ReadRecord] = {}     # id of the array's storage -> record
         self._seeded: dict[int, "array"] = {}        # id(array) -> array seeded by backward, for zero()
+        self._passes = 0                             # backward passes since the last zero()
         self._depth = 0
         self._deferred: list | None = None           # held CPU launches, see defer_launches
 
@@ -324,7 +328,9 @@ class Tape:
 
         `loss`: a one-element float array with ``requires_grad=True``; 1.0 is added to its grad.
         `grads`: ``{array: seed}``; each seed (an array or array-like of the same shape) is added to
-        ``array.grad``, copied, never adopted. Gradients accumulate: call `zero` between passes.
+        ``array.grad``, copied, never adopted. Each call adds one gradient to the ``.grad`` of the
+        arrays no recorded op wrote (as Warp and PyTorch do); seeds and intermediate gradients do
+        not carry over from an earlier call. Call `zero` to start the inputs' gradients afresh.
         `fresh`: gradient arrays whose memory is new (not zeroed) and stands for zeros. An adjoint
         that writes every element of one (a gather form) stores into it instead of adding; any
         other use zero-fills it first, and backward zero-fills what nothing used. It spares
@@ -342,6 +348,9 @@ class Tape:
             seeds.append(self._seed_values(loss, 1.0, "backward(loss)"))
         for arr, seed in (grads or {}).items():
             seeds.append(self._seed_values(arr, seed, "backward(grads={array: seed})"))
+        if self._passes:
+            self._clear_pass_gradients()
+        self._passes += 1
         pending = {id(g._storage): g for g in fresh}      # see `fresh`: fill or overwrite before use
         try:
             for arr, values in seeds:
@@ -358,6 +367,18 @@ class Tape:
                     op.backward()
         finally:
             _zero_all_fresh(pending)
+
+    def _clear_pass_gradients(self) -> None:
+        # An earlier pass left its adjoint in the seeds and in every array a recorded op wrote; the
+        # ops of this pass would add to it and propagate both passes (the first counted twice).
+        clear = dict(self._seeded)
+        for op in self._ops:
+            for arr in (*op.writes.values(), *op.accumulates.values()):
+                clear.setdefault(id(arr), arr)
+        for arr in clear.values():
+            if arr.grad is not None:
+                arr.grad._zero_memory()
+                arr.grad._storage.version += 1
 
     def _seed_values(self, arr, seed, where: str):
         from .array import array
@@ -405,6 +426,7 @@ class Tape:
 
     def zero(self) -> None:
         """Zero every gradient this tape touched, seeded ones included; the recording stays."""
+        self._passes = 0
         for arr in self._touched():
             if arr.grad is not None:
                 arr.grad._zero_memory()

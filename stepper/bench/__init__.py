@@ -7,7 +7,8 @@ writes a table (Markdown, CSV, JSON) and a plot of wall time against peak memory
 are functions here: `problems.make`, `tradeoff.calibrate`, `tradeoff.sweep`, `tradeoff.advise`.
 """
 from . import problems, report, tradeoff
+from .problems import Problem
 from .tradeoff import Advice, Config, Costs, Row, advise, calibrate, configurations, sweep
 
-__all__ = ["problems", "report", "tradeoff", "Advice", "Config", "Costs", "Row", "advise", "calibrate",
+__all__ = ["problems", "report", "tradeoff", "Problem", "Advice", "Config", "Costs", "Row", "advise", "calibrate",
            "configurations", "sweep"]

@@ -38,6 +38,10 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Sweep the snapshot budget (and with --disk the RAM/HDF5 split), run the "
                                    "real gradient for each, write a table and a plot, and advise a budget.")
     t.add_argument("--example", choices=list(PROBLEMS), default="wave")
+    t.add_argument("--model", metavar="MODULE:FUNCTION",
+                   help="your own model instead of an example: FUNCTION([size]) returns a stepper.bench.Problem "
+                        "(model, initial state, loss and/or running_loss); MODULE is imported from the current "
+                        "directory")
     t.add_argument("--size", type=int, help="problem size: " + ", ".join(
         f"{k}: {v[2]} (default {v[1]})" for k, v in PROBLEMS.items()))
     t.add_argument("--steps", type=int, default=2000, help="steps of the rollout (default 2000)")
@@ -68,9 +72,16 @@ def tradeoff_main(args) -> int:
 
     budgets = parse_budgets(args.budgets)
     disk = parse_budgets(args.disk_snapshots) if args.disk else []
-    out = args.out or f"tradeoff-{args.example}"
+    if args.model:
+        try:
+            problem = problems.load(args.model, args.size)
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+    else:
+        problem = problems.make(args.example, args.size)
+    out = args.out or f"tradeoff-{problem.name if args.model else args.example}"
     os.makedirs(out, exist_ok=True)
-    problem = problems.make(args.example, args.size)
     deterministic = not args.nondeterministic
     steps = args.steps
     state_mib = problem.model.state_bytes / 2**20
@@ -107,7 +118,7 @@ def tradeoff_main(args) -> int:
     with open(paths["md"], "w") as f:
         f.write(table)
     report.write_csv(rows, paths["csv"])
-    meta = {"example": args.example, "description": problem.description, "steps": steps,
+    meta = {"example": args.model or args.example, "description": problem.description, "steps": steps,
             "state_bytes": problem.model.state_bytes, "deterministic": deterministic, "omp_threads": threads,
             "repeats": args.repeats,
             "costs": asdict(costs),

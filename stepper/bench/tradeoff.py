@@ -119,7 +119,8 @@ def calibrate(problem: Problem, probe: int = 50, *, deterministic: bool = True, 
     forward = adjoint = storeall = math.inf
 
     def stats(schedule):
-        return model.gradient(initial, probe, loss=problem.loss, schedule=schedule, deterministic=deterministic,
+        return model.gradient(initial, probe, loss=problem.loss, running_loss=problem.running_loss,
+                              schedule=schedule, deterministic=deterministic,
                               progress=False).stats
     for _ in range(repeats):
         st = stats(sp.Revolve(probe, 2) if probe > 2 else sp.StoreAll(probe))
@@ -158,7 +159,8 @@ def _gradient(problem: Problem, steps: int, config: Config, costs: Costs, path, 
     have_rss = rss.reset_peak()
     before = rss.current_bytes()
     cpu = time.process_time()
-    result = problem.model.gradient(problem.initial, steps, loss=problem.loss, schedule=config.schedule(steps, costs),
+    result = problem.model.gradient(problem.initial, steps, loss=problem.loss, running_loss=problem.running_loss,
+                                    schedule=config.schedule(steps, costs),
                                     storage=path, deterministic=deterministic, progress=False)
     cpu = time.process_time() - cpu
     peak = rss.peak_bytes() if have_rss and before is not None else None
@@ -237,8 +239,24 @@ def advise(rows: list[Row], limit_bytes: float, state_bytes: int, costs: Costs |
         base = float(np.median([r.peak_mib * 2**20 - r.ram_snapshots * state_bytes for r in revolves]))
         s = min(int((limit_bytes - base) // state_bytes), steps - 1)
         if s > best.ram_snapshots and s not in {r.ram_snapshots for r in revolves}:
-            theory = costs.storeall_s(steps)
-            predicted = sp.optimal_steps(steps, s) * costs.forward_s + steps * costs.adjoint_s
-            text += (f"\nnot measured: Revolve s={s} should fit too (about {(base + s * state_bytes) / 2**20:.2f} MiB), "
-                     f"predicted {predicted / theory:.2f}x store-all's time")
+            text += "\n" + _unmeasured(s, best, revolves, costs, steps, (base + s * state_bytes) / 2**20)
     return Advice(best, text)
+
+
+def _unmeasured(s, best, revolves, costs, steps, mib) -> str:
+    """What to expect of the unmeasured Revolve budget `s`, consistent with the measurements: the
+    theory scaled by the measured/theory ratio of the nearest measured budget, and never faster
+    than a measured budget with at least as many snapshots (more snapshots never cost time)."""
+    nearest = min(revolves, key=lambda r: (abs(r.ram_snapshots - s), -r.ram_snapshots))
+    predicted = sp.optimal_steps(steps, s) * costs.forward_s + steps * costs.adjoint_s
+    if nearest.theory_s > 0:
+        predicted *= nearest.wall_s / nearest.theory_s
+    larger = [r.wall_s for r in revolves if r.ram_snapshots >= s]
+    if larger:
+        predicted = max(predicted, min(larger))
+    storeall = best.wall_s / best.slowdown if best.slowdown > 0 else costs.storeall_s(steps)
+    text = (f"not measured: Revolve s={s} should fit too (about {mib:.2f} MiB), predicted {predicted:.2f} s, "
+            f"{predicted / storeall:.2f}x store-all's time (theory scaled by {nearest.config}'s measured/theory)")
+    if predicted >= best.wall_s:
+        text += f"; no faster than {best.config} as measured: keep {best.config}"
+    return text

@@ -78,10 +78,16 @@ def test_close_flushes_and_reraises_a_pending_error(tmp_path, monkeypatch):
 
 
 def test_every_failure_is_reported_with_the_first_one(tmp_path, monkeypatch):
-    monkeypatch.setattr(layout, "write_snapshot", failing_write)
+    both_queued = threading.Event()      # no write fails before both are queued, so write(1) cannot see it
+
+    def failing_after_both_are_queued(f, step, *args):
+        both_queued.wait(timeout=60)
+        failing_write(f, step)
+    monkeypatch.setattr(layout, "write_snapshot", failing_after_both_are_queued)
     store = HDF5Storage(tmp_path / "full.h5", max_pending=4)
     store.write(0, {"x": np.zeros(1)})
     store.write(1, {"x": np.zeros(1)})
+    both_queued.set()
     store._worker.drain()
     with pytest.raises(StorageError, match="step 0") as info:
         store.flush()

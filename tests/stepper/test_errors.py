@@ -82,7 +82,7 @@ def test_unwritable_storage_fails_before_the_first_step(tmp_path, device):
         model.gradient(chain_initial(device=device), 100, loss=final_x_squared,
                        schedule=sp.MultiLevel(100, 2, 4), storage=tmp_path / "missing" / "snapshots.h5")
     with pytest.raises(sp.StorageError):
-        model.rollout(chain_initial(device=device), 100, checkpoint=tmp_path / "missing" / "run.h5",
+        model.rollout(chain_initial(device=device), 100, checkpoint=tmp_path / "missing" / "run.ckpt",
                       checkpoint_every=10)
     with pytest.raises(sp.ModelError, match="stores snapshots on DISK but no disk storage was given"):
         model.gradient(chain_initial(device=device), 100, loss=final_x_squared, schedule=sp.MultiLevel(100, 2, 4))
@@ -102,3 +102,10 @@ def test_declarations(device):
         model.rollout({"x": sp.zeros(3, device=device)}, 1)
     with pytest.raises(sp.ModelError, match="needs loss="):
         model.gradient({"x": sp.zeros(3, device=device)}, 1)
+
+
+def test_a_schedule_named_by_a_string_says_what_schedule_takes():
+    with pytest.raises(sp.ModelError, match=r"schedule must be a checkpointing schedule object \(e.g. "
+                                            r"Revolve\(steps, 20\), Online\(16\)\) or a function steps -> "
+                                            r"schedule, got str 'revolve'"):
+        chain_model().gradient(chain_initial(), 10, loss=final_x_squared, schedule="revolve")

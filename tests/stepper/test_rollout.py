@@ -82,11 +82,14 @@ def test_check_finite_reports_the_first_bad_step(device):
 
 def test_checkpoints_and_resume_of_a_finished_run(tmp_path, device):
     model, initial = chain_model(device=device), chain_initial(device=device)
-    path = tmp_path / "run.h5"
+    path = tmp_path / "run.ckpt"
     final = model.rollout(initial, 25, checkpoint=path, checkpoint_every=10)
     assert final.stats.checkpoints_written == 4          # steps 0, 10, 20 and the end
-    with sp.HDF5Storage(path, mode="r") as store:
-        assert store.steps() == [0, 10, 20, 25]
+    # one file per checkpoint; the two newest are kept
+    assert sorted(os.listdir(path)) == ["step-000000000020.h5", "step-000000000025.h5"]
+    with sp.HDF5Storage(path / "step-000000000025.h5", mode="r") as store:
+        assert store.steps() == [25]
+        np.testing.assert_array_equal(store.read(25).arrays["x"], final.x.numpy())
     again = model.resume(path)
     assert again.steps == 25 and again.stats.steps == 0
     np.testing.assert_array_equal(again.x.numpy(), final.x.numpy())
@@ -95,7 +98,7 @@ def test_checkpoints_and_resume_of_a_finished_run(tmp_path, device):
 
 
 def test_resume_after_killing_the_process_gives_the_same_bits(tmp_path, device):
-    path = str(tmp_path / "killed.h5")
+    path = str(tmp_path / "killed.ckpt")
     steps, every = 400, 20
     env = dict(os.environ, PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", ""))
     child = subprocess.Popen([sys.executable, os.path.join(HERE, "resume_child.py"), path, str(steps), str(every),

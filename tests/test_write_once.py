@@ -1,0 +1,139 @@
+"""Write-once recursions: a kernel may store a history into an array and read earlier elements of
+it (Taichi #2425's `ewma[row, col] = 0.5 * data[row, col] + 0.5 * ewma[row, col - 1]`) when the
+compiler proves each element is written once and read only after it is written; the adjoint is then
+exact. What it cannot prove stays an OverwriteError that suggests carrying the value in a local."""
+import numpy as np
+import pytest
+
+import compiler as sp
+from compiler import autograd
+from test_dynamic_loops import ewma_reference
+
+
+# Taichi #2425, the array form from the issue, translated: one thread per row, a loop over columns.
+@sp.kernel
+def calc_ewma(data: sp.array(dtype=float, ndim=2), ewma: sp.array(dtype=float, ndim=2)):
+    row = sp.tid()
+    for col in range(data.shape[1]):
+        if col == 0:
+            ewma[row, col] = data[row, col]
+        else:
+            ewma[row, col] = 0.5 * data[row, col] + 0.5 * ewma[row, col - 1]
+
+
+@sp.kernel
+def calc_loss(ewma: sp.array(dtype=float, ndim=2), loss: sp.array(dtype=float)):
+    row = sp.tid()
+    last = ewma.shape[1] - 1
+    sp.atomic_add(loss, 0, ewma[row, last] ** 2.0)
+
+
+def test_the_taichi_ewma_runs_as_written_and_matches_the_closed_form(device):
+    rng = np.random.RandomState(1)
+    values = rng.rand(1, 2).astype(np.float32)           # data is [[0.417022 0.72032449]]
+    data = sp.array(values, requires_grad=True, device=device)
+    ewma = sp.zeros((1, 2), dtype=float, requires_grad=True, device=device)
+    loss = sp.zeros(1, dtype=float, requires_grad=True, device=device)
+    tape = sp.Tape()
+    with tape:
+        sp.launch(calc_ewma, 1, inputs=[data], outputs=[ewma])
+        sp.launch(calc_loss, 1, inputs=[ewma], outputs=[loss])
+    tape.backward(loss)
+    # e1 = 0.5 d0 + 0.5 d1, loss = e1^2: d loss / d d0 = d loss / d d1 = e1 (Taichi printed 1.706, 0.569)
+    e1 = np.float32(0.5) * values[0, 0] + np.float32(0.5) * values[0, 1]
+    np.testing.assert_array_equal(ewma.numpy(), [[values[0, 0], e1]])
+    np.testing.assert_array_equal(data.grad.numpy(), [[e1, e1]])
+
+
+@sp.kernel
+def ewma_history(data: sp.array(dtype=sp.float64, ndim=2), alpha: sp.array(dtype=sp.float64),
+                 ys: sp.array(dtype=sp.float64, ndim=2)):
+    i = sp.tid()
+    ys[i, 0] = data[i, 0]
+    for t in range(1, data.shape[1]):
+        ys[i, t] = alpha[0] * data[i, t] + (1.0 - alpha[0]) * ys[i, t - 1]
+
+
+@sp.kernel
+def last_squared(ys: sp.array(dtype=sp.float64, ndim=2), out: sp.array(dtype=sp.float64)):
+    i = sp.tid()
+    out[i] = ys[i, ys.shape[1] - 1] ** 2.0
+
+
+def ewma_array_form(values, a, device="cpu"):
+    data = sp.array(values, dtype=sp.float64, requires_grad=True, device=device)
+    alpha = sp.array([a], dtype=sp.float64, requires_grad=True, device=device)
+    ys = sp.zeros(values.shape, dtype=sp.float64, requires_grad=True, device=device)
+    out = sp.zeros(values.shape[0], dtype=sp.float64, requires_grad=True, device=device)
+    tape = sp.Tape()
+    with tape:
+        sp.launch(ewma_history, values.shape[0], inputs=[data, alpha], outputs=[ys])
+        sp.launch(last_squared, values.shape[0], inputs=[ys], outputs=[out])
+    tape.backward(grads={out: np.ones(values.shape[0])})
+    return out.numpy(), data.grad.numpy(), alpha.grad.numpy()[0]
+
+
+def test_ewma_history_array_matches_the_closed_form_in_float64(device):
+    values = np.random.default_rng(1).random((4, 50))
+    out, grad_data, grad_alpha = ewma_array_form(values, 0.3, device)
+    e, expected_data, expected_alpha = ewma_reference(values, 0.3)
+    np.testing.assert_allclose(out, e * e, rtol=1e-14, atol=0)
+    np.testing.assert_allclose(grad_data, expected_data, rtol=1e-13, atol=1e-300)
+    np.testing.assert_allclose(grad_alpha, expected_alpha, rtol=1e-13)
+
+
+def test_ewma_history_passes_gradcheck(device):
+    values = np.random.default_rng(2).random((3, 6))
+    data = sp.array(values, dtype=sp.float64, requires_grad=True, device=device)
+    alpha = sp.array([0.4], dtype=sp.float64, requires_grad=True, device=device)
+    ys = sp.zeros(values.shape, dtype=sp.float64, requires_grad=True, device=device)
+    assert autograd.gradcheck(ewma_history, 3, [data, alpha], [ys], eps=1e-7, atol=1e-8, rtol=1e-6,
+                              show_summary=False)
+
+
+# -- what stays refused ----------------------------------------------------------------------------
+@sp.kernel
+def running_value_in_place(data: sp.array(dtype=sp.float64, ndim=2), e: sp.array(dtype=sp.float64)):
+    row = sp.tid()
+    for col in range(data.shape[1]):
+        e[row] = 0.5 * data[row, col] + 0.5 * e[row]          # Taichi's #2: one element, rewritten
+
+
+@sp.kernel
+def reads_a_later_element(data: sp.array(dtype=sp.float64, ndim=2), ys: sp.array(dtype=sp.float64, ndim=2)):
+    i = sp.tid()
+    for t in range(data.shape[1] - 1):
+        ys[i, t] = data[i, t] + ys[i, t + 1]
+
+
+@sp.kernel
+def reads_another_threads_element(data: sp.array(dtype=sp.float64, ndim=2),
+                                  ys: sp.array(dtype=sp.float64, ndim=2)):
+    i = sp.tid()
+    for t in range(1, data.shape[1]):
+        ys[i, t] = data[i, t] + ys[i - 1, t - 1]
+
+
+@sp.kernel
+def reads_before_writing(data: sp.array(dtype=sp.float64, ndim=2), ys: sp.array(dtype=sp.float64, ndim=2)):
+    i = sp.tid()
+    for t in range(data.shape[1]):
+        ys[i, t] = data[i, t] * ys[i, t]
+
+
+@pytest.mark.parametrize("kernel, reason", [
+    (running_value_in_place, "does not use the counter 'col'"),
+    (reads_a_later_element, "reads an element that a later iteration writes"),
+    (reads_another_threads_element, "reads an element that another thread writes"),
+    (reads_before_writing, "reads an element before the kernel writes it"),
+])
+def test_unprovable_recursions_are_refused_with_the_reason_and_a_local_as_the_fix(kernel, reason, device):
+    data = sp.array(np.ones((2, 3)), dtype=sp.float64, requires_grad=True, device=device)
+    shape = 2 if kernel is running_value_in_place else (2, 3)
+    out = sp.zeros(shape, dtype=sp.float64, requires_grad=True, device=device)
+    with pytest.raises(sp.OverwriteError) as info:
+        with sp.Tape():
+            sp.launch(kernel, 2, inputs=[data], outputs=[out])
+    message = str(info.value)
+    assert reason in message and "carry a running value in a local" in message
+    assert "test_write_once.py" in message
