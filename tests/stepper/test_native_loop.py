@@ -176,3 +176,27 @@ def test_native_loops_run_deterministic_atomics_in_order(monkeypatch):
 def vec_square_sum(x: V3, out: F32):
     i = sp.tid()
     sp.atomic_add(out, 0, sp.dot(x[i], x[i]))
+
+
+@sp.kernel
+def blend_row(x: F64, row: F64, y: F64):
+    i = sp.tid()
+    y[i] = 0.7 * x[i] + 0.3 * row[i] * x[i]
+
+
+def test_a_step_reading_a_series_keeps_the_python_path_and_store_alls_bits(monkeypatch):
+    """`s.series.<name>` is a different row every step; the driver does not move those pointers,
+    so such a step is recomputed from Python (still from its trace)."""
+    n = 6
+    model = sp.Model()
+    model.state("x", n, sp.float64)
+    model.series("row", sp.array(np.random.default_rng(2).random((STEPS, n)), dtype=sp.float64))
+
+    @model.step
+    def step(s):
+        sp.launch(blend_row, n, inputs=[s.prev.x, s.series.row], outputs=[s.next.x])
+    initial = {"x": sp.array(np.linspace(0.5, 1.5, n), dtype=sp.float64)}
+    stored = gradients(model, initial, sp.StoreAll(STEPS), True, monkeypatch)
+    result = gradients(model, initial, sp.Revolve(STEPS, 3), True, monkeypatch)
+    assert result.stats.native_steps == 0
+    same_bits(stored, result)
