@@ -317,8 +317,8 @@ class Distributed(Ranks):
     # -- running ----------------------------------------------------------------------------------------
     def rollout(self, initial, steps=None, **options):
         """`Model.rollout` on every rank from its block `initial`; ``until`` is decided on global
-        values (every rank stops when one's predicate holds). ``checkpoint="run.h5"`` writes one
-        file per rank (``run.rank0000.h5``, ...) and, first, the decomposition to
+        values (every rank stops when one's predicate holds). ``checkpoint="run.ckpt"`` writes one
+        checkpoint directory per rank (``run.rank0000.ckpt``, ...) and, first, the decomposition to
         ``run.decomposition.json``, which `resume` checks."""
         self._check_same("rollout", steps, options.get("schedule"))
         path = options.get("checkpoint")
@@ -347,21 +347,18 @@ class Distributed(Ranks):
             raise ModelError(f"resume({os.fspath(path)!r}): the checkpoints were written by {recorded['ranks']} rank(s) "
                              f"with {_describe_blocks(recorded)}, but this run has {self.size} rank(s) with "
                              f"{_describe_blocks(mine)}; resume with mpiexec -n {recorded['ranks']} and the same states")
-        from checkpoint import HDF5Storage
+        from checkpoint.storage.checkpoint_dir import checkpoint_file, list_checkpoints
         mine_path = rank_path(path, self.rank, self.size)
-        if not os.path.isfile(mine_path):
-            raise ModelError(f"resume({os.fspath(path)!r}): rank {self.rank}'s checkpoint file {mine_path} is missing")
-        store = HDF5Storage(mine_path, mode="a")
-        try:
-            done = store.steps()
-            common = min(s[-1] if s else -1 for s in self.comm.allgather(done))
-            if common < 0:
-                raise ModelError(f"resume({os.fspath(path)!r}): some rank's file holds no complete snapshot")
-            for n in done:
-                if n > common:
-                    store.delete(n)
-        finally:
-            store.close()
+        if not os.path.isdir(mine_path):
+            raise ModelError(f"resume({os.fspath(path)!r}): rank {self.rank}'s checkpoint directory {mine_path} is missing")
+        done = list_checkpoints(mine_path)
+        common = min(s[-1] if s else -1 for s in self.comm.allgather(done))
+        if common < 0 or common not in done:
+            raise ModelError(f"resume({os.fspath(path)!r}): the ranks hold no complete checkpoint of one same step "
+                             f"(rank {self.rank} holds steps {done})")
+        for n in done:           # a rank ahead of the others goes back: the run recomputes the same bits
+            if n > common:
+                os.remove(checkpoint_file(mine_path, n))
         options = self._per_rank(options)
         return self._guarded(lambda: self.model.resume(mine_path, steps, **options))
 

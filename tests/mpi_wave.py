@@ -242,14 +242,14 @@ def bad_declarations(outdir):
 def checkpoint_then_raise(outdir):
     """A rollout writing per-rank checkpoints every 4 steps; rank 1 raises at step 10."""
     model, dist = distributed_model(fail_on_rank=1, fail_at=10)
-    dist.rollout(dist.scatter(initial_global()), STEPS, checkpoint=os.path.join(outdir, "run.h5"), checkpoint_every=4)
+    dist.rollout(dist.scatter(initial_global()), STEPS, checkpoint=os.path.join(outdir, "run.ckpt"), checkpoint_every=4)
 
 
 def resume(outdir):
     """Resume checkpoint_then_raise's run: to the end on its own rank count, a ModelError on another."""
     model, dist = distributed_model()
     try:
-        final = dist.resume(os.path.join(outdir, "run.h5"))
+        final = dist.resume(os.path.join(outdir, "run.ckpt"))
     except sp.ModelError as exc:
         messages = dist.comm.allgather(str(exc))
         if dist.rank == 0:

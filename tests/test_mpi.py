@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import stepper as sp
+from checkpoint.storage.checkpoint_dir import checkpoint_file, list_checkpoints
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -184,21 +185,22 @@ def test_checkpoints_before_a_raising_rank_are_kept_and_resume_only_on_the_same_
     # closed its file before aborting, so it holds step 8; rank 0 was killed, so its last write may be cut.
     last = []
     for rank, (offset, rows) in enumerate([(0, 7), (7, 6)]):
-        store = sp.HDF5Storage(tmp_path / f"run.rank{rank:04d}.h5", mode="r")
-        try:
-            kept = store.steps()
-            assert kept and set(kept) <= {0, 4, 8} and (rank == 0 or 8 in kept)
-            for n in kept:
+        directory = tmp_path / f"run.rank{rank:04d}.ckpt"
+        kept = list_checkpoints(directory)
+        assert kept and set(kept) <= {0, 4, 8} and (rank == 0 or 8 in kept)
+        for n in kept:
+            store = sp.HDF5Storage(checkpoint_file(directory, n), mode="r")
+            try:
                 snap, expected = store.read(n), model.rollout(initial, n) if n else initial
                 for name in ("u", "u_prev"):
                     np.testing.assert_array_equal(snap.arrays[name], expected[name].numpy()[offset:offset + rows])
-        finally:
-            store.close()
+            finally:
+                store.close()
         last.append(kept[-1])
     assert mpiexec(4, "resume", tmp_path).returncode == 0
     messages = np.load(tmp_path / "resume_error4.npy", allow_pickle=True)
     assert len(set(messages)) == 1 and messages[0].startswith(
-        f"resume('{tmp_path / 'run.h5'}'): the checkpoints were written by 2 rank(s) with 'u' (13, 9) in blocks "
+        f"resume('{tmp_path / 'run.ckpt'}'): the checkpoints were written by 2 rank(s) with 'u' (13, 9) in blocks "
         f"(offset, rows) (0, 7), (7, 6)")
     assert messages[0].endswith("resume with mpiexec -n 2 and the same states")
     resumed = mpiexec(2, "resume", tmp_path)

@@ -9,6 +9,9 @@ import stepper as sp
 from step_kernels import double
 from stepper_models import chain_initial, chain_model
 
+# Some steps here are untraceable on purpose; the warning they give is tests/stepper/test_series.py's.
+pytestmark = pytest.mark.filterwarnings("ignore::stepper.trace_notes.UntraceableStepWarning")
+
 F32 = sp.array(dtype=float)
 F64 = sp.array(dtype=sp.float64)
 STEPS = 24
