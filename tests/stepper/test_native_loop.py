@@ -7,6 +7,7 @@ import pytest
 import stepper as sp
 import stepper.native_loop as native_loop
 from stepper.executor import Sweep
+from stepper.trace_notes import UntraceableStepWarning
 from stepper_models import chain_initial, chain_model, spring_forces, integrate_particles
 
 F64 = sp.array(dtype=sp.float64)
@@ -134,7 +135,8 @@ def test_a_step_that_is_not_traced_stays_on_the_python_path(monkeypatch):
         acc = s.scratch("acc", 1, sp.float64)
         sp.launch(accumulate_into, n if s.n % 2 else n - 1, inputs=[s.prev.x], outputs=[acc])
         sp.launch(shift_by, n, inputs=[s.prev.x, acc], outputs=[s.next.x])
-    stored = gradients(model, initial, sp.StoreAll(STEPS), True, monkeypatch)
+    with pytest.warns(UntraceableStepWarning, match="branches on the step"):
+        stored = gradients(model, initial, sp.StoreAll(STEPS), True, monkeypatch)
     result = gradients(model, initial, sp.Revolve(STEPS, 3), True, monkeypatch)
     assert result.stats.native_steps == 0
     same_bits(stored, result)
