@@ -8,9 +8,9 @@ from . import autograd
 from .builtins import BUILTINS as _BUILTINS
 from .errors import CompileError, OverwriteError
 from .func import adjoint, func, func_grad, func_native, func_replay
-from .graph import Graph, capture
+from .runtime.graph import Graph, capture
 from .kernel import Kernel, kernel
-from .launch import LaunchError, launch
+from .runtime.launch import LaunchError, launch
 from .runtime.array import (array, clone, copy, empty, empty_like, full, full_like, ones, ones_like, zeros,
                             zeros_like)
 from .runtime.dlpack import from_dlpack

@@ -39,7 +39,7 @@ from typing import Callable
 import numpy as np
 
 from .kernel import Kernel
-from .launch import launch
+from .runtime.launch import launch
 from .runtime.array import array, clone
 from .runtime.tape import Tape, outside_tapes
 from .types import float32
@@ -480,7 +480,7 @@ def loop_tape_words(kernel: Kernel, dim, inputs=(), outputs=(), device=None) -> 
     pass measures before ``tape.backward`` allocates ``max(words) * threads`` of them. Each iteration of
     a dynamic loop saves the carried values its reverse sweep needs (one word per scalar, more for
     vectors); all zero when no loop carries such a value (``kernel.compiled().needs_tape`` False)."""
-    from .launch import _array_values, _check_argument, _dims, _signature, _zero_values   # same packing as launch
+    from .runtime.launch import _array_values, _check_argument, _dims, _signature, _zero_values   # same packing as launch
     compiled = kernel.compiled()
     sig = _signature(kernel)
     args = list(inputs) + list(outputs)

@@ -12,15 +12,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import ir, write_once
-from .adjoint import AdjointUnsupported, adjoint_function
+from .passes.adjoint import AdjointUnsupported, adjoint_function
 from .backends import build_cpu_library, load_cpu_library
 from .codegen.targets import render_cpu, render_cuda
 from .frontend import Frontend
-from .frontend_calls import namespace_of
-from .gather import GatherAdjoint, gather_adjoint
-from .interior import Interior, interior_variant
+from .frontend.calls import namespace_of
+from .passes.gather import GatherAdjoint, gather_adjoint
+from .passes.interior import Interior, interior_variant
 from .types import ArrayType
-from .verify import verify
+from .passes.verify import verify
 
 PRELUDE_DIR = Path(__file__).parent / "codegen"
 

@@ -4,7 +4,7 @@ A recomputation between checkpoints (``Forward(n0, n1)`` recording nothing, over
 before) replays the step's trace (stepper/trace.py) once per step from Python: each replay takes new
 versions from the pool, packs every launch's arguments and calls each kernel through ctypes, about
 30-40 us a step on top of the kernels. Here the whole run is one foreign call instead: the trace's
-launches are packed once (`compiler.launch.packed_forward`), and a small C++ driver calls their
+launches are packed once (`compiler.runtime.launch.packed_forward`), and a small C++ driver calls their
 CPU forward entry points back to back, step after step, writing the current buffers' pointers into
 the packed arguments before each step.
 
@@ -23,7 +23,7 @@ import ctypes
 import logging
 
 from compiler.backends.cpu_build import build_cpu_library, load_cpu_library
-from compiler.launch import packed_forward
+from compiler.runtime.launch import packed_forward
 from compiler.runtime.tape import settle
 
 from .state import State

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from compiler import array
-from compiler.launch import relaunch
+from compiler.runtime.launch import relaunch
 
 __all__ = ["Slot", "StepTrace", "trace_step"]
 

@@ -17,7 +17,7 @@ import pytest
 import compiler as sp
 from compiler.backends.common import BuildError
 from compiler.backends.nvrtc import NvrtcNotFoundError, nvrtc_version
-from compiler.cuda_module import cuda_image
+from compiler.backends.cuda_module import cuda_image
 from compiler.runtime.device import is_cuda_available
 
 _kernel_module = sys.modules["compiler.kernel"]   # `compiler.kernel` the attribute is the decorator
@@ -160,7 +160,7 @@ def test_nvrtc_errors_point_at_the_users_line():
     """#line directives from the emitter make NVRTC report the kernel's Python file and line."""
     _nvrtc_or_skip()
     from compiler.backends.nvrtc import compile_cuda
-    from compiler.cuda_module import CUDA_OPTIONS, PRELUDE
+    from compiler.backends.cuda_module import CUDA_OPTIONS, PRELUDE
     _, rendered = cuda_image(_features.module, False)
     line = next(l for l in rendered.source.splitlines() if l.startswith("#line") and "test_cuda_codegen" in l)
     broken = rendered.source.replace(line, line + "\nthis_is_not_cuda;", 1)

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import compiler as sp
-from compiler import launch_cuda
-from compiler.launch import _signature
+from compiler.backends import cuda_launch
+from compiler.runtime.launch import _signature
 from compiler.types import ArrayType
 
 pytestmark = pytest.mark.cuda
@@ -68,7 +68,7 @@ def test_forward_matches_the_cpu_bit_for_bit(n):
     from compiler.runtime.cuda_array import DeviceBuffer
     x = np.random.default_rng(0).standard_normal(n).astype(np.float32)
     xb, yb = DeviceBuffer.from_host(x), DeviceBuffer(4 * n)
-    launch_cuda.forward(_affine, _affine.compiled(), _pack(_affine, n, [1.5, xb, yb]), n, False, False, "cuda:0")
+    cuda_launch.forward(_affine, _affine.compiled(), _pack(_affine, n, [1.5, xb, yb]), n, False, False, "cuda:0")
     y_cpu = sp.zeros(n)
     sp.launch(_affine, n, inputs=[1.5, sp.array(x)], outputs=[y_cpu])
     np.testing.assert_array_equal(yb.to_host(n, np.float32), y_cpu.numpy())
@@ -81,7 +81,7 @@ def test_debug_launch_reports_the_out_of_bounds_line():
     values = list(sig.packer.unpack(_pack(_affine, 4, [1.0, xb, yb])))
     values[0:2] = [8, 8]                         # 8 threads over 4-element arrays
     with pytest.raises(IndexError, match=r"test_cuda_runtime.py:\d+: kernel '_affine' indexed array '\w' out of bounds"):
-        launch_cuda.forward(_affine, _affine.compiled(), sig.packer.pack(*values), 8, True, False, "cuda:0")
+        cuda_launch.forward(_affine, _affine.compiled(), sig.packer.pack(*values), 8, True, False, "cuda:0")
 
 
 def test_adjoint_with_a_loop_tape_matches_the_cpu():
@@ -93,8 +93,8 @@ def test_adjoint_with_a_loop_tape_matches_the_cpu():
     adj_x.zero_()
     compiled = _horner.compiled()
     buf = _pack(_horner, n, [xb, trips, yb])
-    launch_cuda.forward(_horner, compiled, buf, n, False, False, "cuda:0")
-    launch_cuda.adjoint(_horner, compiled, compiled.adjoint, buf, _pack(_horner, n, [adj_x, 0, adj_y]), n, False, False, "cuda:0")
+    cuda_launch.forward(_horner, compiled, buf, n, False, False, "cuda:0")
+    cuda_launch.adjoint(_horner, compiled, compiled.adjoint, buf, _pack(_horner, n, [adj_x, 0, adj_y]), n, False, False, "cuda:0")
 
     xc, yc = sp.array(x, requires_grad=True), sp.zeros(n, requires_grad=True)
     tape = sp.Tape()

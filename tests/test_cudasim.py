@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 import compiler as sp
-from compiler import launch_cuda
+from compiler.backends import cuda_launch
 from compiler.backends import cuda_driver, cudasim
-from compiler.launch import LaunchError
+from compiler.runtime.launch import LaunchError
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not cudasim.enabled(), reason="runs on the CUDA simulator (STEPPER_CUDA_SIM=1)")]
@@ -133,22 +133,22 @@ def test_a_gathered_adjoint_runs_parallel_and_deterministic():
 
 
 def test_the_loop_tape_is_kept_and_grown_not_freed_per_launch(monkeypatch):
-    monkeypatch.setattr(launch_cuda, "_TAPES", {})         # as in a fresh process
+    monkeypatch.setattr(cuda_launch, "_TAPES", {})         # as in a fresh process
     x = sp.array(np.linspace(0.1, 0.9, 64, dtype=np.float32), device="cuda", requires_grad=True)
     y = sp.zeros(64, device="cuda", requires_grad=True)
     tape = sp.Tape()
     with tape:
         sp.launch(horner, 64, inputs=[x, 3], outputs=[y])
     tape.backward(grads={y: np.ones(64, np.float32)})
-    first = launch_cuda._TAPES[0]
+    first = cuda_launch._TAPES[0]
     tape.zero()
     tape.backward(grads={y: np.ones(64, np.float32)})
-    assert launch_cuda._TAPES[0] is first                     # same size: the same buffer
+    assert cuda_launch._TAPES[0] is first                     # same size: the same buffer
     grad = x.grad.numpy()
     with tape:
         sp.launch(horner, 64, inputs=[x, 40], outputs=[y])      # longer loops: a bigger tape
     tape.backward(grads={y: np.ones(64, np.float32)})
-    assert launch_cuda._TAPES[0].nbytes > first.nbytes
+    assert cuda_launch._TAPES[0].nbytes > first.nbytes
     # d/dx of the Horner sum 1 + x + ... + x^(m-1), m = 3 + i % 3, on the first pass
     xs, m = np.linspace(0.1, 0.9, 64), 3 + np.arange(64) % 3
     expected = [sum(k * v ** (k - 1) for k in range(1, mm)) for v, mm in zip(xs, m)]

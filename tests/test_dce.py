@@ -1,9 +1,9 @@
-"""Dead code elimination (compiler/dce.py): what an effect reads stays, the rest goes."""
+"""Dead code elimination (compiler/passes/dce.py): what an effect reads stays, the rest goes."""
 import compiler as sp
 from compiler import ir
-from compiler.dce import eliminate_dead_code
+from compiler.passes.dce import eliminate_dead_code
 from compiler.types import ArrayType, bool_, float32, int32
-from compiler.verify import verify
+from compiler.passes.verify import verify
 
 LOC = ir.Loc("test_dce.py", 1)
 F2 = sp.array(dtype=float, ndim=2)

@@ -482,7 +482,7 @@ def test_linear_accumulation_needs_no_tape_and_nonlinear_values_do(device):
 
 def test_a_loop_tape_that_cannot_be_allocated_is_an_error_naming_kernel_line_and_size(monkeypatch):
     import sys
-    launch_module = sys.modules["compiler.launch"]
+    launch_module = sys.modules["compiler.runtime.launch"]
     x = sp.array(np.full(8, 1.01, np.float32), requires_grad=True)
     out = sp.zeros(1, requires_grad=True)
     tape = sp.Tape()

@@ -1,7 +1,7 @@
 """The gather form of stencil adjoints: exact sums, gathered per element, deterministic in parallel.
 
 Accumulations at tid() + a constant offset are gathered by the element that receives them instead of
-scattered by the thread that made them (compiler/gather.py). Expected values are float64 analytic
+scattered by the thread that made them (compiler/passes/gather.py). Expected values are float64 analytic
 references; the gather form must also agree with the scatter adjoint it replaces to float rounding,
 and give the same bits whether or not the launch is deterministic (it has no atomics to order).
 """
@@ -10,8 +10,8 @@ import pytest
 
 import compiler as sp
 from compiler import ir
-from compiler.launch import _signature, _gather_fits
-from compiler.verify import verify
+from compiler.runtime.launch import _signature, _gather_fits
+from compiler.passes.verify import verify
 
 F2 = sp.array(dtype=float, ndim=2)
 F1 = sp.array(dtype=float)

@@ -2,7 +2,7 @@
 
 A kernel's comparisons of a thread index with a bound (constants, array extents, integer scalars)
 are decided for the threads inside a box the entry point computes per launch
-(compiler/interior.py); the threads outside it run the original body. Each kernel here writes one
+(compiler/passes/interior.py); the threads outside it run the original body. Each kernel here writes one
 bit per comparison, so the expected output is exact integers from numpy, on launches where the box
 is empty, a single element or most of the launch, and where the arrays are larger than the launch.
 """
@@ -11,8 +11,8 @@ import pytest
 
 import compiler as sp
 from compiler import ir
-from compiler.interior import Bound, interior_variant
-from compiler.verify import verify
+from compiler.passes.interior import Bound, interior_variant
+from compiler.passes.verify import verify
 
 I2 = sp.array(dtype=int, ndim=2)
 I1 = sp.array(dtype=int)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import compiler as sp
-from compiler.launch import LaunchError
+from compiler.runtime.launch import LaunchError
 from compiler.runtime.device import is_cuda_available
 
 f64 = sp.float64

@@ -3,7 +3,7 @@
 The state is (up, u); each step writes both next.up (= prev.u) and next.u in one kernel, so a
 snapshot is the same two arrays a peer's carry holds. `schedule` is "storeall", "revolve" (with
 `snapshots` in RAM) or "multilevel" (`snapshots` in RAM plus `disk` on disk, HDF5 in a temporary
-directory). The wave kernel's adjoint runs in its gather form (compiler/gather.py): every gradient
+directory). The wave kernel's adjoint runs in its gather form (compiler/passes/gather.py): every gradient
 element sums its neighbours' contributions itself, in parallel and without atomics, so it is
 deterministic whatever ``deterministic`` says, and every schedule gives the same bits.
 """

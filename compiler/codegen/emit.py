@@ -11,7 +11,7 @@ import math
 import numpy as np
 
 from .. import ir
-from ..adjoint import is_reverse_mark
+from ..passes.adjoint import is_reverse_mark
 from ..builtins import OPS
 from ..types import ArrayType, MatrixType, ScalarType, VectorType
 

@@ -85,7 +85,7 @@ class Target:
     forward_entry: str
     adjoint_entry: str
     gather_entry: str
-    interiors: bool = False    # whether entries run interior variants (compiler/interior.py) in the middle
+    interiors: bool = False    # whether entries run interior variants (compiler/passes/interior.py) in the middle
 
 
 # The adjoint and gather entries of a target take the same arguments: the forward's packed buffer,

@@ -9,7 +9,7 @@ holds where a CPU array holds its NumPy ndarray:
     iface = cuda_array_interface(buf.ptr, (4,), np.float32)
 
 All copies are synchronous with respect to the host and ordered on the legacy default stream, which
-is also where `launch_cuda` launches kernels, so no explicit synchronisation is needed between a
+is also where `backends.cuda_launch` launches kernels, so no explicit synchronisation is needed between a
 launch and a copy of its results.
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The CUDA half of a kernel module: render -> NVRTC (PTX or CUBIN) -> load -> the entry points.
 
 Compiling needs only NVRTC, so every machine checks that each module compiles for CUDA
-(tests/test_cuda_codegen.py). Loading and launching need a GPU (`launch_cuda.py`).
+(tests/test_cuda_codegen.py). Loading and launching need a GPU (`cuda_launch.py`).
 
     ptx, rendered = cuda_image(kernel.module, debug=False)                   # any machine
     loaded = cuda_module(kernel.module, debug=False, device=get_device("cuda"))   # with a GPU
@@ -12,11 +12,11 @@ import ctypes
 import functools
 from pathlib import Path
 
-from .backends import cudasim
-from .backends.nvrtc import DEFAULT_ARCH, compile_cuda
-from .codegen.targets import RenderedModule
+from . import cudasim
+from .nvrtc import DEFAULT_ARCH, compile_cuda
+from ..codegen.targets import RenderedModule
 
-PRELUDE = Path(__file__).parent / "codegen" / "prelude.h"
+PRELUDE = Path(__file__).parent.parent / "codegen" / "prelude.h"
 
 # --fmad=false: no contraction of a*b+c into FMA, so float results match the CPU build's
 # -ffp-contract=off (math functions such as sinf still differ from the host libm in the last bits).
@@ -34,8 +34,8 @@ def cuda_image(module, debug: bool, arch: str = DEFAULT_ARCH, output: str = "ptx
 
 @functools.cache
 def _check_toolkit() -> None:
-    from .backends import cuda_driver
-    from .backends.nvrtc import nvrtc_version
+    from . import cuda_driver
+    from .nvrtc import nvrtc_version
     cuda_driver.check_toolkit(cuda_driver.driver_version(), nvrtc_version())
 
 
@@ -49,7 +49,7 @@ _LOADED: dict = {}     # (module name, len(kernels), debug, ordinal) -> LoadedCu
 def cuda_module(module, debug: bool, device) -> "LoadedCudaModule":
     """The module compiled to CUBIN for `device`'s architecture and loaded into its primary context
     (once per process; a kernel added to the module later triggers a rebuild)."""
-    from .backends import cuda_driver
+    from . import cuda_driver
     key = (module.name, len(module.kernels), debug, device.ordinal)
     loaded = _LOADED.get(key)
     if loaded is None:
@@ -81,18 +81,18 @@ class LoadedCudaModule:
     def function(self, name: str, adjoint: bool):
         key = (name, adjoint)
         if key not in self._functions:
-            from .backends import cuda_driver
+            from . import cuda_driver
             self._functions[key] = cuda_driver.get_function(self.module, name if adjoint else name + "_forward")
         return self._functions[key]
 
     def _global(self, name: str):
-        from .backends.cuda_driver import _check, _driver
+        from .cuda_driver import _check, _driver
         ptr, size = _check(_driver().cuModuleGetGlobal(self.module, name.encode()), f"cuModuleGetGlobal({name!r})")
         return int(ptr), int(size)
 
     def read(self, name: str, ctype):
         """Copy the global `name` to the host as a ctypes value (synchronises with the device)."""
-        from .backends.cuda_driver import _check, _driver, primary_context
+        from .cuda_driver import _check, _driver, primary_context
         primary_context(self.ordinal)
         ptr, size = self._global(name)
         value = ctype()
@@ -102,7 +102,7 @@ class LoadedCudaModule:
 
     def write(self, name: str, value) -> None:
         """Overwrite the global `name` with the ctypes value `value`."""
-        from .backends.cuda_driver import _check, _driver, primary_context
+        from .cuda_driver import _check, _driver, primary_context
         primary_context(self.ordinal)
         ptr, size = self._global(name)
         _check(_driver().cuMemcpyHtoD(ptr, ctypes.addressof(value), ctypes.sizeof(value)), f"cuMemcpyHtoD({name})")

@@ -11,7 +11,7 @@ the order of every sum is fixed by the offsets alone: the result is the same on 
 threads (deterministic without running serially).
 
 Each offset's pass is a copy of the adjoint body with fresh locals, from which dead code
-elimination (compiler/dce.py) keeps what reaches that offset (in a 5-point stencil, a neighbour's
+elimination (compiler/passes/dce.py) keeps what reaches that offset (in a 5-point stencil, a neighbour's
 pass keeps a multiply). A pass runs thread ``p - c`` clamped into the launch (always a thread that
 exists, so its loads are the ones the forward made) and keeps its sum only when ``p - c`` was
 inside: no branch on the offset, so the thread loop still vectorises. Along a periodic index
@@ -26,11 +26,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from . import ir
+from .. import ir
 from .adjoint import is_reverse_mark
 from .dce import eliminate_dead_code
 from .interior import Bound, Interior, Wrapped, interior_variant, tid_offsets
-from .types import bool_, int32
+from ..types import bool_, int32
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class GatherAdjoint:
 
     `function` serves every thread; `interior` the threads in the middle of the launch, where no
     pass's thread p - c leaves it (so no index is clamped and loads stay unit-stride) and boundary
-    tests are settled (compiler/interior.py)."""
+    tests are settled (compiler/passes/interior.py)."""
     function: ir.Function
     interior: Interior
     arrays: tuple[str, ...]

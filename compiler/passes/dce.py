@@ -1,6 +1,6 @@
 """Dead code elimination: an IR -> IR pass that drops computations nothing reads.
 
-Generated bodies carry a lot of it: each pass of a gather form (compiler/gather.py) is a full copy
+Generated bodies carry a lot of it: each pass of a gather form (compiler/passes/gather.py) is a full copy
 of the adjoint, forward replay included, and keeps only the few values that reach one offset. The
 C++ compiler would drop the rest too, but parsing and optimising it is most of a module's compile
 time. Live is what an effect (stores, atomics, gradient accumulations, prints, tapes, native
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from . import ir
-from .builtins import OPS
+from .. import ir
+from ..builtins import OPS
 
 _PURE = (ir.ReadVar, ir.ReadParam, ir.ThreadIndex, ir.ArrayDim, ir.Load, ir.ReadGrad)
 

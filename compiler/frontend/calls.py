@@ -7,10 +7,10 @@ import builtins as py_builtins
 import inspect
 import re
 
-from . import ir
-from .builtins import PYTHON_BUILTINS, Builtin, cast_op, construct_op
-from .func import Func
-from .types import ArrayType, MatrixType, ScalarType, VectorType, bool_, float32, int32, matrix, vector
+from .. import ir
+from ..builtins import PYTHON_BUILTINS, Builtin, cast_op, construct_op
+from ..func import Func
+from ..types import ArrayType, MatrixType, ScalarType, VectorType, bool_, float32, int32, matrix, vector
 
 PY_CASTS = {int: int32, float: float32, bool: bool_}
 
@@ -95,7 +95,7 @@ class CallLowering:
         return c if c.type == bool_ else self.condition(node)
 
     def _builtin(self, name, args, node):
-        from .builtins import OPS
+        from ..builtins import OPS
         if name not in OPS:
             self.error(node, f"{name}() is not available in kernels")
         arity = {"clamp": 3, "where": 3}.get(name)
@@ -230,7 +230,7 @@ class CallLowering:
         return outs if len(outs) > 1 else (outs[0] if outs else None)
 
     def call_native(self, func, args, node):
-        from .native import native_op
+        from ..native import native_op
         try:
             name = native_op(func)
         except ValueError as e:
@@ -296,7 +296,7 @@ class CallLowering:
 
 
 def _differentiable(t) -> bool:
-    from .typing_rules import scalar_of
+    from ..typing_rules import scalar_of
     return scalar_of(t).is_float
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from . import ir
+from .. import ir
 
 
 def saved_vars(loop: ir.Loop) -> tuple[ir.Var, ...]:

@@ -13,14 +13,14 @@ import struct
 
 import numpy as np
 
-from . import launch_cuda
-from .bounds import check_extents, tid_indexed
-from .errors import CompileError, OverwriteError, raise_if_out_of_bounds
+from ..backends import cuda_launch
+from ..passes.bounds import check_extents, tid_indexed
+from ..errors import CompileError, OverwriteError, raise_if_out_of_bounds
 from .graph import CapturedLaunch, capturing
-from .kernel import Kernel
-from .runtime.array import array
-from .runtime.tape import RecordedOp, active_tape, caller_location, settle, untaped_deterministic, zero_fresh
-from .types import ArrayType, ScalarType, VectorType
+from ..kernel import Kernel
+from .array import array
+from .tape import RecordedOp, active_tape, caller_location, settle, untaped_deterministic, zero_fresh
+from ..types import ArrayType, ScalarType, VectorType
 
 _HEADER = "q4q"
 _ONES = (1, 1, 1, 1)
@@ -210,7 +210,7 @@ def launch(kernel: Kernel, dim, inputs=(), outputs=(), device=None, debug: bool 
     # Without atomics a forward's result does not depend on thread order: only atomics need serial.
     serial = deterministic and sig.has_atomics
     if device != "cpu":
-        launch_cuda.forward(kernel, compiled, buffer, values[0], debug, serial, device, graph)
+        cuda_launch.forward(kernel, compiled, buffer, values[0], debug, serial, device, graph)
         if graph is not None:
             graph.note_writes(tuple(args[k] for k in sig.written), device)
         _mark_written(sig, args, tape)
@@ -228,7 +228,7 @@ def launch(kernel: Kernel, dim, inputs=(), outputs=(), device=None, debug: bool 
 
 def _gpu(device: str) -> str:
     """'cuda:N' for a GPU this machine has; raises RuntimeError saying what was not found otherwise."""
-    from .runtime.device import get_device, require_cuda
+    from .device import get_device, require_cuda
     dev = get_device(device)
     require_cuda(dev)
     return str(dev)
@@ -302,7 +302,7 @@ def relaunch(kernel: Kernel, dims: tuple, args: list, deterministic: bool, tape=
         settle()
         serial = deterministic and sig.has_atomics
         if device != "cpu":
-            launch_cuda.forward(kernel, compiled, buffer, values[0], False, serial, device)
+            cuda_launch.forward(kernel, compiled, buffer, values[0], False, serial, device)
         else:
             kernel.entry(False).function(sig.forward_name, adjoint=False)(buffer, int(serial))
     _mark_written(sig, args, tape)
@@ -360,7 +360,7 @@ def _run_adjoint(kernel, compiled, sig, args, dims, buffer, debug, serial, fresh
         # Parallel and deterministic by construction; serial only for what still scatters.
         adjoint, serial = gather.function, serial and gather.scatters
     if device != "cpu":
-        launch_cuda.adjoint(kernel, compiled, adjoint, buffer, adj_buffer, math.prod(dims), debug, serial, device)
+        cuda_launch.adjoint(kernel, compiled, adjoint, buffer, adj_buffer, math.prod(dims), debug, serial, device)
         return
     module = kernel.entry(debug)
     fn = module.function(adjoint.name, adjoint=True)

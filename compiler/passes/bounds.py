@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import ir
+from .. import ir
 from .interior import tid_offsets
 
 __all__ = ["TidIndexed", "tid_indexed"]

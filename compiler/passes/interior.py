@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import ir
-from .types import bool_, int32
+from .. import ir
+from ..types import bool_, int32
 
 # A bound is an integer the launch fixes: a constant plus signed terms, each one of
 # ("dim", array name, axis), ("scalar", parameter name) or ("extent", axis) (the launch's own).

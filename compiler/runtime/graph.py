@@ -18,7 +18,7 @@ import contextlib
 import threading
 from dataclasses import dataclass, field
 
-from .runtime.tape import settle
+from .tape import settle
 
 _local = threading.local()
 
@@ -38,7 +38,7 @@ class Graph:
     launches: list[CapturedLaunch] = field(default_factory=list)     # CPU launches
     device: str | None = None
     written: list[tuple] = field(default_factory=list)    # per launch, the arrays it writes
-    _cuda: object = None                                  # launch_cuda.StreamCapture of a GPU graph
+    _cuda: object = None                                  # backends.cuda_launch.StreamCapture of a GPU graph
 
     def replay(self) -> None:
         settle()                     # launches a Tape holds (Tape.defer_launches) run first
@@ -64,7 +64,7 @@ class Graph:
         """The stream a GPU launch inside the capture goes to (capture starts with the first)."""
         self._same_device(device)
         if self._cuda is None:
-            from .launch_cuda import StreamCapture
+            from ..backends.cuda_launch import StreamCapture
             self._cuda = StreamCapture(device)
         return self._cuda.stream
 

@@ -14,15 +14,15 @@ from __future__ import annotations
 import ast
 import builtins as py_builtins
 
-from . import ir
-from .builtins import cast_op
-from .errors import CompileError
-from .frontend_calls import CallLowering
-from .frontend_exprs import BINOPS, COMPONENTS, UNSUPPORTED, ExpressionLowering
-from .func import Func, Source
-from .func import adjoint as adjoint_marker
-from .runtime.array import array as array_class
-from .types import ArrayType, ScalarType, as_dtype, bool_, float32, int32, int64
+from .. import ir
+from ..builtins import cast_op
+from ..errors import CompileError
+from .calls import CallLowering
+from .exprs import BINOPS, COMPONENTS, UNSUPPORTED, ExpressionLowering
+from ..func import Func, Source
+from ..func import adjoint as adjoint_marker
+from ..runtime.array import array as array_class
+from ..types import ArrayType, ScalarType, as_dtype, bool_, float32, int32, int64
 
 
 class Scope:

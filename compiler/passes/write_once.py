@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import ir
+from .. import ir
 
 
 @dataclass(frozen=True)

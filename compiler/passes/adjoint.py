@@ -15,11 +15,11 @@ loop body start each reverse iteration from zero while carried Vars keep accumul
 """
 from __future__ import annotations
 
-from . import ir
-from .builtins import OPS, cast_op
+from .. import ir
+from ..builtins import OPS, cast_op
 from .loop_analysis import saved_vars
-from .typing_rules import scalar_of
-from .types import ScalarType, bool_, int64
+from ..typing_rules import scalar_of
+from ..types import ScalarType, bool_, int64
 
 
 class AdjointUnsupported(Exception):

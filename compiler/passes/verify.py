@@ -6,8 +6,8 @@ are exactly what its typing rule asks for (no implicit conversions left to the C
 """
 from __future__ import annotations
 
-from . import ir
-from .builtins import OPS
+from .. import ir
+from ..builtins import OPS
 
 
 class IRError(AssertionError):
