@@ -11,9 +11,8 @@ from .func import adjoint, func, func_grad, func_native, func_replay
 from .runtime.graph import Graph, capture
 from .kernel import Kernel, kernel
 from .runtime.launch import LaunchError, launch
-from .runtime.array import (array, clone, copy, empty, empty_like, full, full_like, ones, ones_like, zeros,
-                            zeros_like)
-from .runtime.dlpack import from_dlpack
+from .runtime.array import (array, clone, copy, empty, empty_like, from_dlpack, full, full_like, ones, ones_like,
+                            zeros, zeros_like)
 from .runtime.tape import Tape
 from .types import (bool_, float32, float64, int32, int64, mat22, mat33, mat44, matrix, vec2, vec3, vec4,
                     vector)

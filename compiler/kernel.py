@@ -11,7 +11,8 @@ import ctypes
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import ir, write_once
+from . import ir
+from .passes import write_once
 from .passes.adjoint import AdjointUnsupported, adjoint_function
 from .backends import build_cpu_library, load_cpu_library
 from .codegen.targets import render_cpu, render_cuda

@@ -21,10 +21,10 @@ from ..types import ArrayType, ValueType, float32
 from .arguments import check_device as _check_device, check_grad_dtype as _check_grad_dtype, dtype_arg as _dtype_arg
 from .arguments import MAX_DIMS, infer_dtype as _infer_dtype, shape_arg as _shape_arg
 from .memory import adopt_cuda, allocate, on_device, on_gpu
-from .tape import RecordedOp, active_tape, caller_location, settle
+from .tape import RecordedOp, _describe_array, active_tape, caller_location, settle
 
 __all__ = ["array", "zeros", "ones", "full", "empty", "zeros_like", "ones_like", "full_like",
-           "empty_like", "clone", "copy"]
+           "empty_like", "clone", "copy", "from_dlpack"]
 
 
 
@@ -388,6 +388,20 @@ class array:
         self._mark_written()
         return self
 
+    def _seed_values(self, seed, where: str) -> np.ndarray:
+        """`seed` (an array or array-like) as NumPy values of this array's gradient, for
+        Tape.backward(grads=...); the message names `where` and what did not fit."""
+        if self.grad is None:
+            raise ValueError(f"{where}: the {_describe_array(self)} has no gradient; create it with "
+                             "requires_grad=True before recording")
+        target = self.grad._data
+        values = seed.numpy() if isinstance(seed, array) else seed
+        try:
+            return np.array(np.broadcast_to(np.asarray(values, target.dtype), target.shape))
+        except ValueError:
+            raise ValueError(f"{where}: seed of shape {np.shape(values)} does not match the "
+                             f"{_describe_array(self)} (expected {target.shape})") from None
+
     # -- memory, whatever the device (no version bump: callers decide what counts as a write) --------
     def _write_host(self, values) -> None:
         """Set the elements from NumPy `values` broadcast to ``numpy().shape``."""
@@ -560,3 +574,23 @@ def full_like(src: array, value, device=None, requires_grad: bool | None = None)
     """`value` everywhere, with `src`'s shape and dtype (and its requires_grad unless given)."""
     shape, dtype, device, grad = _like("full_like", src, device, requires_grad)
     return full(shape, value, dtype, device, grad)
+
+
+def from_dlpack(data, dtype=None, requires_grad: bool = False) -> "array":
+    """An array sharing the memory of any DLPack object (JAX, PyTorch, CuPy, NumPy), on its device,
+    without copying; `dtype` may give a vector or matrix type whose trailing dimensions the data has
+    (``from_dlpack(torch_xyz, dtype=vec3)`` for an ``(n, 3)`` tensor)."""
+    from .dlpack import adopt
+    if not hasattr(data, "__dlpack__"):
+        raise TypeError(f"from_dlpack(data=...): {type(data).__name__} does not implement __dlpack__")
+    memory, device = adopt(data)
+    dt = _dtype_arg(dtype, "from_dlpack") if dtype is not None else _infer_dtype(np.empty(0, memory.dtype), False,
+                                                                                 "from_dlpack")
+    if np.dtype(dt.np_dtype) != memory.dtype:
+        raise ValueError(f"from_dlpack(data, dtype={dt}): the data holds {memory.dtype} values; no copy converts them")
+    if dt.inner_shape and tuple(memory.shape[-len(dt.inner_shape):]) != dt.inner_shape:
+        raise ValueError(f"from_dlpack(data, dtype={dt}): data of shape {memory.shape} does not end in {dt.inner_shape}")
+    out = array._wrap(memory, dt, fn="from_dlpack(data)", device=_check_device(device, "from_dlpack"))
+    if requires_grad:
+        out.requires_grad = True
+    return out

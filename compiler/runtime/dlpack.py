@@ -5,7 +5,7 @@ same for device memory with the protocol's C structs (dlpack.h, version 0.8 ABI)
 
     capsule = to_dlpack(memory)          # a "dltensor" PyCapsule owning a reference to `memory`
     memory, device = adopt(obj)          # DeviceMemory sharing obj's memory (freed through its deleter)
-    x = from_dlpack(obj)                 # the same as an `array` (stepper.from_dlpack)
+    x = stepper.from_dlpack(obj)         # the same as an array (runtime/array.py)
 
 The producer keeps the memory alive until the consumer calls the tensor's deleter (or, if nobody
 consumed it, until the capsule dies). Work is ordered on the legacy default stream (stream 1 in the
@@ -14,14 +14,10 @@ protocol), which is where every launch and copy of ours goes, so no stream synch
 from __future__ import annotations
 
 import ctypes
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from .array import array
-
-__all__ = ["to_dlpack", "adopt", "from_dlpack"]
+__all__ = ["to_dlpack", "adopt"]
 
 KDL_CPU, KDL_CUDA = 1, 2
 _CODES = {"i": 0, "u": 1, "f": 2, "b": 6}
@@ -128,23 +124,3 @@ def adopt(obj):
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     buffer = DeviceBuffer(nbytes, t.device.device_id, ptr=t.data + t.byte_offset, owner=_Owner(managed))
     return DeviceMemory(buffer, shape, dtype), f"cuda:{t.device.device_id}"
-
-
-def from_dlpack(data, dtype=None, requires_grad: bool = False) -> "array":
-    """An array sharing the memory of any DLPack object (JAX, PyTorch, CuPy, NumPy), on its device,
-    without copying; `dtype` may give a vector or matrix type whose trailing dimensions the data has
-    (``from_dlpack(torch_xyz, dtype=vec3)`` for an ``(n, 3)`` tensor)."""
-    from .array import _check_device, _dtype_arg, _infer_dtype, array
-    if not hasattr(data, "__dlpack__"):
-        raise TypeError(f"from_dlpack(data=...): {type(data).__name__} does not implement __dlpack__")
-    memory, device = adopt(data)
-    dt = _dtype_arg(dtype, "from_dlpack") if dtype is not None else _infer_dtype(np.empty(0, memory.dtype), False,
-                                                                                 "from_dlpack")
-    if np.dtype(dt.np_dtype) != memory.dtype:
-        raise ValueError(f"from_dlpack(data, dtype={dt}): the data holds {memory.dtype} values; no copy converts them")
-    if dt.inner_shape and tuple(memory.shape[-len(dt.inner_shape):]) != dt.inner_shape:
-        raise ValueError(f"from_dlpack(data, dtype={dt}): data of shape {memory.shape} does not end in {dt.inner_shape}")
-    out = array._wrap(memory, dt, fn="from_dlpack(data)", device=_check_device(device, "from_dlpack"))
-    if requires_grad:
-        out.requires_grad = True
-    return out

@@ -38,7 +38,7 @@ import numpy as np
 
 from ..errors import OverwriteError
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:       # annotations only: arrays use the Tape at run time, never the other way round
     from .array import array
 
 __all__ = ["RecordedOp", "Tape", "active_tape", "caller_location", "outside_tapes"]
@@ -381,20 +381,11 @@ class Tape:
                 arr.grad._storage.version += 1
 
     def _seed_values(self, arr, seed, where: str):
-        from .array import array
-        if not isinstance(arr, array):
+        # The array checks and converts its own seed, so this module needs no import of array's.
+        seed_values = getattr(arr, "_seed_values", None)
+        if seed_values is None:
             raise TypeError(f"{where}: expected an array to seed, got {type(arr).__name__}")
-        if arr.grad is None:
-            raise ValueError(f"{where}: the {_describe_array(arr)} has no gradient; create it with "
-                             "requires_grad=True before recording")
-        target = arr.grad._data
-        values = seed.numpy() if isinstance(seed, array) else seed
-        try:
-            values = np.array(np.broadcast_to(np.asarray(values, target.dtype), target.shape))
-        except ValueError:
-            raise ValueError(f"{where}: seed of shape {np.shape(values)} does not match the "
-                             f"{_describe_array(arr)} (expected {target.shape})") from None
-        return arr, values
+        return arr, seed_values(seed, where)
 
     def _check_versions(self) -> None:
         for record in self._reads.values():
