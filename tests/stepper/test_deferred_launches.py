@@ -2,6 +2,7 @@
 (Tape.defer_launches) and the last one is dropped unrun. Anything that needs a held launch's result
 (a later launch, host access) runs it first, so no one ever sees a launch that did not happen."""
 import numpy as np
+import pytest
 
 import stepper as sp
 from step_kernels import double, total
@@ -50,6 +51,7 @@ def test_a_later_launch_runs_the_held_one_first(device):
     np.testing.assert_array_equal(result.grads["x"].numpy(), np.full(4, 4.0 ** (STEPS // 2)))
 
 
+@pytest.mark.filterwarnings("ignore::stepper.trace_notes.UntraceableStepWarning")   # a host write, on purpose
 def test_host_access_runs_the_held_launch_first(device):
     """The step fills a buffer on the host, so it has no trace (stepper/trace.py) and its function
     runs on every evaluation, recorded ones included: each looks at its output."""
