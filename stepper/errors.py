@@ -13,8 +13,8 @@ class ModelError(ValueError):
 
 class NonFiniteError(FloatingPointError):
     """With ``check_finite=True``: the state became NaN or infinite. ``step`` is the first step whose
-    result was not finite, ``state`` the name of the offending state array, ``index`` its first bad
-    element."""
+    result was not finite (None: the initial state already was), ``state`` the name of the offending
+    state array, ``index`` its first bad element."""
 
     def __init__(self, message: str, step: int, state: str, index: tuple):
         super().__init__(message)

@@ -34,13 +34,17 @@ __all__ = ["Sweep", "check_finite_state"]
 _RAM, _DISK, _WORK, _NONE = StorageType.RAM, StorageType.DISK, StorageType.WORK, StorageType.NONE
 
 
-def check_finite_state(state: State, step: int) -> None:
-    """Raise NonFiniteError if any element of `state` (the result of `step`) is NaN or infinite."""
+def check_finite_state(state: State, step: int | None) -> None:
+    """Raise NonFiniteError if any element of `state` (the result of `step`, or the initial state for
+    None) is NaN or infinite."""
     for name, arr in state.items():
         values = arr.numpy()
         if values.dtype.kind == "f" and not np.isfinite(values).all():
             bad = np.argwhere(~np.isfinite(values))[0]
             index = tuple(int(i) for i in bad[:arr.ndim])
+            if step is None:
+                raise NonFiniteError(f"the initial state '{name}' holds {values[tuple(bad)]} at index {index}, before "
+                                     "any step ran: fix the initial values", None, name, index)
             raise NonFiniteError(f"state '{name}' became {values[tuple(bad)]} at index {index} in step {step} "
                                  f"(the first step whose result is not finite; t = step * dt after it)",
                                  step, name, index)
@@ -74,6 +78,8 @@ class Sweep:
                                   traced=True)
         self.native = NativeLoops(self.pool, model.states)
         self.work: State | None = self._load_initial(initial)
+        if check_finite:
+            check_finite_state(self.work, None)
         self.pos = 0
         self.recorded: dict[int, RecordedStep] = {}
         self.deps: dict = {_RAM: set(), _DISK: set()}     # steps whose adjoint data a tier "holds"

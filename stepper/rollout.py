@@ -148,6 +148,8 @@ def _run(model, values, start, steps, store, meta, *, callback, every, record_ev
     n = start
     run = StepRunner(model, pool, deterministic=deterministic).run
     try:
+        if check_finite:
+            check_finite_state(work, None)
         if store is not None and start not in store:
             store.write(start, work.numpy(), meta)
             written += 1

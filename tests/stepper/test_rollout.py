@@ -126,3 +126,16 @@ def test_rollout_progress_bar_follows_the_option(capsys, device):
     assert capsys.readouterr().err == ""
     model.rollout(initial, 5, progress=True)
     assert "rollout:" in capsys.readouterr().err
+
+
+def test_check_finite_blames_a_bad_initial_state_on_itself_not_on_step_0(device):
+    model = sp.Model(device=device)
+    model.state("x", 3)
+    model.step(lambda s: sp.launch(double, 3, inputs=[s.prev.x], outputs=[s.next.x]))
+    initial = {"x": sp.array([1.0, 2.0, np.nan], device=device)}
+    for run in (lambda: model.rollout(initial, 10, check_finite=True),
+                lambda: model.gradient(initial, 10, loss=total_of_x, schedule=sp.Revolve(10, 3), check_finite=True)):
+        with pytest.raises(sp.NonFiniteError, match=r"the initial state 'x' holds nan at index \(2,\), before any "
+                                                    r"step ran: fix the initial values") as info:
+            run()
+        assert info.value.step is None and info.value.index == (2,)
