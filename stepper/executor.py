@@ -202,6 +202,7 @@ class Sweep:
             if self.online and self._stop(n):
                 self.schedule.finalize(n)
                 self.online = False
+                self.steps = n           # `steps` was a maximum: the run is n steps long
                 break
         if record and a.storage in (_RAM, _DISK):
             self.deps[a.storage].add(a.n0)

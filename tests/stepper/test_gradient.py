@@ -95,3 +95,16 @@ def test_particle_gradient_has_parameter_and_state_gradients(device):
     assert np.all(np.isfinite(result.grads["x"].numpy())) and result.grads["g"].numpy()[0] != 0
     assert result.final.x.shape == (64,)
     np.testing.assert_array_equal(result.final.x.numpy(), model.rollout(initial, 50, deterministic=True).x.numpy())
+
+
+def test_an_online_run_that_until_stops_early_is_as_long_as_until_says(device):
+    """steps= is a maximum when until= is given: stopping at step 7 of at most 24 is no error, and
+    the gradient is store-all's over those 7 steps, bit for bit."""
+    model, initial = chain_model(N_CHAIN, device=device), chain_initial(N_CHAIN, device=device)
+    seen = []
+    result = model.gradient(initial, 24, loss=final_x_squared, schedule=sp.Online(3),
+                            until=lambda state: len(seen.append(1) or seen) >= 7)
+    reference = model.gradient(initial, 7, loss=final_x_squared, schedule=sp.StoreAll(7))
+    assert result.loss == reference.loss
+    for name in ("x", "v", "k", "c"):
+        np.testing.assert_array_equal(result.grads[name].numpy(), reference.grads[name].numpy())
