@@ -145,9 +145,10 @@ def test_the_loop_tape_is_kept_and_grown_not_freed_per_launch(monkeypatch):
     tape.backward(grads={y: np.ones(64, np.float32)})
     assert cuda_launch._TAPES[0] is first                     # same size: the same buffer
     grad = x.grad.numpy()
-    with tape:
-        sp.launch(horner, 64, inputs=[x, 40], outputs=[y])      # longer loops: a bigger tape
-    tape.backward(grads={y: np.ones(64, np.float32)})
+    longer, z = sp.Tape(), sp.zeros(64, device="cuda", requires_grad=True)
+    with longer:
+        sp.launch(horner, 64, inputs=[x, 40], outputs=[z])      # longer loops: a bigger tape
+    longer.backward(grads={z: np.ones(64, np.float32)})
     assert cuda_launch._TAPES[0].nbytes > first.nbytes
     # d/dx of the Horner sum 1 + x + ... + x^(m-1), m = 3 + i % 3, on the first pass
     xs, m = np.linspace(0.1, 0.9, 64), 3 + np.arange(64) % 3

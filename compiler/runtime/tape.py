@@ -189,6 +189,9 @@ class Tape:
         self.deterministic = deterministic
         self._ops: list[RecordedOp] = []
         self._reads: dict[int, _ReadRecord] = {}     # id of the array's storage -> record
+        # id of the storage of an array a recorded op stored or accumulated into -> (op, argument):
+        # a later overwrite of it would leave that op's adjoint sending gradient for replaced values.
+        self._written: dict[int, tuple] = {}
         self._seeded: dict[int, "array"] = {}        # id(array) -> array seeded by backward, for zero()
         self._passes = 0                             # backward passes since the last zero()
         self._depth = 0
@@ -265,6 +268,15 @@ class Tape:
             for arr in targets.values():
                 if id(arr._storage) in reads:
                     self._refuse_overwrite(op)
+        written = self._written
+        for arg, arr in op.writes.items():
+            earlier = written.get(id(arr._storage))
+            if earlier is not None:
+                raise OverwriteError(
+                    f"{_describe(op)} overwrites argument '{arg}' ({_describe_array(arr)}), which the earlier "
+                    f"recorded {_describe(earlier[0])} wrote as argument '{earlier[1]}'. Its backward pass would "
+                    f"still send gradient for the values this replaces, and give a wrong gradient.\n"
+                    + _FIX_OVERWRITE)
         if op.writes and op.reads:
             for arr in op.writes.values():
                 storage = arr._storage
@@ -297,6 +309,9 @@ class Tape:
         """Append `op` to the tape after `check_writes`; remembers the version of every array it reads."""
         self.check_writes(op)
         self._ops.append(op)
+        for targets in (op.writes, op.accumulates):
+            for arg, arr in targets.items():
+                self._written.setdefault(id(arr._storage), (op, arg))
         reads = self._reads
         for arg, arr in op.reads.items():
             key = id(arr._storage)
@@ -428,6 +443,7 @@ class Tape:
         self.zero()
         self._ops.clear()
         self._reads.clear()
+        self._written.clear()
         self._seeded.clear()
 
     # -- looking at it -----------------------------------------------------------------------------
