@@ -39,8 +39,8 @@ from typing import Callable
 import numpy as np
 
 from .kernel import Kernel
-from .runtime.launch import launch
 from .runtime.array import array, clone
+from .runtime.launch import launch
 from .runtime.tape import Tape, outside_tapes
 from .types import float32
 

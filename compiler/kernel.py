@@ -12,16 +12,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import ir
-from .passes import write_once
-from .passes.adjoint import AdjointUnsupported, adjoint_function
 from .backends import build_cpu_library, load_cpu_library
 from .codegen.targets import render_cpu, render_cuda
 from .frontend import Frontend
 from .frontend.calls import namespace_of
+from .passes import write_once
+from .passes.adjoint import AdjointUnsupported, adjoint_function
 from .passes.gather import GatherAdjoint, gather_adjoint
 from .passes.interior import Interior, interior_variant
-from .types import ArrayType
 from .passes.verify import verify
+from .types import ArrayType
 
 PRELUDE_DIR = Path(__file__).parent / "codegen"
 

@@ -24,12 +24,12 @@ import ctypes
 import functools
 import os
 
-from . import cuda_driver
 from ..codegen.targets import CUDA_BLOCK_SIZE
-from .cuda_module import cuda_module
 from ..errors import raise_if_out_of_bounds
 from ..runtime.cuda_array import DeviceBuffer
 from ..runtime.device import get_device
+from . import cuda_driver
+from .cuda_module import cuda_module
 
 BLOCKS_PER_SM = 32       # enough resident blocks to hide latency; the grid-stride loop does the rest
 

@@ -12,9 +12,9 @@ import ctypes
 import functools
 from pathlib import Path
 
+from ..codegen.targets import RenderedModule
 from . import cudasim
 from .nvrtc import DEFAULT_ARCH, compile_cuda
-from ..codegen.targets import RenderedModule
 
 PRELUDE = Path(__file__).parent.parent / "codegen" / "prelude.h"
 

@@ -11,8 +11,8 @@ import math
 import numpy as np
 
 from .. import ir
-from ..passes.adjoint import is_reverse_mark
 from ..builtins import OPS
+from ..passes.adjoint import is_reverse_mark
 from ..types import ArrayType, MatrixType, ScalarType, VectorType
 
 ARRAY_SLOT = 72          # bytes of one array argument: data pointer, shape[4], strides[4]

@@ -17,12 +17,12 @@ import builtins as py_builtins
 from .. import ir
 from ..builtins import cast_op
 from ..errors import CompileError
-from .calls import CallLowering
-from .exprs import BINOPS, COMPONENTS, UNSUPPORTED, ExpressionLowering
 from ..func import Func, Source
 from ..func import adjoint as adjoint_marker
 from ..runtime.array import array as array_class
 from ..types import ArrayType, ScalarType, as_dtype, bool_, float32, int32, int64
+from .calls import CallLowering
+from .exprs import BINOPS, COMPONENTS, UNSUPPORTED, ExpressionLowering
 
 
 class Scope:

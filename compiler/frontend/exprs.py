@@ -9,8 +9,8 @@ import builtins as py_builtins
 
 from .. import ir
 from ..builtins import OPS
-from ..typing_rules import TypeRuleError
 from ..types import ScalarType, as_dtype, bool_, float32, float64, int32, int64
+from ..typing_rules import TypeRuleError
 
 BINOPS = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "div", ast.FloorDiv: "floordiv",
           ast.Mod: "mod", ast.Pow: "pow", ast.MatMult: "matmul"}

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from .. import ir
 from ..builtins import OPS, cast_op
-from .loop_analysis import saved_vars
-from ..typing_rules import scalar_of
 from ..types import ScalarType, bool_, int64
+from ..typing_rules import scalar_of
+from .loop_analysis import saved_vars
 
 
 class AdjointUnsupported(Exception):

@@ -27,10 +27,10 @@ import dataclasses
 from dataclasses import dataclass
 
 from .. import ir
+from ..types import bool_, int32
 from .adjoint import is_reverse_mark
 from .dce import eliminate_dead_code
 from .interior import Bound, Interior, Wrapped, interior_variant, tid_offsets
-from ..types import bool_, int32
 
 
 @dataclass(frozen=True)

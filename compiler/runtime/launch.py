@@ -14,13 +14,13 @@ import struct
 import numpy as np
 
 from ..backends import cuda_launch
-from ..passes.bounds import check_extents, tid_indexed
 from ..errors import CompileError, OverwriteError, raise_if_out_of_bounds
-from .graph import CapturedLaunch, capturing
 from ..kernel import Kernel
-from .array import array
-from .tape import RecordedOp, active_tape, caller_location, settle, untaped_deterministic, zero_fresh
+from ..passes.bounds import check_extents, tid_indexed
 from ..types import ArrayType, ScalarType, VectorType
+from .array import array
+from .graph import CapturedLaunch, capturing
+from .tape import RecordedOp, active_tape, caller_location, settle, untaped_deterministic, zero_fresh
 
 _HEADER = "q4q"
 _ONES = (1, 1, 1, 1)
