@@ -276,6 +276,18 @@ def test_cuda_array_interface_shares_memory_both_ways():
         np.asarray(a)
 
 
+def test_foreign_device_memory_stays_on_its_own_gpu_by_default():
+    a = sp.array(np.arange(4, dtype=np.float32), device="cuda:1")
+
+    class Foreign:                           # a CuPy array allocated under cupy.cuda.Device(1)
+        __cuda_array_interface__ = a.__cuda_array_interface__
+    b = sp.array(Foreign(), copy=False)      # used to default to cuda:0 and refuse the adoption
+    assert b.device == "cuda:1" and b.ptr == a.ptr
+    c = sp.array(Foreign())
+    assert c.device == "cuda:1" and c.ptr != a.ptr
+    np.testing.assert_array_equal(c.numpy(), [0, 1, 2, 3])
+
+
 def test_dlpack_shares_device_memory_and_releases_it():
     import gc
 

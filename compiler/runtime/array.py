@@ -20,7 +20,7 @@ import numpy as np
 from ..types import ArrayType, ValueType, float32
 from .arguments import check_device as _check_device, check_grad_dtype as _check_grad_dtype, dtype_arg as _dtype_arg
 from .arguments import MAX_DIMS, infer_dtype as _infer_dtype, shape_arg as _shape_arg
-from .memory import adopt_cuda, allocate, on_device, on_gpu
+from .memory import adopt_cuda, allocate, gpu_device_of, on_device, on_gpu
 from .tape import RecordedOp, _describe_array, active_tape, caller_location, settle
 
 __all__ = ["array", "zeros", "ones", "full", "empty", "zeros_like", "ones_like", "full_like",
@@ -153,7 +153,7 @@ class array:
     def __init__(self, data=None, dtype=None, shape=None, device=None, requires_grad: bool = False,
                  copy: bool = True, ndim=None):
         if device is None:      # the data's own device if it lives on a GPU, else the CPU
-            device = data.device if isinstance(data, array) else "cuda" if on_gpu(data) else "cpu"
+            device = data.device if isinstance(data, array) else gpu_device_of(data) if on_gpu(data) else "cpu"
         device = _check_device(device, "array")
         if ndim is not None and shape is None and data is None:
             raise ValueError("array(): ndim= is for kernel annotations; give data or shape to create an array")

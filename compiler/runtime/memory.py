@@ -32,7 +32,6 @@ def on_gpu(data) -> bool:
 def adopt_cuda(obj, fn: str):
     """(DeviceMemory, device) sharing the memory an object exposes through
     ``__cuda_array_interface__`` (CuPy, PyTorch, Numba); it must be C-contiguous."""
-    from ..backends.cuda_driver import _check, _driver
     iface = obj.__cuda_array_interface__
     shape, dtype = tuple(iface["shape"]), np.dtype(iface["typestr"])
     strides = iface.get("strides")
@@ -40,8 +39,21 @@ def adopt_cuda(obj, fn: str):
         raise ValueError(f"{fn}: the device array is not C-contiguous (strides {tuple(strides)}); make it "
                          "contiguous first (e.g. cupy.ascontiguousarray)")
     ptr = int(iface["data"][0])
-    driver = _driver()
-    attr = driver.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
-    ordinal = int(_check(driver.cuPointerGetAttribute(attr, ptr), "cuPointerGetAttribute")) if ptr else 0
+    ordinal = _device_ordinal(ptr)
     nbytes = math.prod(shape) * dtype.itemsize
     return DeviceMemory(DeviceBuffer(nbytes, ordinal, ptr=ptr, owner=obj), shape, dtype), f"cuda:{ordinal}"
+
+
+def gpu_device_of(obj) -> str:
+    """The device (``"cuda:N"``) whose memory an object with ``__cuda_array_interface__`` holds."""
+    return f"cuda:{_device_ordinal(int(obj.__cuda_array_interface__['data'][0]))}"
+
+
+def _device_ordinal(ptr: int) -> int:
+    """The GPU that owns device pointer `ptr` (the driver knows; an empty array's null pointer is on 0)."""
+    from ..backends.cuda_driver import _check, _driver
+    if not ptr:
+        return 0
+    driver = _driver()
+    attr = driver.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
+    return int(_check(driver.cuPointerGetAttribute(attr, ptr), "cuPointerGetAttribute"))
