@@ -6,17 +6,25 @@ changes once its step has run: steps write new versions (s.next), and the runtim
 into s.prev, parameters and the final state. A DISK snapshot (or a RAM one in a storage the caller
 gave) is the state's arrays as NumPy (vectors as ``(n, 3)``), written through the checkpoint storage
 layer: `HDF5Storage` for DISK, whose write-behind and prefetch threads overlap the I/O with the steps.
+
+A GPU state bound for a storage leaves the device without stopping the host: `HostCopy` copies it
+into pinned memory on a stream of its own while the next steps are queued, its versions held in
+the pool so nothing overwrites them meanwhile, and the storage gets the values once the copy is
+done (seen at a later call, or waited for when a snapshot needs them, when too many are in flight,
+and at the end). The checkpoint layer never sees a device.
 """
 from __future__ import annotations
 
 import os
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
 
 from checkpoint import HDF5Storage, StorageType
 from checkpoint.storage import Storage, StorageStats
+from compiler.runtime.host_copy import HostCopy
 
 from .errors import ModelError
 from .state import State
@@ -81,7 +89,11 @@ class HeldStates:
 
     def arrays(self, n: int) -> dict:
         """Snapshot n as NumPy arrays (views), for a copy to another tier."""
-        return self._state(n)[0].numpy()
+        return self.peek(n).numpy()
+
+    def peek(self, n: int) -> State:
+        """Snapshot n's state, without a hold and without counting a read."""
+        return self._state(n)[0]
 
     def delete(self, n: int) -> None:
         state, nbytes = self._states.pop(n)
@@ -140,8 +152,20 @@ def resolve_storage(storage, needs_disk: bool) -> tuple[dict, list]:
     return tiers, owned
 
 
+@dataclass
+class _InFlight:
+    """A GPU state on its way to a storage: the copy, the state (held in the pool until it is done)."""
+    copy: HostCopy
+    state: State
+    metadata: dict | None
+
+
 class Tiers:
     """Moves states in and out of the tiers, counting caller-side I/O time and peak RAM bytes."""
+
+    # GPU snapshots copied to the host at once; one more waits for the oldest. Each holds its
+    # state's device versions and a pinned host copy of them until its storage has it.
+    MAX_IN_FLIGHT = 2
 
     def __init__(self, tiers: dict, owned: list):
         self.tiers = tiers
@@ -150,6 +174,7 @@ class Tiers:
         self.io_seconds = 0.0                   # time this thread spent in storage calls
         self.ram_bytes = self.peak_ram_bytes = 0
         self.pool: BufferPool | None = None
+        self._in_flight: OrderedDict[tuple, _InFlight] = OrderedDict()     # (tier, n) -> its copy
 
     def _storage(self, tier) -> Storage:
         try:
@@ -174,18 +199,50 @@ class Tiers:
     def write(self, tier, n: int, state: State, metadata=None) -> None:
         start = time.perf_counter()
         storage = self._storage(tier)
+        self._land(tier, n)
         if isinstance(storage, HeldStates):
             storage.write(n, state)
+        elif _on_gpu(state):
+            self.pool.retain_all(state.values())
+            self._send(tier, n, state, metadata)
         else:
             storage.write(n, state.numpy(), metadata)
         self.io_seconds += time.perf_counter() - start
         self._track_ram(tier)
+
+    def _send(self, tier, n: int, state: State, metadata) -> None:
+        """Start copying GPU `state` (held once for this) to the host for `tier`'s snapshot n."""
+        self._land_finished()
+        while len(self._in_flight) >= self.MAX_IN_FLIGHT:
+            self._land(*next(iter(self._in_flight)))
+        self._in_flight[tier, n] = _InFlight(HostCopy(dict(state.items())), state, metadata)
+
+    def _land(self, tier, n: int) -> None:
+        """Hand snapshot n's copy, if one is in flight, to its storage (waiting for it to finish)."""
+        flight = self._in_flight.pop((tier, n), None)
+        if flight is None:
+            return
+        try:
+            self.tiers[tier].write(n, flight.copy.wait(), flight.metadata)
+        finally:
+            flight.copy.release()
+            self.pool.release_all(flight.state.values())
+        self._track_ram(tier)
+
+    def _land_finished(self) -> None:
+        for key in [key for key, flight in self._in_flight.items() if flight.copy.done()]:
+            self._land(*key)
+
+    def _land_all(self) -> None:
+        while self._in_flight:
+            self._land(*next(iter(self._in_flight)))
 
     def read_into(self, tier, n: int, specs) -> State:
         """Snapshot n as a State whose versions the caller holds once: a held RAM snapshot's own,
         else fresh versions loaded from the storage."""
         start = time.perf_counter()
         storage = self._storage(tier)
+        self._land(tier, n)
         if isinstance(storage, HeldStates):
             state = storage.read(n)
         else:
@@ -202,10 +259,16 @@ class Tiers:
     def copy(self, n: int, src, dst, specs) -> None:
         start = time.perf_counter()
         source, target = self._storage(src), self._storage(dst)
+        self._land(src, n)
+        self._land(dst, n)
         if isinstance(target, HeldStates):
             state = self.read_into(src, n, specs)
             target.write(n, state)
             self.pool.release_all(state.values())
+        elif isinstance(source, HeldStates) and _on_gpu(source.peek(n)):
+            state = source.peek(n)
+            self.pool.retain_all(state.values())
+            self._send(dst, n, state, None)
         else:
             arrays = source.arrays(n) if isinstance(source, HeldStates) else dict(source.read(n).arrays)
             target.write(n, arrays)
@@ -214,17 +277,20 @@ class Tiers:
 
     def delete(self, tier, n: int) -> None:
         start = time.perf_counter()
+        self._land(tier, n)
         self._storage(tier).delete(n)
         self.io_seconds += time.perf_counter() - start
         self._track_ram(tier)
 
     def prefetch(self, tier, n: int) -> None:
+        self._land_finished()
         storage = self.tiers.get(tier)
         if storage is not None and n in storage:
             storage.prefetch(n)
 
     def stats(self) -> dict:
         """``{StorageType: TierStats}`` of the traffic since this object was made."""
+        self._land_all()
         out = {}
         for tier, s in self.tiers.items():
             now, then = s.stats, self._start[tier]
@@ -235,6 +301,17 @@ class Tiers:
 
     def close(self) -> None:
         """Delete what this run left in storages the user gave; close the storages we opened."""
-        for s in self._owned:
-            s.close()
-        self._owned = []
+        try:
+            self._land_all()
+        finally:
+            for flight in self._in_flight.values():       # a failed landing: give the rest back
+                flight.copy.release()
+                self.pool.release_all(flight.state.values())
+            self._in_flight.clear()
+            for s in self._owned:
+                s.close()
+            self._owned = []
+
+
+def _on_gpu(state: State) -> bool:
+    return next(iter(state.values())).device != "cpu"

@@ -350,3 +350,58 @@ def test_checkpointed_gradients_on_the_gpu_keep_the_cpus_bits():
     reference = results["cpu", "StoreAll"]
     for key, (loss, gx, gk) in results.items():
         assert loss == reference[0] and np.array_equal(gx, reference[1]) and np.array_equal(gk, reference[2]), key
+
+
+def test_a_copy_on_a_late_stream_sees_memory_as_it_is_when_the_copy_runs():
+    """Work on a non-blocking stream waits until someone waits for it, so a buffer changed before
+    that shows in the copy: the simulator makes the race a missing hold would be visible."""
+    from compiler.runtime.host_copy import HostCopy
+    a = sp.array(np.arange(6, dtype=np.float32), device="cuda")
+    v = sp.array(np.ones((2, 3), dtype=np.float64), device="cuda")
+    copy = HostCopy({"a": a, "v": v})
+    assert not copy.done()                  # queued behind nothing, but nobody has waited yet
+    a.fill_(5.0)                            # the caller broke its promise to leave `a` alone
+    values = copy.wait()
+    assert copy.done()
+    np.testing.assert_array_equal(values["a"], 5.0)
+    np.testing.assert_array_equal(values["v"], np.ones((2, 3)))
+    copy.release()
+    again = HostCopy({"a": a, "v": v})       # the pinned memory is reused, and the copy is right
+    a.fill_(1.0)
+    np.testing.assert_array_equal(again.wait()["a"], 1.0)
+    again.release()
+
+
+def test_disk_snapshots_of_a_gpu_state_leave_by_asynchronous_copies(monkeypatch, tmp_path):
+    """A MultiLevel gradient on the GPU with HDF5: every disk snapshot is copied to pinned memory on
+    a side stream (never a synchronous cuMemcpyDtoH of a state), and the gradient keeps store-all's
+    bits although the simulator runs those copies late (the states stay held until they land)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "stepper"))
+    import stepper as st
+    import stepper_models as models
+    from compiler.backends.cudasim import driver
+    model = models.chain_model(16, device="cuda")
+    initial = {k: v.numpy() for k, v in models.chain_initial(16).items()}     # host values: no read-back
+
+    def loss(state):
+        out = st.zeros(1, dtype=st.float64, device="cuda")
+        st.launch(models.sum_squares64, 16, inputs=[state.x], outputs=[out])
+        return out
+    reference = model.gradient(initial, steps=120, loss=loss, schedule=st.StoreAll(120))
+    calls = {"sync": 0, "async": 0}
+    sync, asynchronous = driver.cuMemcpyDtoH, driver.cuMemcpyDtoHAsync
+
+    def counted(kind, fn):
+        def call(dst, src, nbytes, *rest):
+            calls[kind] += nbytes == 16 * 8              # a chain state: 16 float64 values
+            return fn(dst, src, nbytes, *rest)
+        return call
+    monkeypatch.setattr(driver, "cuMemcpyDtoH", counted("sync", sync))
+    monkeypatch.setattr(driver, "cuMemcpyDtoHAsync", counted("async", asynchronous))
+    r = model.gradient(initial, steps=120, loss=loss, schedule=st.MultiLevel(120, 2, 4),
+                       storage=tmp_path / "snapshots.h5")
+    writes = r.stats.snapshots_written(st.StorageType.DISK)
+    assert writes > 0 and calls == {"sync": 0, "async": writes * len(model.states)}
+    assert r.loss == reference.loss
+    for name in reference.grads:
+        np.testing.assert_array_equal(r.grads[name].numpy(), reference.grads[name].numpy(), err_msg=name)

@@ -111,7 +111,12 @@ def test_ram_snapshots_are_held_states_unless_a_ram_storage_is_given(reference):
         [getattr(copied.stats.snapshots[sp.StorageType.RAM], c) for c in counts]
     assert held.stats.peak_ram_snapshot_bytes == copied.stats.peak_ram_snapshot_bytes == 5 * model.state_bytes
     # held snapshots are pool versions, counted once: the same peak as copies next to a smaller pool
-    assert held.stats.peak_memory_bytes == copied.stats.peak_memory_bytes
+    if model.device == "cpu":
+        assert held.stats.peak_memory_bytes == copied.stats.peak_memory_bytes
+    else:   # a GPU copy on its way to the host keeps its state's versions in the pool until it lands
+        from stepper.snapshots import Tiers
+        extra = copied.stats.peak_memory_bytes - held.stats.peak_memory_bytes
+        assert 0 <= extra <= Tiers.MAX_IN_FLIGHT * model.state_bytes
 
 
 def test_revolve_peak_memory_is_its_snapshots_plus_three_states(device):

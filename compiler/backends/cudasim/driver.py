@@ -13,10 +13,16 @@ a real driver would, so that the bugs a first GPU run would show surface here in
 - a kernel that traps poisons the context: the launch itself succeeds (launches are asynchronous)
   and every later call returns CUDA_ERROR_LAUNCH_FAILED, as on a GPU;
 - during stream capture, launches on the capturing stream are recorded, and a synchronous call
-  on the legacy stream is an error while a blocking stream captures (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT).
+  on the legacy stream is an error while a blocking stream captures (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
+- work on a non-blocking stream runs late: it waits until someone waits for it (an event or stream
+  synchronize, a stream that waits on its event, a context synchronize, a free), so memory reused
+  before such a wait shows up as wrong data, as it would on a busy GPU; a query of an event
+  still queued there says CUDA_ERROR_NOT_READY;
+- asynchronous copies to the host need page-locked memory (cuMemHostAlloc): a real driver would
+  quietly make a copy to pageable memory synchronous, which is never what async code means.
 
 Any call it does not implement raises AttributeError naming it: nothing is silently a no-op.
-Everything runs synchronously, in the calling thread; streams only order captures.
+Everything else runs synchronously, in the calling thread.
 """
 from __future__ import annotations
 
@@ -50,6 +56,7 @@ class CUresult(enum.IntEnum):
     CUDA_ERROR_INVALID_CONTEXT = 201
     CUDA_ERROR_INVALID_HANDLE = 400
     CUDA_ERROR_NOT_FOUND = 500
+    CUDA_ERROR_NOT_READY = 600
     CUDA_ERROR_LAUNCH_FAILED = 719
     CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901
     CUDA_ERROR_STREAM_CAPTURE_IMPLICIT = 906
@@ -81,6 +88,7 @@ _DESCRIPTIONS = {
     CUresult.CUDA_ERROR_INVALID_CONTEXT: "invalid device context",
     CUresult.CUDA_ERROR_INVALID_HANDLE: "invalid resource handle",
     CUresult.CUDA_ERROR_NOT_FOUND: "named symbol not found",
+    CUresult.CUDA_ERROR_NOT_READY: "device not ready",
     CUresult.CUDA_ERROR_LAUNCH_FAILED: "unspecified launch failure",
     CUresult.CUDA_ERROR_STREAM_CAPTURE_INVALIDATED: "operation failed due to a previous error during capture",
     CUresult.CUDA_ERROR_STREAM_CAPTURE_IMPLICIT: "operation would make the legacy stream depend on a capturing "
@@ -125,6 +133,11 @@ class CUstream:
         self.value, self.flags = int(value), int(flags)
         self.capture: CUgraph | None = None
         self.context: CUcontext | None = None
+        self.queued: collections.deque = collections.deque()     # work a non-blocking stream runs late
+
+    @property
+    def runs_late(self) -> bool:
+        return bool(self.flags & 1) and self.capture is None
 
     def __int__(self):
         return self.value
@@ -146,6 +159,12 @@ class CUfunction:
 
 
 @dataclass(eq=False)
+class CUevent:
+    stream: CUstream | None = None     # the late stream it is queued on; None once it has happened
+    done: bool = True
+
+
+@dataclass(eq=False)
 class CUgraph:
     nodes: list = field(default_factory=list)      # callables, run in order
 
@@ -163,6 +182,7 @@ _current = threading.local()
 _allocations: dict[int, tuple[int, np.ndarray, CUcontext]] = {}   # start -> (nbytes, memory, context)
 _starts: list[int] = []                                              # sorted keys of _allocations
 _streams: dict[int, CUstream] = {}
+_pinned: dict[int, tuple[int, np.ndarray]] = {}                    # page-locked host memory: start -> (nbytes, memory)
 _launches = itertools.count(1)
 # (entry name, grid, block, stream) of the latest launches and graph launches, for tests to inspect.
 recent_launches: collections.deque = collections.deque(maxlen=256)
@@ -222,9 +242,22 @@ def _run_or_capture(stream, node) -> None:
     s = _stream(stream)
     if s is not None and s.capture is not None:
         s.capture.nodes.append(node)
+    elif s is not None and s.runs_late:
+        s.queued.append(node)
     else:
         _no_capture_on_legacy()
         node()
+
+
+def _catch_up(stream: CUstream, until: CUevent | None = None) -> None:
+    """Run what `stream` has queued, up to and including the record of `until` (all of it: None)."""
+    while stream.queued and not (until is not None and until.done):
+        stream.queued.popleft()()
+
+
+def _catch_up_all() -> None:
+    for s in list(_streams.values()):
+        _catch_up(s)
 
 
 # -- errors, init, devices, contexts -------------------------------------------------------------------
@@ -289,6 +322,7 @@ def cuCtxSetCurrent(ctx):
 def cuCtxSynchronize():
     _context()
     _no_capture_on_legacy()
+    _catch_up_all()
 
 
 # -- memory --------------------------------------------------------------------------------------------
@@ -313,10 +347,41 @@ def cuMemAlloc(nbytes):
 @_api
 def cuMemFree(ptr):
     _context()
+    _catch_up_all()        # a free waits for the work that may still use the memory
     with _lock:
         if _allocations.pop(int(ptr), None) is None:
             raise _Fail(CUresult.CUDA_ERROR_INVALID_VALUE)
         _starts.remove(int(ptr))
+
+
+@_api
+def cuMemHostAlloc(nbytes, flags):
+    _context()
+    nbytes = int(nbytes)
+    if nbytes <= 0:
+        raise _Fail(CUresult.CUDA_ERROR_INVALID_VALUE)
+    memory = np.full(nbytes, 0xFF, np.uint8)
+    with _lock:
+        _pinned[memory.ctypes.data] = (nbytes, memory)
+    return memory.ctypes.data
+
+
+@_api
+def cuMemFreeHost(ptr):
+    _context()
+    _catch_up_all()
+    with _lock:
+        if _pinned.pop(int(ptr), None) is None:
+            raise _Fail(CUresult.CUDA_ERROR_INVALID_VALUE)
+
+
+def _pinned_range(ptr: int, nbytes: int) -> None:
+    ptr = int(ptr)
+    with _lock:
+        for start, (size, _) in _pinned.items():
+            if start <= ptr and ptr + nbytes <= start + size:
+                return
+    raise _Fail(CUresult.CUDA_ERROR_INVALID_VALUE)
 
 
 @_api
@@ -342,6 +407,13 @@ def cuMemcpyHtoD(dst, src, nbytes):
 def cuMemcpyDtoH(dst, src, nbytes):
     _context()
     _run_or_capture(None, _copy(dst, src, int(nbytes), False, True))
+
+
+@_api
+def cuMemcpyDtoHAsync(dst, src, nbytes, stream):
+    _context()
+    _pinned_range(dst, int(nbytes))
+    _run_or_capture(stream, _copy(dst, src, int(nbytes), False, True))
 
 
 @_api
@@ -446,7 +518,74 @@ def cuStreamCreate(flags):
 
 @_api
 def cuStreamDestroy(stream):
-    _streams.pop(int(stream), None)
+    s = _streams.pop(int(stream), None)
+    if s is not None:
+        _catch_up(s)          # queued work still completes
+
+
+@_api
+def cuStreamSynchronize(stream):
+    _context()
+    s = _stream(stream)
+    if s is None:
+        _no_capture_on_legacy()
+    else:
+        _catch_up(s)
+
+
+# -- events --------------------------------------------------------------------------------------------
+@_api
+def cuEventCreate(flags):
+    _context()
+    return CUevent()
+
+
+@_api
+def cuEventRecord(event, stream):
+    _context()
+    s = _stream(stream)
+    if s is not None and s.capture is not None:
+        raise _Fail(CUresult.CUDA_ERROR_INVALID_VALUE)     # the project never records events into graphs
+    if s is not None and s.runs_late:
+        event.stream, event.done = s, False
+
+        def happen():
+            event.stream, event.done = None, True
+        s.queued.append(happen)
+    else:
+        event.stream, event.done = None, True
+
+
+@_api
+def cuEventQuery(event):
+    _context()
+    if not event.done:
+        raise _Fail(CUresult.CUDA_ERROR_NOT_READY)
+
+
+@_api
+def cuEventSynchronize(event):
+    _context()
+    if not event.done:
+        _catch_up(event.stream, event)
+
+
+@_api
+def cuStreamWaitEvent(stream, event, flags):
+    _context()
+    s = _stream(stream)
+    if event.done:
+        return
+    source = event.stream
+    if s is not None and s.runs_late:
+        s.queued.append(lambda: _catch_up(source, event))
+    else:
+        _catch_up(source, event)     # work queued behind this on an eager stream must see the event
+
+
+@_api
+def cuEventDestroy(event):
+    pass
 
 
 @_api
