@@ -24,6 +24,7 @@ from checkpoint import Copy, EndForward, EndReverse, Forward, Move, Reverse, Sto
 from compiler import array
 
 from .errors import ModelError, NonFiniteError
+from .graph_loop import GraphLoops
 from .native_loop import NativeLoops
 from .state import State
 from .step_context import RecordedStep, StepRunner, StepTape, check_scalar_loss
@@ -54,8 +55,9 @@ class Sweep:
     """One execution of `schedule` (an iterable of our actions) for `model` from `initial`
     (``{name: ndarray}``). See the module docstring for what each action does."""
 
-    # Recomputations of a traced step run as native loops (stepper/native_loop.py); tests turn this
-    # off on an instance to compare with the step-by-step path.
+    # Recomputations of a traced step run as native loops (stepper/native_loop.py; on a GPU as
+    # CUDA graphs, stepper/graph_loop.py); tests turn this off on an instance to compare with the
+    # step-by-step path.
     native_loops = True
 
     def __init__(self, model, initial: dict, steps: int | None, schedule, tiers, *, deterministic: bool,
@@ -76,7 +78,7 @@ class Sweep:
         tiers.attach(self.pool)
         self._runner = StepRunner(model, self.pool, deterministic=deterministic, running_loss=running_loss,
                                   traced=True)
-        self.native = NativeLoops(self.pool, model.states)
+        self.native = (NativeLoops if model.device == "cpu" else GraphLoops)(self.pool, model.states)
         self.work: State | None = self._load_initial(initial)
         if check_finite:
             check_finite_state(self.work, None)

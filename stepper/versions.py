@@ -69,10 +69,13 @@ class BufferPool:
     def acquire_like(self, arr: array, zero: bool | None = None) -> array:
         return self.take(self.kind_like(arr), zero)
 
-    def take(self, kind: Kind, zero: bool | None = None) -> array:
-        """`acquire` for a Kind the caller kept."""
+    def take(self, kind: Kind, zero: bool | None = None, prefer: array | None = None) -> array:
+        """`acquire` for a Kind the caller kept; `prefer`: this version if it is free."""
         free = kind.free
-        if free:
+        at = next((k for k, f in enumerate(free) if f is prefer), None) if prefer is not None else None
+        if at is not None:
+            arr = free.pop(at)
+        elif free:
             arr = free.pop()
         else:
             arr = empty(kind.shape, dtype=kind.dtype, device=self.device)
@@ -106,8 +109,9 @@ class BufferPool:
         """Drop one hold; the last one returns the version to the pool (its grad is detached)."""
         self.release_all((arr,))
 
-    def release_all(self, arrays) -> None:
-        """`release` each of `arrays`."""
+    def release_all(self, arrays, last: bool = False) -> None:
+        """`release` each of `arrays`; with `last`, those freed are handed out after all others (a
+        caller that wants them back, with `take(prefer=)`, finds them free more often)."""
         for arr in arrays:
             held = self._held[id(arr)]
             held[0] -= 1
@@ -116,7 +120,10 @@ class BufferPool:
                 arr._grad = None
                 kind = held[2]
                 self.live_bytes -= kind.nbytes
-                kind.free.append(arr)
+                if last:
+                    kind.free.insert(0, arr)
+                else:
+                    kind.free.append(arr)
 
     def give_away(self, arr: array) -> array:
         """Hand a held version to the caller for good: the pool forgets it (its bytes stay counted

@@ -23,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import weakref
 
 from ..codegen.targets import CUDA_BLOCK_SIZE
 from ..errors import raise_if_out_of_bounds
@@ -164,6 +165,20 @@ def adjoint(kernel, compiled, function, buffer: bytes, adj_buffer: bytes, n: int
                            f"tape ({capacity} words per thread); please report this with the kernel's source")
 
 
+def zero_async(ptr: int, nbytes: int, stream) -> None:
+    """Zero `nbytes` of device memory at `ptr`, in order on `stream` (a capturing one: a graph node)."""
+    if nbytes:
+        cuda_driver._check(cuda_driver._driver().cuMemsetD8Async(ptr, 0, nbytes, stream), "cuMemsetD8Async")
+
+
+def _destroy_exec(exec_, ordinal: int) -> None:
+    try:
+        cuda_driver.primary_context(ordinal)
+        cuda_driver._driver().cuGraphExecDestroy(exec_)
+    except Exception:       # at interpreter exit the driver may already be gone; nothing to do then
+        pass
+
+
 class StreamCapture:
     """A CUDA graph being captured on a stream of its own (the legacy stream cannot be captured),
     then instantiated once and launched on the legacy stream by each replay."""
@@ -184,6 +199,7 @@ class StreamCapture:
         try:
             graph = cuda_driver._check(driver.cuStreamEndCapture(self.stream), "cuStreamEndCapture")
             self.exec = cuda_driver._check(driver.cuGraphInstantiateWithFlags(graph, 0), "cuGraphInstantiate")
+            weakref.finalize(self, _destroy_exec, self.exec, self.ordinal)
             cuda_driver._check(driver.cuGraphDestroy(graph), "cuGraphDestroy")
         finally:
             cuda_driver._check(driver.cuStreamDestroy(self.stream), "cuStreamDestroy")

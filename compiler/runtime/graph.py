@@ -71,6 +71,12 @@ class Graph:
     def note_writes(self, arrays: tuple, device: str) -> None:
         self.written.append(arrays)
 
+    def zero(self, arr) -> None:
+        """Zero-fill GPU array `arr` as a step of the graph (in order with its launches)."""
+        from ..backends.cuda_launch import zero_async
+        zero_async(arr._data.ptr, arr._data.nbytes, self.cuda_stream(arr.device))
+        self.written.append((arr,))
+
     def _same_device(self, device: str) -> None:
         if self.device is None:
             self.device = device
@@ -79,11 +85,13 @@ class Graph:
                                f"{self.device} and got a launch on {device}: capture each device's launches "
                                "in a capture() of their own")
 
-    def _finish(self) -> None:
-        """End a GPU capture and run the captured launches once, as a CPU capture runs them."""
+    def finish(self, run: bool = True) -> None:
+        """End a GPU capture and, with `run`, run the captured launches once, as a CPU capture runs
+        them (`capture()` does; a graph built to be replayed later passes ``run=False``)."""
         if self._cuda is not None:
             self._cuda.finish()
-            self._cuda.launch()
+            if run:
+                self._cuda.launch()
 
 
 def capturing() -> Graph | None:
@@ -110,4 +118,4 @@ def capture():
         raise
     finally:
         _local.graph = None
-    graph._finish()
+    graph.finish()

@@ -277,12 +277,13 @@ def _recorded_op(kernel, compiled, sig, args, dims, buffer, debug, deterministic
 
 
 def relaunch(kernel: Kernel, dims: tuple, args: list, deterministic: bool, tape=None, where: str = "",
-             run: bool = True) -> None:
+             run: bool = True, graph=None) -> None:
     """Launch again, on the device it ran on, what a checked `launch` ran before, with arguments of the same
     kinds (each array of the dtype, rank and layout that launch accepted; scalars as they were
     given): a step trace's replay (stepper/trace.py). Nothing is checked. With `tape`, the launch
     is recorded there as `launch` records it; ``run=False`` records it without running it (for
-    outputs nothing will read: the adjoint replays the forward from the inputs)."""
+    outputs nothing will read: the adjoint replays the forward from the inputs). With a GPU
+    `graph` (a `Graph` being captured), the launch goes into its CUDA graph instead of running."""
     compiled = kernel.compiled()
     sig = _signature(kernel)
     device = "cpu"
@@ -302,7 +303,9 @@ def relaunch(kernel: Kernel, dims: tuple, args: list, deterministic: bool, tape=
         settle()
         serial = deterministic and sig.has_atomics
         if device != "cpu":
-            cuda_launch.forward(kernel, compiled, buffer, values[0], False, serial, device)
+            cuda_launch.forward(kernel, compiled, buffer, values[0], False, serial, device, graph)
+        elif graph is not None:
+            raise RuntimeError("relaunch(graph=...) captures GPU launches only")
         else:
             kernel.entry(False).function(sig.forward_name, adjoint=False)(buffer, int(serial))
     _mark_written(sig, args, tape)

@@ -173,6 +173,7 @@ class CUgraph:
 class CUgraphExec:
     nodes: list
     context: CUcontext
+    destroyed: bool = False
 
 
 _lock = threading.RLock()
@@ -433,6 +434,12 @@ def cuMemsetD8(ptr, value, nbytes):
     _run_or_capture(None, _memset(ptr, value, nbytes))
 
 
+@_api
+def cuMemsetD8Async(ptr, value, nbytes, stream):
+    _context()
+    _run_or_capture(stream, _memset(ptr, value, nbytes))
+
+
 # -- modules and launches ------------------------------------------------------------------------------
 def image_for(library: Path) -> bytes:
     """The image cuModuleLoadData takes in the simulator: the path of the built shared library."""
@@ -615,7 +622,7 @@ def cuGraphInstantiateWithFlags(graph, flags):
 @_api
 def cuGraphLaunch(exec_, stream):
     ctx = _context()
-    if exec_.context is not ctx:
+    if exec_.context is not ctx or exec_.destroyed:
         raise _Fail(CUresult.CUDA_ERROR_INVALID_HANDLE)
 
     recent_launches.append(("<graph>", len(exec_.nodes), None, int(stream) if stream is not None else 0))
@@ -631,6 +638,11 @@ def cuGraphLaunch(exec_, stream):
 @_api
 def cuGraphDestroy(graph):
     pass
+
+
+@_api
+def cuGraphExecDestroy(exec_):
+    exec_.destroyed = True
 
 
 def __getattr__(name: str):

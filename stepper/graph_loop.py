@@ -1,0 +1,143 @@
+"""GPU step loops: a run of recomputed steps of a traced step as CUDA graph launches.
+
+On the CPU a run of recomputations is one native call (native_loop.py). On a GPU each launch from
+Python costs the host microseconds, about what a small kernel takes, while one graph launch runs
+any number of kernels. The buffer ring is native_loop's: the first step reads the starting state
+and writes version A; after it the steps alternate A -> B and B -> A, so a pair of steps
+(A -> B -> A) always uses the same memory and makes one graph, launched once per pair. The first
+step, and a last odd one, replay the trace from Python. Zero fills the Python path makes (s.next
+when the model's `zero_buffers`, scratch asked with zero) are nodes of the graph, in order, so each
+launch sees what a replay from Python gives it and the state comes out with the same bits.
+
+A graph bakes in its pointers, so graphs are kept (the last `KEEP`) by the versions they use, and
+the ring goes back to the pool to be handed out last and is asked for again: a Revolve(1200, 8)
+gradient of the chain test model captured 15 graphs in 80 runs of 2,030 steps (taking any
+free versions found none again). The price is memory: the ring is two versions besides the
+run's result, one state more than the step-by-step path holds while a run lasts, so a run
+takes the graph path only where the pool has that memory free already (a gradient never grows
+past the step-by-step path's peak for it). Capturing costs about what its launches cost and
+instantiating more, so runs shorter than `MIN_STEPS` keep to the Python path.
+"""
+from __future__ import annotations
+
+from collections import Counter, OrderedDict
+
+from compiler.runtime.graph import Graph
+from compiler.runtime.launch import relaunch
+
+from .state import State
+from .trace import Slot
+
+__all__ = ["GraphLoops"]
+
+
+class GraphLoops:
+    """Runs recomputations of a traced step on a GPU for a Sweep; `advance` is NativeLoops'."""
+
+    MIN_STEPS = 8
+    KEEP = 8
+
+    def __init__(self, pool, states: dict):
+        self.pool = pool
+        self._names = list(states)
+        self._kinds = [pool.kind(spec.shape, spec.dtype) for spec in states.values()]
+        self._graphs: OrderedDict[tuple, tuple] = OrderedDict()     # versions' pointers -> (trace, Graph)
+        self._ring: list = []                  # the last run's ring versions, asked for again
+        self.steps = self.calls = 0            # steps run here, and the calls that ran them
+        self.captures = self.reuses = 0        # graphs captured, and found again
+
+    def advance(self, trace, prev: State, steps: int) -> State | None:
+        """Run `steps` recomputations of `trace` from `prev`, taking over the caller's hold on it;
+        return the new state (one hold, the caller's), or None to say: use the Python path.
+
+        Steps: the first from `prev` into ring version A, then pairs A -> B -> A by graph, one
+        more A -> B when the count asks, and the last into the result, which is `prev`'s own
+        memory where only the caller holds it. The ring goes back to the pool to be handed out
+        last, and is asked for again next time, so that the next run finds its graph."""
+        if steps < self.MIN_STEPS or not trace or _reads_series(trace):
+            return None
+        pool, ring = self.pool, iter(self._ring)
+        starts = [prev[name] for name in self._names]
+        if not self._spare_memory(trace, starts):
+            return None
+        a = [pool.take(kind, False, next(ring, None)) for kind in self._kinds]
+        b = [pool.take(kind, False, next(ring, None)) for kind in self._kinds]
+        scratch = {name: pool.take(pool.kind(shape, dtype), False, next(ring, None))
+                   for name, shape, dtype, _ in trace.scratch}
+        out = [s if pool.holds(s) == 1 else pool.take(kind, False) for s, kind in zip(starts, self._kinds)]
+        first, second = State(dict(zip(self._names, a))), State(dict(zip(self._names, b)))
+        result = State(dict(zip(self._names, out)))
+        extra = (steps - 2) % 2
+        try:
+            self._step(trace, prev, first, scratch)
+            graph = self._graph(trace, first, second, scratch)
+            for _ in range((steps - 2 - extra) // 2):
+                graph.replay()
+            if extra:
+                self._step(trace, first, second, scratch)
+            self._step(trace, second if extra else first, result, scratch)
+        except BaseException:
+            pool.release_all((*a, *b, *scratch.values()))
+            pool.release_all([x for x, s in zip(out, starts) if x is not s])
+            raise
+        for arr in (*a, *b, *scratch.values()):
+            arr._storage.version += 1                 # written, as launches mark what they write
+        self._ring = [*a, *b, *scratch.values()]
+        pool.release_all(self._ring, last=True)
+        pool.release_all([s for s, x in zip(starts, out) if x is not s])    # the caller's hold, taken over
+        self.steps += steps
+        self.calls += 1
+        return result
+
+    def _spare_memory(self, trace, starts: list) -> bool:
+        """Whether the pool has free versions for the ring and the result: a run never makes a
+        gradient take more memory than the step-by-step path would (at the cost of runs that
+        come when the pool is short keeping to that path)."""
+        need = Counter(self._kinds * 2)
+        need.update(kind for s, kind in zip(starts, self._kinds) if self.pool.holds(s) != 1)
+        need.update(self.pool.kind(shape, dtype) for _, shape, dtype, _ in trace.scratch)
+        return all(len(kind.free) >= count for kind, count in need.items())
+
+    def _step(self, trace, prev: State, nxt: State, scratch: dict, graph: Graph | None = None) -> None:
+        """One step from `prev` into `nxt`: run now, or (with `graph`) captured into it."""
+        zero = graph.zero if graph is not None else _zero
+        if self.pool.zero:
+            for arr in nxt.values():
+                zero(arr)
+        for name, _, _, asked in trace.scratch:
+            if asked is not False and (asked or self.pool.zero):
+                zero(scratch[name])
+        groups = {"prev": prev, "next": nxt, "scratch": scratch}
+        for t in trace.launches[:trace.step_launches]:       # a recomputation computes no loss
+            args = [groups[x.group][x.name] if type(x) is Slot else x for x in t.args]
+            relaunch(t.kernel, t.dims, args, t.deterministic, where=t.where, graph=graph)
+
+    def _graph(self, trace, first: State, second: State, scratch: dict) -> Graph:
+        """The graph of two steps, first -> second -> first: kept, or captured now."""
+        key = tuple(arr._data.ptr for arr in (*first.values(), *second.values(), *scratch.values()))
+        kept = self._graphs.get(key)
+        if kept is not None and kept[0] is trace:
+            self._graphs.move_to_end(key)
+            self.reuses += 1
+            return kept[1]
+        graph = Graph()
+        try:
+            self._step(trace, first, second, scratch, graph)
+            self._step(trace, second, first, scratch, graph)
+        finally:
+            graph.finish(run=False)
+        self._graphs[key] = (trace, graph)
+        if len(self._graphs) > self.KEEP:
+            self._graphs.popitem(last=False)
+        self.captures += 1
+        return graph
+
+
+def _zero(arr) -> None:
+    arr._zero_memory()
+    arr._mark_written()
+
+
+def _reads_series(trace) -> bool:
+    """Whether a launch reads a time-indexed input (a different row every step): not in a graph."""
+    return any(type(x) is Slot and x.group == "series" for t in trace.launches[:trace.step_launches] for x in t.args)

@@ -1,0 +1,117 @@
+"""GPU step loops (stepper/graph_loop.py): on a GPU, recomputations of a traced step run as CUDA
+graph launches (two steps a graph), with the bits of the step-by-step path and of store-all, and a
+run finds the graph an earlier run captured. On the CUDA simulator."""
+import numpy as np
+import pytest
+
+import stepper as sp
+import stepper.graph_loop as graph_loop
+from compiler.backends import cudasim
+from stepper.executor import Sweep
+from stepper_models import chain_initial, chain_model
+
+pytestmark = [pytest.mark.cuda,
+              pytest.mark.skipif(not cudasim.enabled(), reason="runs on the CUDA simulator (STEPPER_CUDA_SIM=1)")]
+
+F64 = sp.array(dtype=sp.float64)
+STEPS = 60
+
+
+@sp.kernel
+def square_sum(x: F64, out: F64):
+    i = sp.tid()
+    sp.atomic_add(out, 0, x[i] * x[i])
+
+
+@sp.kernel
+def total(x: F64, acc: F64):
+    i = sp.tid()                          # acc += ...: needs its scratch zero-filled every step
+    sp.atomic_add(acc, 0, x[i])
+
+
+@sp.kernel
+def smooth_inside(x: F64, acc: F64, y: F64):
+    i = sp.tid()                          # leaves y[0] and y[n-1] alone: the zero fill sets them
+    n = x.shape[0]
+    if i > 0 and i < n - 1:
+        y[i] = 0.25 * x[i - 1] + 0.5 * x[i] + 0.25 * x[i + 1] - 0.001 * acc[0] * x[i]
+
+
+def zero_relying_model(n=12):
+    model = sp.Model("cuda")
+    model.state("x", n, sp.float64)
+
+    @model.step
+    def step(s):
+        acc = s.scratch("acc", 1, sp.float64)
+        sp.launch(total, n, inputs=[s.prev.x], outputs=[acc])
+        sp.launch(smooth_inside, n, inputs=[s.prev.x, acc], outputs=[s.next.x])
+    return model, {"x": np.linspace(0.5, 1.5, n)}
+
+
+def chain():
+    return chain_model(device="cuda"), {k: v.numpy() for k, v in chain_initial().items()}
+
+
+def loss(state):
+    out = sp.zeros(1, dtype=sp.float64, device="cuda")
+    sp.launch(square_sum, state.x.shape[0], inputs=[state.x], outputs=[out])
+    return out
+
+
+def same_bits(a, b):
+    assert a.loss == b.loss
+    for name in a.grads:
+        np.testing.assert_array_equal(a.grads[name].numpy(), b.grads[name].numpy(), err_msg=name)
+
+
+def loops_made(monkeypatch) -> list:
+    made, init = [], graph_loop.GraphLoops.__init__
+
+    def remember(self, *args):
+        init(self, *args)
+        made.append(self)
+    monkeypatch.setattr(graph_loop.GraphLoops, "__init__", remember)
+    return made
+
+
+@pytest.mark.parametrize("schedule", [lambda: sp.Revolve(STEPS, 2), lambda: sp.Revolve(STEPS, 4),
+                                      lambda: sp.MultiLevel(STEPS, 1, 2)])
+@pytest.mark.parametrize("make", [chain, zero_relying_model])
+def test_graph_recomputations_give_the_python_paths_and_store_alls_bits(schedule, make, monkeypatch, tmp_path):
+    model, initial = make()
+    stored = model.gradient(initial, STEPS, loss=loss, schedule=sp.StoreAll(STEPS))
+    monkeypatch.setattr(Sweep, "native_loops", False)
+    python = model.gradient(initial, STEPS, loss=loss, schedule=schedule(), storage=tmp_path / "a.h5")
+    monkeypatch.setattr(Sweep, "native_loops", True)
+    graphs = model.gradient(initial, STEPS, loss=loss, schedule=schedule(), storage=tmp_path / "b.h5")
+    assert python.stats.native_steps == 0 and graphs.stats.native_steps > 0
+    assert graphs.stats.forward_steps == python.stats.forward_steps
+    # the ring takes only versions the pool has free: no more memory than step by step
+    assert graphs.stats.peak_memory_bytes <= python.stats.peak_memory_bytes
+    same_bits(stored, python)
+    same_bits(stored, graphs)
+
+
+def test_runs_find_the_graphs_earlier_runs_captured(monkeypatch):
+    """The ring versions go back to the pool to be handed out last and are asked for again, so a
+    long Revolve gradient captures few graphs and launches them many times."""
+    from compiler.backends.cudasim import driver
+    made = loops_made(monkeypatch)
+    launched = []
+    real = driver.cuGraphLaunch
+    monkeypatch.setattr(driver, "cuGraphLaunch", lambda g, s: (launched.append(g), real(g, s))[1])
+    model, initial = chain()
+    result = model.gradient(initial, 1200, loss=loss, schedule=sp.Revolve(1200, 8))
+    loops = made[-1]
+    assert loops.calls > 0 and loops.steps == result.stats.native_steps
+    assert loops.captures + loops.reuses == loops.calls
+    assert loops.reuses > 2 * loops.captures
+    assert len(launched) >= (loops.steps - 3 * loops.calls) // 2
+
+
+def test_short_runs_keep_to_the_python_path(monkeypatch):
+    made = loops_made(monkeypatch)
+    model, initial = chain()
+    result = model.gradient(initial, 40, loss=loss, schedule=sp.Revolve(40, 20))   # recomputations of 1-2 steps
+    assert result.stats.native_steps == 0 and made[-1].captures == 0
