@@ -157,9 +157,9 @@ CUDA = Target(
 extern "C" __global__ void __launch_bounds__({block}, {min_blocks}) {name}_forward(const __grid_constant__ {name}_buf_t buf) {{
     const launch_t& L = *(const launch_t*)buf.bytes;
     const {name}_args_t& A = *(const {name}_args_t*)(buf.bytes + sizeof(launch_t));
-    """ + _GRID_STRIDE + """ {{
+{box}    """ + _GRID_STRIDE + """ {{
 {decompose}
-        {name}_thread({tids}, L, A);
+        {pick}{name}_thread({tids}, L, A);
     }}
 }}
 """,
@@ -178,14 +178,15 @@ extern "C" __global__ void __launch_bounds__({block}, {min_blocks}) {name}_forwa
 }}
 """,
     gather_entry=_CUDA_ADJOINT_HEAD + """    const bool all_grads = {all_grads};
-    """ + _GRID_STRIDE + """ {{
+{box}    """ + _GRID_STRIDE + """ {{
 {decompose}
         sp::tape_t tp = {{nullptr, L.n, 0, 0, 0, 0, 0, fresh}};
-        if (all_grads) {name}_thread<true>({tids}, L, A, G, tp);
+        if (all_grads) {pick}{name}_thread<true>({tids}, L, A, G, tp);
         else {name}_thread<false>({tids}, L, A, G, tp);
     }}
 }}
 """,
+    interiors=True,
 )
 
 
@@ -275,9 +276,14 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
         prelude = "sp::tape_t tp = {nullptr, 1, 0, 0, 0, 0, in_order, fresh};"
     else:
         call, private, prelude = f"_thread({tids}, L, A);", ("A",), ""
+    # The GPU's grid-stride loop: a thread inside the interior box runs the variant (`pick`).
+    box, pick = "", ""
     if interior is not None:
         nest = _interior_nest(fn.tid_ndim, fn.name + call, interior.function.name + call, interior, private, prelude,
                               threshold)
+        box = space["extents"] + "\n" + "\n".join(_interior_box(fn.tid_ndim, interior)) + "\n"
+        inside = " && ".join(f"lo{k} <= i{k} && i{k} < hi{k}" for k in range(fn.tid_ndim))
+        pick = f"if ({inside}) {interior.function.name}{call} else "
     else:
         nest = _plain_nest(fn.tid_ndim, fn.name + call, private, prelude, threshold)
     # the gather entry without every gradient: the instantiation with null checks, everywhere
@@ -286,7 +292,7 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
     entry = entry_template.format(
         name=fn.name, size=buffer_size(fn.params), threshold=threshold, block=CUDA_BLOCK_SIZE,
         min_blocks=CUDA_MIN_BLOCKS_PER_SM,
-        all_grads=all_grads, nest=nest, plain_nest=plain_nest, **space)
+        all_grads=all_grads, nest=nest, plain_nest=plain_nest, box=box, pick=pick, **space)
     return "\n".join(lines) + "\n" + entry
 
 
@@ -323,13 +329,7 @@ def _interior_nest(ndim: int, edge: str, middle: str, interior, private, prelude
     """The CPU loop nest of an entry with an interior variant: the box [lo_k, hi_k) per axis is
     evaluated once; each row of the innermost index runs in three parts, the edges through `edge`
     and the part inside the box through `middle` (a row outside the box runs `edge` throughout)."""
-    box = []
-    for k in range(ndim):
-        box.append(f"    int64_t lo{k} = 0, hi{k} = e{k};")
-        box += [f"    {{ const int64_t v = {_bound_cpp(b)}; if (v > lo{k}) lo{k} = v; }}" for b in interior.lower[k]]
-        box += [f"    {{ const int64_t v = {_bound_cpp(b)}; if (v < hi{k}) hi{k} = v; }}" for b in interior.upper[k]]
-        box.append(f"    if (lo{k} > e{k}) lo{k} = e{k};")
-        box.append(f"    if (hi{k} < lo{k}) hi{k} = lo{k};")
+    box = _interior_box(ndim, interior)
     k = ndim - 1
     pad = "    " * (k + 1)
     runs = [f"{pad}for (int32_t i{k} = 0; i{k} < a; ++i{k}) {edge}",
@@ -350,6 +350,19 @@ def _interior_nest(ndim: int, edge: str, middle: str, interior, private, prelude
     collapse = f"collapse({k}) " if k > 1 else ""
     return ("\n".join(box) + "\n    " + _share(private, threshold).format(collapse=collapse) + outer
             + "\n".join(inner) + "\n" + closing)
+
+
+def _interior_box(ndim: int, interior) -> list[str]:
+    """C++ lines that set the interior box [lo_k, hi_k) per axis from the variant's bounds,
+    clamped to the launch's extents e_k (an empty box where the bounds cross)."""
+    box = []
+    for k in range(ndim):
+        box.append(f"    int64_t lo{k} = 0, hi{k} = e{k};")
+        box += [f"    {{ const int64_t v = {_bound_cpp(b)}; if (v > lo{k}) lo{k} = v; }}" for b in interior.lower[k]]
+        box += [f"    {{ const int64_t v = {_bound_cpp(b)}; if (v < hi{k}) hi{k} = v; }}" for b in interior.upper[k]]
+        box.append(f"    if (lo{k} > e{k}) lo{k} = e{k};")
+        box.append(f"    if (hi{k} < lo{k}) hi{k} = lo{k};")
+    return box
 
 
 def _bound_cpp(bound) -> str:
