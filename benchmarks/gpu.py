@@ -9,7 +9,9 @@ Writes a Markdown table (default benchmarks/results/gpu.md) with:
 - the cost of one `launch` (tiny kernel, queued back to back) and of one launch replayed from a
   `capture()` graph;
 - the 256^2 and 2048^2 nonlinear wave (benchmarks/peer_impls/problem.py): our Revolve gradient
-  against JAX's nested remat on the same GPU, and our forward rollout against a CuPy raw-kernel loop.
+  against JAX's nested remat on the same GPU, and our forward rollout against a CuPy raw-kernel loop;
+- our own alternatives side by side: recomputations as CUDA graphs against launch by launch, and
+  disk snapshots copied asynchronously against synchronously.
 Every number is the median of interleaved rounds (A B A B ...), with the spread (min-max). Peers
 that are not installed are left out. Under the CUDA simulator (STEPPER_CUDA_SIM=1) it runs too,
 which checks the script, not the speed.
@@ -21,6 +23,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -100,7 +103,8 @@ def launch_overhead(rows: list, rounds: int, count: int = 1000) -> None:
                  summary([a / b for a, b in zip(t["launch"], t["graph"])])))
 
 
-def wave(rows: list, n: int, steps: int, snapshots: int, rounds: int) -> None:
+def _wave_model(n: int):
+    """(model, loss, initial state) of the n x n nonlinear wave on the GPU."""
     import stepper as sp
     from peer_impls.ours import half_sum_sq, wave_step
     from peer_impls.problem import B, C, initial
@@ -118,7 +122,14 @@ def wave(rows: list, n: int, steps: int, snapshots: int, rounds: int) -> None:
         sp.launch(half_sum_sq, (n, n), inputs=[state.u], outputs=[out])
         return out
     u0 = initial(n)
-    start = {"up": u0, "u": u0}
+    return model, loss, {"up": u0, "u": u0}
+
+
+def wave(rows: list, n: int, steps: int, snapshots: int, rounds: int) -> None:
+    import stepper as sp
+    from peer_impls.problem import B, C
+    model, loss, start = _wave_model(n)
+    u0 = start["u"]
     ours = {"forward": lambda: model.rollout(start, steps=steps),
             "gradient": lambda: model.gradient(start, steps=steps, loss=loss, schedule=sp.Revolve(steps, snapshots))}
     peers = {}
@@ -143,6 +154,41 @@ def wave(rows: list, n: int, steps: int, snapshots: int, rounds: int) -> None:
         rows.append((f"wave {n}^2, {steps} steps, {what}" + (f" (Revolve-{snapshots})" if what == "gradient" else ""),
                      "s", summary(t["ours"]), peer, summary(t["peer"]) if "peer" in t else "-",
                      summary([a / b for a, b in zip(t["ours"], t["peer"])]) if "peer" in t else "-"))
+
+
+def own_alternatives(rows: list, n: int, steps: int, rounds: int, scratch: Path) -> None:
+    """Our own paths side by side: recomputations as CUDA graphs (stepper/graph_loop.py) against
+    launch by launch, and disk snapshots leaving the GPU by asynchronous copies against waiting for
+    each copy (Tiers.MAX_IN_FLIGHT = 0)."""
+    import stepper as sp
+    from stepper.executor import Sweep
+    from stepper.snapshots import Tiers
+    model, loss, start = _wave_model(n)
+    revolve = lambda: model.gradient(start, steps=steps, loss=loss, schedule=sp.Revolve(steps, 10))  # noqa: E731
+
+    def multilevel():
+        path = scratch / "snapshots.h5"
+        path.unlink(missing_ok=True)
+        model.gradient(start, steps=steps, loss=loss, schedule=sp.MultiLevel(steps, 2, 8), storage=path)
+
+    def toggled(fn, owner, name, value):
+        def run():
+            saved = getattr(owner, name)
+            setattr(owner, name, value)
+            try:
+                fn()
+            finally:
+                setattr(owner, name, saved)
+        return run
+    for label, fn, owner, name, off, peer in (
+            ("Revolve-10 gradient, recomputations as graphs", revolve, Sweep, "native_loops", False,
+             "launch by launch"),
+            ("MultiLevel(2 RAM, 8 HDF5) gradient, async snapshot copies", multilevel, Tiers, "MAX_IN_FLIGHT", 0,
+             "synchronous copies")):
+        fn()                             # compile and warm up
+        t = interleaved({"ours": fn, "peer": toggled(fn, owner, name, off)}, rounds)
+        rows.append((f"wave {n}^2, {steps} steps, {label}", "s", summary(t["ours"]), peer, summary(t["peer"]),
+                     summary([a / b for a, b in zip(t["ours"], t["peer"])])))
 
 
 def _cupy_forward(n, steps, C, B, u0):
@@ -198,6 +244,8 @@ def main(argv=None) -> int:
     launch_overhead(rows, rounds, 20 if args.quick else 1000)
     for n, steps, snapshots in ([(16, 20, 4)] if args.quick else [(256, 10_000, 100), (2048, 1_000, 30)]):
         wave(rows, n, steps, snapshots, rounds)
+    with tempfile.TemporaryDirectory() as scratch:
+        own_alternatives(rows, 16 if args.quick else 256, 60 if args.quick else 2_000, rounds, Path(scratch))
     lines += [f"Medians over {rounds} interleaved rounds (min-max).", "",
               "| measurement | unit | ours | peer | peer's | ours / peer |", "|---|---|---:|---|---:|---:|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]

@@ -164,7 +164,8 @@ class Tiers:
     """Moves states in and out of the tiers, counting caller-side I/O time and peak RAM bytes."""
 
     # GPU snapshots copied to the host at once; one more waits for the oldest. Each holds its
-    # state's device versions and a pinned host copy of them until its storage has it.
+    # state's device versions and a pinned host copy of them until its storage has it. 0 waits
+    # for every copy at once (the synchronous path, for comparisons: benchmarks/gpu.py).
     MAX_IN_FLIGHT = 2
 
     def __init__(self, tiers: dict, owned: list):
@@ -213,9 +214,11 @@ class Tiers:
     def _send(self, tier, n: int, state: State, metadata) -> None:
         """Start copying GPU `state` (held once for this) to the host for `tier`'s snapshot n."""
         self._land_finished()
-        while len(self._in_flight) >= self.MAX_IN_FLIGHT:
+        while self._in_flight and len(self._in_flight) >= self.MAX_IN_FLIGHT:
             self._land(*next(iter(self._in_flight)))
         self._in_flight[tier, n] = _InFlight(HostCopy(dict(state.items())), state, metadata)
+        if not self.MAX_IN_FLIGHT:
+            self._land(tier, n)
 
     def _land(self, tier, n: int) -> None:
         """Hand snapshot n's copy, if one is in flight, to its storage (waiting for it to finish)."""
