@@ -26,7 +26,7 @@ from compiler import array
 from .errors import ModelError, NonFiniteError
 from .graph_loop import GraphLoops
 from .native_loop import NativeLoops
-from .state import State
+from .state import State, write_values
 from .step_context import RecordedStep, StepRunner, StepTape, check_scalar_loss
 from .versions import BufferPool, set_grad
 
@@ -386,6 +386,6 @@ class Sweep:
         arrays = {}
         for name, spec in self.model.states.items():
             arr = self.pool.acquire(spec.shape, spec.dtype, zero=False)
-            arr._write_host(initial[name])
+            write_values(arr, initial[name])
             arrays[name] = arr
         return State(arrays)

@@ -21,7 +21,7 @@ from compiler.runtime.tape import active_tape
 from .errors import ModelError
 from .executor import check_finite_state
 from .progress import progress_bar
-from .state import State, check_initial
+from .state import State, check_initial, write_values
 from .step_context import StepRunner
 from .versions import BufferPool
 
@@ -140,7 +140,7 @@ def _run(model, values, start, steps, store, meta, *, callback, every, record_ev
     arrays = {}
     for name, spec in model.states.items():
         arrays[name] = pool.acquire(spec.shape, spec.dtype, zero=False)
-        arrays[name]._write_host(values[name])
+        write_values(arrays[name], values[name])
     work = State(arrays)
     every_ck = meta.get("checkpoint_every")
     history, written = [], 0

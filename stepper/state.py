@@ -12,7 +12,7 @@ from compiler.types import as_dtype
 
 from .errors import ModelError
 
-__all__ = ["StateSpec", "State", "check_initial"]
+__all__ = ["StateSpec", "State", "check_initial", "write_values"]
 
 
 @dataclass(frozen=True)
@@ -114,10 +114,11 @@ class State(Mapping):
         return f"{type(self).__name__}({inner})"
 
 
-def check_initial(specs: Mapping[str, StateSpec], initial, device: str, what: str = "initial state") \
-        -> dict[str, np.ndarray]:
+def check_initial(specs: Mapping[str, StateSpec], initial, device: str, what: str = "initial state") -> dict:
     """The user's initial state as ``{name: ndarray}`` (views) after checking names, shapes, dtypes
-    and device against the declarations; raises ModelError naming the first mismatch."""
+    and device against the declarations; raises ModelError naming the first mismatch. A GPU
+    array stays itself (reading it back to the host would wait for the GPU): `write_values`
+    copies either kind into a version."""
     if not isinstance(initial, Mapping):
         raise ModelError(f"{what} must be a dict of name -> array, got {type(initial).__name__}")
     missing = [n for n in specs if n not in initial]
@@ -141,7 +142,7 @@ def check_initial(specs: Mapping[str, StateSpec], initial, device: str, what: st
             if value.dtype != spec.dtype or value.shape != spec.shape:
                 raise ModelError(f"{what} '{name}': expected {spec.describe()}, got shape {value.shape} "
                                  f"of {value.dtype}")
-            out[name] = value.numpy()
+            out[name] = value if value.device != "cpu" else value.numpy()
         elif isinstance(value, np.ndarray):
             if value.dtype != np.dtype(spec.dtype.np_dtype) or value.shape != want:
                 raise ModelError(f"{what} '{name}': expected a {np.dtype(spec.dtype.np_dtype)} NumPy array "
@@ -152,3 +153,12 @@ def check_initial(specs: Mapping[str, StateSpec], initial, device: str, what: st
             raise ModelError(f"{what} '{name}': expected a stepper.array or NumPy array, got "
                              f"{type(value).__name__}")
     return out
+
+
+def write_values(arr: array, value) -> None:
+    """Set version `arr` from one of `check_initial`'s values: NumPy values, or a GPU array of the
+    same shape and dtype, copied on the device."""
+    if isinstance(value, array):
+        arr._data.copy_bytes_from(value._data, 0, 0, arr._data.nbytes)
+    else:
+        arr._write_host(value)

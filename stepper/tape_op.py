@@ -8,6 +8,8 @@ be None or a function steps -> schedule.
 """
 from __future__ import annotations
 
+import numpy as np
+
 from compiler import array, clone
 from compiler.runtime.tape import RecordedOp, caller_location
 
@@ -21,7 +23,8 @@ __all__ = ["record_rollout"]
 def record_rollout(model, tape, initial, steps, *, schedule=None, storage=None, check_finite=False,
                    progress=None) -> State:
     values = check_initial(model.states, initial, model.device)
-    saved = {name: v.copy() for name, v in values.items()}
+    saved = {name: v.copy() if isinstance(v, np.ndarray) else clone(v, requires_grad=False)
+             for name, v in values.items()}
     reusable = schedule is None or (callable(schedule) and not hasattr(schedule, "__iter__"))
 
     def new_sweep(first: bool):
