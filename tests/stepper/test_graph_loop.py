@@ -8,19 +8,13 @@ import stepper as sp
 import stepper.graph_loop as graph_loop
 from compiler.backends import cudasim
 from stepper.executor import Sweep
-from stepper_models import chain_initial, chain_model
+from stepper_models import chain_initial, chain_model, sum_squares64
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not cudasim.enabled(), reason="runs on the CUDA simulator (STEPPER_CUDA_SIM=1)")]
 
 F64 = sp.array(dtype=sp.float64)
 STEPS = 60
-
-
-@sp.kernel
-def square_sum(x: F64, out: F64):
-    i = sp.tid()
-    sp.atomic_add(out, 0, x[i] * x[i])
 
 
 @sp.kernel
@@ -55,7 +49,7 @@ def chain():
 
 def loss(state):
     out = sp.zeros(1, dtype=sp.float64, device="cuda")
-    sp.launch(square_sum, state.x.shape[0], inputs=[state.x], outputs=[out])
+    sp.launch(sum_squares64, state.x.shape[0], inputs=[state.x], outputs=[out])
     return out
 
 
