@@ -196,8 +196,12 @@ class Sweep:
         ahead = self._ahead[0] if self._ahead else None
         dead_last = record and type(ahead) is Reverse and ahead.n1 == n1 and n1 - 1 < self.seen
         n = a.n0
-        if not record and not self.online and self.native_loops and min(n1, self.seen) - n > 0:
-            n = self._advance_native(n, min(n1, self.seen))
+        # Steps that ran before go native where traced; steps that did not, where the step is also
+        # trusted (StepRunner.trusted) and nothing needs each of them (a running loss, a check).
+        ahead = n1 if self._runner.trusted and self._runner.running_loss is None and not self.check_finite \
+            else min(n1, self.seen)
+        if not record and not self.online and self.native_loops and ahead - n > 0:
+            n = self._advance_native(n, ahead)
         while n < n1:
             self._step(n, record, dead_last and n == n1 - 1)
             n += 1
@@ -210,7 +214,7 @@ class Sweep:
             self.deps[a.storage].add(a.n0)
 
     def _advance_native(self, n: int, n1: int) -> int:
-        """Recompute steps n .. n1-1 (all run before) in one native call where the step is traced;
+        """Run steps n .. n1-1 (run before, or trusted) in one native call where the step is traced;
         return the step reached (n where the Python path must do them)."""
         start = time.perf_counter()
         nxt = self.native.advance(self._runner.trace, self.work, n1 - n)
@@ -218,6 +222,7 @@ class Sweep:
             return n
         self.work = nxt                  # `advance` took over the hold on the old state
         self.pos = n1
+        self.seen = max(self.seen, n1)
         self.forward_steps += n1 - n
         self.forward_seconds += time.perf_counter() - start
         self.bar.update(n1 - n)

@@ -15,7 +15,8 @@ gradient of the chain test model captured 15 graphs in 80 runs of 2,030 steps (t
 free versions found none again). The price is memory: the ring is two versions besides the
 run's result, one state more than the step-by-step path holds while a run lasts, so a run
 takes the graph path only where the pool has that memory free already (a gradient never grows
-past the step-by-step path's peak for it). Capturing costs about what its launches cost and
+past the step-by-step path's peak for it). A rollout's runs (``in_place``) need no ring of their
+own: the run's starting version and one other alternate, the two a rollout holds anyway. Capturing costs about what its launches cost and
 instantiating more, so runs shorter than `MIN_STEPS` keep to the Python path.
 """
 from __future__ import annotations
@@ -32,13 +33,14 @@ __all__ = ["GraphLoops"]
 
 
 class GraphLoops:
-    """Runs recomputations of a traced step on a GPU for a Sweep; `advance` is NativeLoops'."""
+    """Runs steps of a traced step on a GPU, for a Sweep or a rollout; `advance` is NativeLoops'."""
 
     MIN_STEPS = 8
     KEEP = 8
 
-    def __init__(self, pool, states: dict):
+    def __init__(self, pool, states: dict, in_place: bool = False):
         self.pool = pool
+        self.in_place = in_place
         self._names = list(states)
         self._kinds = [pool.kind(spec.shape, spec.dtype) for spec in states.values()]
         self._graphs: OrderedDict[tuple, tuple] = OrderedDict()     # versions' pointers -> (trace, Graph)
@@ -47,19 +49,53 @@ class GraphLoops:
         self.captures = self.reuses = 0        # graphs captured, and found again
 
     def advance(self, trace, prev: State, steps: int) -> State | None:
-        """Run `steps` recomputations of `trace` from `prev`, taking over the caller's hold on it;
-        return the new state (one hold, the caller's), or None to say: use the Python path.
-
-        Steps: the first from `prev` into ring version A, then pairs A -> B -> A by graph, one
-        more A -> B when the count asks, and the last into the result, which is `prev`'s own
-        memory where only the caller holds it. The ring goes back to the pool to be handed out
-        last, and is asked for again next time, so that the next run finds its graph."""
+        """Run `steps` steps of `trace` from `prev`, taking over the caller's hold on it; return
+        the new state (one hold, the caller's), or None to say: use the Python path."""
         if steps < self.MIN_STEPS or not trace or _reads_series(trace):
             return None
-        pool, ring = self.pool, iter(self._ring)
         starts = [prev[name] for name in self._names]
-        if not self._spare_memory(trace, starts):
+        if self.in_place and all(self.pool.holds(s) == 1 for s in starts):
+            result = self._in_place(trace, prev, starts, steps)
+        elif self._spare_memory(trace, starts):
+            result = self._in_ring(trace, prev, starts, steps)
+        else:
             return None
+        self.steps += steps
+        self.calls += 1
+        return result
+
+    def _in_place(self, trace, prev: State, starts: list, steps: int) -> State:
+        """A rollout's run: `prev` (only the caller holds it) and one other version make the ring,
+        pairs prev -> B -> prev by graph and a last prev -> B when `steps` is odd. A rollout has
+        these two versions only, so its runs use the same two buffers and find their graphs."""
+        pool, ring = self.pool, iter(self._ring)
+        b = [pool.take(kind, False, next(ring, None)) for kind in self._kinds]
+        scratch = {name: pool.take(pool.kind(shape, dtype), False, next(ring, None))
+                   for name, shape, dtype, _ in trace.scratch}
+        other = State(dict(zip(self._names, b)))
+        try:
+            graph = self._graph(trace, prev, other, scratch)
+            for _ in range(steps // 2):
+                graph.replay()
+            if steps % 2:
+                self._step(trace, prev, other, scratch)
+        except BaseException:
+            pool.release_all((*b, *scratch.values()))
+            raise
+        result, spare = (other, prev) if steps % 2 else (prev, other)
+        for arr in (*starts, *b, *scratch.values()):
+            arr._storage.version += 1                 # written, as launches mark what they write
+        self._ring = [*b, *scratch.values()]
+        pool.release_all([*spare.values(), *scratch.values()])
+        return result
+
+    def _in_ring(self, trace, prev: State, starts: list, steps: int) -> State:
+        """A recomputation's run: the first step from `prev` into ring version A, then pairs
+        A -> B -> A by graph, one more A -> B when the count asks, and the last into the result,
+        which is `prev`'s own memory where only the caller holds it. The ring goes back to the
+        pool to be handed out last, and is asked for again next time, so that the next run
+        finds its graph (`prev` is a different snapshot's each time)."""
+        pool, ring = self.pool, iter(self._ring)
         a = [pool.take(kind, False, next(ring, None)) for kind in self._kinds]
         b = [pool.take(kind, False, next(ring, None)) for kind in self._kinds]
         scratch = {name: pool.take(pool.kind(shape, dtype), False, next(ring, None))
@@ -85,8 +121,6 @@ class GraphLoops:
         self._ring = [*a, *b, *scratch.values()]
         pool.release_all(self._ring, last=True)
         pool.release_all([s for s, x in zip(starts, out) if x is not s])    # the caller's hold, taken over
-        self.steps += steps
-        self.calls += 1
         return result
 
     def _spare_memory(self, trace, starts: list) -> bool:

@@ -6,6 +6,13 @@ parameter shapes and dtypes), which `resume` checks.
 
 Two versions of the state are live at a time: the step's input (``s.prev``) and its output
 (``s.next``); the input goes back to the pool once the step is done.
+
+Once the step function is `trusted` (its first two steps made the same launches and it read
+neither s.n, s.t nor array data on the host: step_context.StepRunner), the steps between two
+things the rollout must do (a callback, a recorded or checkpointed step, the end) run from the
+trace in one call (native_loop.py on the CPU, graph_loop.py on a GPU), without the function and
+its checks, which cost more than the kernels of a small step. `until` and `check_finite`, which
+look at every step, keep every step on the step function's path.
 """
 from __future__ import annotations
 
@@ -20,12 +27,17 @@ from compiler.runtime.tape import active_tape
 
 from .errors import ModelError
 from .executor import check_finite_state
+from .graph_loop import GraphLoops
+from .native_loop import NativeLoops
 from .progress import progress_bar
 from .state import State, check_initial, write_values
 from .step_context import StepRunner
 from .versions import BufferPool
 
 __all__ = ["rollout", "resume", "Rollout", "RolloutStats"]
+
+# Runs of trusted steps go to the native (CPU) or graph (GPU) loops; tests turn this off to compare.
+native_loops = True
 
 
 @dataclass(frozen=True)
@@ -146,7 +158,13 @@ def _run(model, values, start, steps, store, meta, *, callback, every, record_ev
     history, written = [], 0
     bar = progress_bar(progress, None if steps is None else steps - start, "rollout")
     n = start
-    run = StepRunner(model, pool, deterministic=deterministic).run
+    runner = StepRunner(model, pool, deterministic=deterministic, traced=True)
+    loops = None
+    if native_loops and until is None and not check_finite:
+        loops = NativeLoops(pool, model.states) if model.device == "cpu" else \
+            GraphLoops(pool, model.states, in_place=True)
+    events = [k for k in (every if callback is not None else None, record_every,
+                          every_ck if store is not None else None) if k]
     try:
         if check_finite:
             check_finite_state(work, None)
@@ -154,7 +172,13 @@ def _run(model, values, start, steps, store, meta, *, callback, every, record_ev
             store.write(start, work.numpy(), meta)
             written += 1
         while steps is None or n < steps:
-            nxt, scratch, _tape, _ = run(n, work)
+            # the step before the next event, or the end, from the trace where it can
+            ahead = min([steps if steps is not None else n + 1] + [(n // k + 1) * k for k in events]) - 1
+            nxt = loops.advance(runner.trace, work, ahead - n) if loops and runner.trusted and ahead > n else None
+            if nxt is not None:
+                bar.update(ahead - n)
+                work, n = nxt, ahead
+            nxt, scratch, _tape, _ = runner.run(n, work)
             pool.release_all((*scratch.values(), *work.values()))
             work = nxt
             n += 1

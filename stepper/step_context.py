@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 
 from compiler import OverwriteError, Tape, array
-from compiler.runtime.tape import outside_tapes
+from compiler.runtime.tape import host_accesses, outside_tapes
 
 from .errors import ModelError
 from .state import State
@@ -92,13 +92,24 @@ class StepContext:
 
     def __init__(self, n: int, t: float, dt: float, prev: State, next: State, params: State,
                  pool: BufferPool, grads: "GradSlots | None" = None):
-        self.n, self.t, self.dt = n, t, dt
+        self._n, self._t, self.dt = n, t, dt
+        self.read_time = False              # whether the step function asked for s.n or s.t
         self.prev, self.next, self.params = prev, next, params
         self._pool = pool
         self._grads = grads
         self._scratch: dict[str, array] = {}
         self._scratch_zero: dict[str, bool | None] = {}      # the zero= each was asked with
         self.series = State({})                               # set by the runner (Model.series)
+
+    @property
+    def n(self) -> int:
+        self.read_time = True
+        return self._n
+
+    @property
+    def t(self) -> float:
+        self.read_time = True
+        return self._t
 
     def scratch(self, name: str, shape, dtype=float, zero: bool | None = None) -> array:
         """A buffer for this step only: a fresh version every step, so a later step never overwrites
@@ -209,6 +220,17 @@ class StepRunner:
         # differed (stepper/trace.py).
         self.traced = traced
         self.trace: StepTrace | None | bool = None
+        # Steps run so far whose function read neither s.n, s.t nor array data on the host (None
+        # once one did): see `trusted`.
+        self._blind_runs: int | None = 0
+
+    @property
+    def trusted(self) -> bool:
+        """Whether steps not run yet may run from the trace, without their function: every step so
+        far (two at least) made the same launches, and no step function read s.n, s.t or array
+        data on the host, so nothing it could branch on changes from step to step. (A function
+        that changes its launches by state of its own, a call counter say, must read s.n instead.)"""
+        return bool(self.trace) and (self._blind_runs or 0) >= 2
 
     def rerun(self, n: int, prev: State):
         """Run step n again from the state it ran from before (a recomputation between
@@ -273,7 +295,7 @@ class StepRunner:
         elif not self.trace.matches(tape, prev, nxt, ctx._scratch, ctx._scratch_zero, loss, step_ops, ctx.series):
             self.trace = False
         if self.trace is False:       # say why, once per model: it runs correctly, only slower
-            warn_untraceable(self.model, ctx.n, tape, first, prev, nxt, ctx._scratch, ctx.series)
+            warn_untraceable(self.model, ctx._n, tape, first, prev, nxt, ctx._scratch, ctx.series)
 
     def run(self, n: int, prev: State, record: bool = False, donors=(), outputs_dead: bool = False):
         """Run step n from `prev`; return (next State, its scratch buffers by name, the tape, the loss
@@ -309,7 +331,11 @@ class StepRunner:
         try:
             try:
                 with tape:
+                    looked = host_accesses()
                     model.step_fn(ctx)
+                    if self._blind_runs is not None:
+                        blind = not ctx.read_time and host_accesses() == looked
+                        self._blind_runs = self._blind_runs + 1 if blind else None
                     step_ops = len(tape._ops)            # the rest are the running loss's
                     if self.running_loss is not None:
                         loss = check_scalar_loss(self.running_loss(ctx), "running_loss(s)")

@@ -21,7 +21,7 @@ from ..types import ArrayType, ValueType, float32
 from .arguments import check_device as _check_device, check_grad_dtype as _check_grad_dtype, dtype_arg as _dtype_arg
 from .arguments import MAX_DIMS, infer_dtype as _infer_dtype, shape_arg as _shape_arg
 from .memory import adopt_cuda, allocate, gpu_device_of, on_device, on_gpu
-from .tape import RecordedOp, _describe_array, active_tape, caller_location, settle
+from .tape import RecordedOp, _describe_array, active_tape, caller_location, settle, settle_for_host
 
 __all__ = ["array", "zeros", "ones", "full", "empty", "zeros_like", "ones_like", "full_like",
            "empty_like", "clone", "copy", "from_dlpack"]
@@ -267,7 +267,7 @@ class array:
     def numpy(self) -> np.ndarray:
         """The data as NumPy values, shape ``self.shape + dtype.inner_shape``: a view on the CPU (no
         copy), a host copy of a GPU array (writes to it do not reach the device: use `assign`)."""
-        settle()
+        settle_for_host()
         return self._data.view() if self._device == "cpu" else self._data.to_host()
 
     @property
@@ -275,25 +275,25 @@ class array:
         if self._device != "cpu":
             raise AttributeError(f"an array on {self._device} has no __array_interface__ (its memory is on the "
                                  "GPU); use .numpy() for a host copy")
-        settle()
+        settle_for_host()
         return self._data.__array_interface__
 
     def __array__(self, dtype=None, copy=None):
         if self._device != "cpu":
             raise TypeError(f"an array on {self._device} does not convert to NumPy implicitly; use .numpy() for "
                             "a host copy")
-        settle()
+        settle_for_host()
         return self._data if dtype is None else self._data.astype(dtype)
 
     @property
     def __cuda_array_interface__(self) -> dict:
         if self._device == "cpu":
             raise AttributeError("a CPU array has no __cuda_array_interface__; move it with .to('cuda')")
-        settle()
+        settle_for_host()
         return self._data.cuda_array_interface()
 
     def __dlpack__(self, *args, **kwargs):
-        settle()
+        settle_for_host()
         if self._device != "cpu":
             from .dlpack import to_dlpack
             return to_dlpack(self._data, kwargs.get("stream"))

@@ -129,6 +129,23 @@ def settle() -> None:
                 tape.run_deferred()
 
 
+_host_accesses = 0
+
+
+def settle_for_host() -> None:
+    """`settle` before array data leaves for the host or another library, counted: a step function
+    that looks at data may launch differently from one step to the next (stepper/trace.py trusts a
+    step's trace for steps it has not run only while its function has looked at none)."""
+    global _host_accesses
+    _host_accesses += 1
+    settle()
+
+
+def host_accesses() -> int:
+    """How many times array data has left for the host or another library (`settle_for_host`)."""
+    return _host_accesses
+
+
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _OUR_DIRS = tuple(os.path.join(_ROOT, pkg) + os.sep for pkg in ("compiler", "checkpoint", "stepper"))
 
