@@ -1,15 +1,27 @@
-"""How much a gradient run plans to write to disk, said before the run when it is a lot.
+"""A gradient run's disk plan: its disk costs measured before the run, and its volume said first
+when it is a lot.
+
+A `MultiLevel` told no disk costs is planned again with measured ones (`price_disk`): one snapshot
+of the model's state written and read in the run's own disk storage, against one step of the
+model, so the plan weighs disk traffic against recomputation in the run's own units.
 
 The disk tier of a checkpointed gradient holds at most a schedule-given number of snapshots at
 once, each one state. That number is known before any step runs for our schedules, so a run that
 would fill gigabytes says so first (a `DiskVolumeWarning` with the count, the bytes and the fix)."""
 from __future__ import annotations
 
+import time
 import warnings
 
-from checkpoint import MultiLevel, Online, Revolve, StorageType, StoreAll
+import numpy as np
 
-__all__ = ["DiskVolumeWarning", "planned_disk_snapshots", "warn_if_large"]
+from checkpoint import MultiLevel, Online, Revolve, StorageType, StoreAll
+from compiler.runtime.tape import outside_tapes
+
+__all__ = ["DiskVolumeWarning", "planned_disk_snapshots", "price_disk", "warn_if_large"]
+
+# Steps timed to price one step (after a run of them that compiles and warms up).
+PRICE_STEPS = 8
 
 # Above this a run says how much it will write before writing it.
 REPORT_BYTES = 2 * 2**30
@@ -17,6 +29,23 @@ REPORT_BYTES = 2 * 2**30
 
 class DiskVolumeWarning(UserWarning):
     """A gradient run plans to keep more than a few GiB of snapshots on disk."""
+
+
+def price_disk(schedule, model, initial: dict, disk) -> object:
+    """`schedule`, or a MultiLevel without given costs planned again with measured ones when the
+    run has a `disk` storage: write and read seconds of one snapshot (`Storage.measure_costs`)
+    over the seconds of one step (a short rollout from the initial state, timed once warm)."""
+    if not isinstance(schedule, MultiLevel) or schedule.costs_given or disk is None or not schedule.disk_used:
+        return schedule
+    example = {name: np.zeros(spec.shape + spec.dtype.inner_shape, spec.dtype.np_dtype)
+               for name, spec in model.states.items()}
+    write_s, read_s = disk.measure_costs(example)
+    with outside_tapes(True):           # a rollout inside a user's Tape would record itself there
+        model.rollout(initial, PRICE_STEPS, progress=False)
+        start = time.perf_counter()
+        model.rollout(initial, PRICE_STEPS, progress=False)
+        step_s = max((time.perf_counter() - start) / PRICE_STEPS, 1e-9)
+    return schedule.priced(write_s / step_s, read_s / step_s)
 
 
 def planned_disk_snapshots(schedule, steps) -> int | None:

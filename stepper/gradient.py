@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from checkpoint import Online, Revolve, StorageType, from_checkpoint_schedules
 
-from .disk_plan import warn_if_large
+from .disk_plan import price_disk, warn_if_large
 from .errors import ModelError
 from .executor import Sweep
 from .progress import progress_bar
@@ -127,9 +127,14 @@ def start_sweep(model, initial, steps, *, schedule=None, storage=None, running_l
     model._check_ready()
     values = check_initial(model.states, initial, model.device)
     schedule, convert = prepare_schedule(schedule, steps, until)
-    if _uses_disk(schedule):
-        warn_if_large(schedule, steps, model.state_bytes)     # before anything is written
     tiers = Tiers(*resolve_storage(storage, _uses_disk(schedule)))
+    try:
+        schedule = price_disk(schedule, model, values, tiers.tiers.get(StorageType.DISK))
+        if _uses_disk(schedule):
+            warn_if_large(schedule, steps, model.state_bytes)     # before anything is written
+    except BaseException:
+        tiers.close()
+        raise
     total = getattr(schedule, "forward_steps", None)
     bar = progress_bar(progress, None if total is None or steps is None else total + steps, desc)
     return Sweep(model, values, steps, schedule, tiers, deterministic=deterministic,

@@ -52,9 +52,10 @@ class MultiLevel(Schedule):
     steps than Revolve with RAM alone. Snapshot slots are ranked by how often the plan writes and
     reads them, and the busiest `snapshots_in_ram` go to RAM (the multistage allocation of Stumm
     and Walther, 2009). `write_cost` and `read_cost` price one disk write or read in forward
-    steps (given, or measured by the storage and passed in); when they are nonzero the schedule
-    uses only as many disk snapshots as minimise forward steps + disk traffic, found by a search
-    that dry-runs the plan O(log snapshots_on_disk) times at construction.
+    steps; when they are nonzero the schedule uses only as many disk snapshots as minimise
+    forward steps + disk traffic, found by a search that dry-runs the plan O(log
+    snapshots_on_disk) times at construction. Left out (None), they count as 0 here, and the
+    stepper measures them on the run's own disk storage and model (`priced`) before it starts.
 
     >>> from checkpoint import MultiLevel, Revolve, validate
     >>> validate(MultiLevel(1000, 4, 6), 1000).forward_steps < Revolve(1000, 4).forward_steps
@@ -62,7 +63,7 @@ class MultiLevel(Schedule):
     """
 
     def __init__(self, max_n: int, snapshots_in_ram: int, snapshots_on_disk: int, *,
-                 write_cost: float = 0.0, read_cost: float = 0.0):
+                 write_cost: float | None = None, read_cost: float | None = None):
         super().__init__(check_steps(max_n))
         self.snapshots_in_ram = check_snapshots(snapshots_in_ram, "snapshots_in_ram", 0)
         self.snapshots_on_disk = check_snapshots(snapshots_on_disk, "snapshots_on_disk", 0)
@@ -70,9 +71,10 @@ class MultiLevel(Schedule):
             raise ValueError("MultiLevel needs at least one snapshot in RAM or on disk (the "
                              "initial state takes one), got 0 and 0")
         for name, cost in (("write_cost", write_cost), ("read_cost", read_cost)):
-            if not cost >= 0:
+            if cost is not None and not cost >= 0:
                 raise ValueError(f"{name} must be >= 0 (in units of one forward step), got {cost!r}")
-        self.write_cost, self.read_cost = write_cost, read_cost
+        self.costs_given = write_cost is not None or read_cost is not None
+        self.write_cost, self.read_cost = write_cost or 0.0, read_cost or 0.0
         self.disk_used = self._choose_disk()
         s = min(self.snapshots_in_ram + self.disk_used, max_n)
         self._s = s
@@ -117,6 +119,11 @@ class MultiLevel(Schedule):
             else:
                 left = a
         return min([*range(left, right + 1), best], key=lambda d: (cost(d), d))
+
+    def priced(self, write_cost: float, read_cost: float) -> "MultiLevel":
+        """This schedule planned again with disk costs (in forward steps) measured for a run."""
+        return MultiLevel(self.max_n, self.snapshots_in_ram, self.snapshots_on_disk,
+                          write_cost=write_cost, read_cost=read_cost)
 
     @property
     def storage_by_depth(self) -> tuple:

@@ -77,7 +77,7 @@ def gradients(model, initial, schedule, native: bool, monkeypatch, **kw):
     return model.gradient(initial, STEPS, loss=loss, schedule=schedule, **kw)
 
 
-SCHEDULES = [lambda: sp.Revolve(STEPS, 2), lambda: sp.Revolve(STEPS, 5), lambda: sp.MultiLevel(STEPS, 2, 3)]
+SCHEDULES = [lambda: sp.Revolve(STEPS, 2), lambda: sp.Revolve(STEPS, 5), lambda: sp.MultiLevel(STEPS, 2, 3, write_cost=0, read_cost=0)]
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
