@@ -91,6 +91,92 @@ def test_ewma_history_passes_gradcheck(device):
                               show_summary=False)
 
 
+# -- accepted by the proof, checked against finite differences (an independent review's cases) -----
+F2 = sp.array(dtype=sp.float64, ndim=2)
+F3 = sp.array(dtype=sp.float64, ndim=3)
+
+
+@sp.kernel
+def two_level_history(x: F3, ys: F3):
+    i = sp.tid()
+    for s in range(x.shape[1]):
+        for t in range(x.shape[2]):
+            v = x[i, s, t]
+            if t > 0:
+                v = v + 0.7 * ys[i, s, t - 1]
+            if s > 0 and t < x.shape[2] - 1:
+                v = v + 0.5 * ys[i, s - 1, t + 1]        # an earlier outer iteration, a later inner one
+            ys[i, s, t] = 0.3 * v * v
+
+
+@sp.kernel
+def maybe_written(x: F2, ys: F2, out: F2):
+    i = sp.tid()
+    for t in range(x.shape[1]):
+        if x[i, t] > 0.5:
+            ys[i, t] = x[i, t] * x[i, t]
+        if t > 0:
+            out[i, t] = ys[i, t - 1] * x[i, t]          # this kernel's value, or ys's own input value
+
+
+@sp.kernel
+def read_right_after(x: F2, ys: F2, out: F2):
+    i = sp.tid()
+    for t in range(x.shape[1]):
+        ys[i, t] = 3.0 * x[i, t]
+        out[i, t] = ys[i, t] * ys[i, t]                  # the element just written, same iteration
+
+
+@sp.kernel
+def head_then_loop(x: F2, ys: F2):
+    i = sp.tid()
+    ys[i, 0] = x[i, 0]
+    for t in range(1, x.shape[1]):
+        ys[i, t] = ys[i, 0] * x[i, t] + ys[i, t - 1]     # the head was written before the loop
+
+
+@sp.kernel
+def per_cell_history(x: F3, ys: F3):
+    i, j = sp.tid()
+    for t in range(x.shape[2]):
+        if t == 0:
+            ys[i, j, t] = x[i, j, t]
+        else:
+            ys[i, j, t] = sp.sin(ys[i, j, t - 1]) + x[i, j, t]
+
+
+X2 = np.array([[0.9, 0.2, 0.8, 0.1, 0.7, 0.3], [0.1, 0.95, 0.3, 0.85, 0.2, 0.6]])    # away from 0.5
+
+
+@pytest.mark.parametrize("kernel, dims, x0, starts", [
+    (two_level_history, 2, np.random.default_rng(0).random((2, 3, 4)) * 0.8, [np.full((2, 3, 4), 0.25)]),
+    (maybe_written, 2, X2, [np.full((2, 6), 0.4), np.zeros((2, 6))]),
+    (read_right_after, 2, X2, [np.zeros((2, 6)), np.zeros((2, 6))]),
+    (head_then_loop, 2, X2, [np.zeros((2, 6))]),
+    (per_cell_history, (2, 3), np.random.default_rng(1).random((2, 3, 5)), [np.zeros((2, 3, 5))]),
+], ids=lambda v: getattr(v, "__name__", ""))
+def test_proven_recursions_match_finite_differences(kernel, dims, x0, starts, device):
+    weights = [np.random.default_rng(2).random(a.shape) for a in starts]
+
+    def loss(values):
+        outs = [sp.array(a, dtype=sp.float64, device=device) for a in starts]
+        sp.launch(kernel, dims, inputs=[sp.array(values, dtype=sp.float64, device=device)], outputs=outs)
+        return sum(float((w * o.numpy()).sum()) for w, o in zip(weights, outs))
+    x = sp.array(x0, dtype=sp.float64, requires_grad=True, device=device)
+    outs = [sp.array(a, dtype=sp.float64, requires_grad=True, device=device) for a in starts]
+    tape = sp.Tape()
+    with tape:
+        sp.launch(kernel, dims, inputs=[x], outputs=outs)
+    tape.backward(grads=dict(zip(outs, weights)))
+    fd = np.zeros_like(x0)
+    for k in np.ndindex(x0.shape):
+        up, down = x0.copy(), x0.copy()
+        up[k] += 1e-6
+        down[k] -= 1e-6
+        fd[k] = (loss(up) - loss(down)) / 2e-6
+    np.testing.assert_allclose(x.grad.numpy(), fd, rtol=1e-7, atol=1e-9)
+
+
 # -- what stays refused ----------------------------------------------------------------------------
 @sp.kernel
 def running_value_in_place(data: sp.array(dtype=sp.float64, ndim=2), e: sp.array(dtype=sp.float64)):
@@ -121,8 +207,18 @@ def reads_before_writing(data: sp.array(dtype=sp.float64, ndim=2), ys: sp.array(
         ys[i, t] = data[i, t] * ys[i, t]
 
 
+@sp.kernel
+def rewritten_in_one_iteration(data: sp.array(dtype=sp.float64, ndim=2), ys: sp.array(dtype=sp.float64, ndim=2)):
+    i = sp.tid()
+    for t in range(0, data.shape[1], 2):
+        ys[i, t] = data[i, t]
+        if t >= 2:
+            ys[i, t] = data[i, t] * ys[i, t - 2]        # a second store of the element just written
+
+
 @pytest.mark.parametrize("kernel, reason", [
     (running_value_in_place, "does not use the counter 'col'"),
+    (rewritten_in_one_iteration, "may write the same element"),
     (reads_a_later_element, "reads an element that a later iteration writes"),
     (reads_another_threads_element, "reads an element that another thread writes"),
     (reads_before_writing, "reads an element before the kernel writes it"),
