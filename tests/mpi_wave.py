@@ -15,6 +15,7 @@ exchanged buffer) and decides the global boundary with the block's global offset
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 import numpy as np
@@ -96,7 +97,7 @@ def misfit_loss(observed, shape):
     return loss
 
 
-def distributed_model(fail_on_rank=None, fail_at=5):
+def distributed_model(fail_on_rank=None, fail_at=5, kill=False):
     from stepper.distributed import Distributed
     model = sp.Model()
     dist = Distributed(model)
@@ -108,6 +109,8 @@ def distributed_model(fail_on_rank=None, fail_at=5):
     @model.step
     def step(s):
         if dist.rank == fail_on_rank and s.n == fail_at:
+            if kill:                                  # no Python left to say anything: as if the node died
+                os.kill(os.getpid(), signal.SIGKILL)
             raise ValueError(f"rank {dist.rank} cannot go on at step {s.n}")
         u = dist.exchange(s, "u")
         sp.launch(wave_block, shape, inputs=[u, s.prev.u_prev, offset, N, s.params.c, B],
@@ -207,8 +210,8 @@ def ensemble(saved):
     saved["ensemble_members_per_rank"] = np.array(ens.comm.allgather(len(shared.members)))
 
 
-def raise_on_rank_1():
-    model, dist = distributed_model(fail_on_rank=1)
+def raise_on_rank_1(kill=False):
+    model, dist = distributed_model(fail_on_rank=1, kill=kill)
     initial = dist.scatter(initial_global())
     observed = dist.scatter({"u": observed_global()})["u"]
     dist.gradient(initial, STEPS, loss=misfit_loss(observed, dist.local_shape("u")), schedule=sp.Revolve(STEPS, 3))
@@ -239,9 +242,9 @@ def bad_declarations(outdir):
         np.save(os.path.join(outdir, "errors.npy"), np.array(everyone, dtype=object), allow_pickle=True)
 
 
-def checkpoint_then_raise(outdir):
-    """A rollout writing per-rank checkpoints every 4 steps; rank 1 raises at step 10."""
-    model, dist = distributed_model(fail_on_rank=1, fail_at=10)
+def checkpoint_then_raise(outdir, kill=False):
+    """A rollout writing per-rank checkpoints every 4 steps; rank 1 raises (or is killed) at step 10."""
+    model, dist = distributed_model(fail_on_rank=1, fail_at=10, kill=kill)
     dist.rollout(dist.scatter(initial_global()), STEPS, checkpoint=os.path.join(outdir, "run.ckpt"), checkpoint_every=4)
 
 
@@ -266,12 +269,12 @@ if __name__ == "__main__":
     mode, out = sys.argv[1], sys.argv[2]
     if mode == "run":
         run(out)
-    elif mode == "raise":
-        raise_on_rank_1()
+    elif mode in ("raise", "kill"):
+        raise_on_rank_1(kill=mode == "kill")
     elif mode == "errors":
         bad_declarations(out)
-    elif mode == "checkpoint":
-        checkpoint_then_raise(out)
+    elif mode in ("checkpoint", "checkpoint-kill"):
+        checkpoint_then_raise(out, kill=mode == "checkpoint-kill")
     elif mode == "resume":
         resume(out)
     else:

@@ -176,13 +176,26 @@ def test_a_rank_that_raises_ends_every_rank_with_its_error(tmp_path):
 
 
 @needs_mpi
-def test_checkpoints_before_a_raising_rank_are_kept_and_resume_only_on_the_same_decomposition(tmp_path):
-    done = mpiexec(2, "checkpoint", tmp_path)       # rank 1 raises at step 10; checkpoints every 4 steps
-    assert done.returncode != 0 and "ValueError: rank 1 cannot go on at step 10" in done.stderr
+def test_a_rank_killed_mid_gradient_ends_the_job_without_a_hang(tmp_path):
+    """SIGKILL leaves the rank no chance to abort the others: mpiexec must end the job (the test
+    fails if it hangs past TIMEOUT), with an error, while rank 0 waits on its halo exchange."""
+    done = mpiexec(2, "kill", tmp_path)
+    assert done.returncode != 0
+    said = (done.stdout + done.stderr).lower()
+    assert "signal 9" in said or "killed" in said       # the launcher names the kill (MPICH: "Killed (signal 9)")
+    assert "ValueError" not in done.stderr              # the killed rank said nothing; the job still ended
+
+
+@needs_mpi
+@pytest.mark.parametrize("mode", ["checkpoint", "checkpoint-kill"])
+def test_checkpoints_before_a_failing_rank_are_kept_and_resume_only_on_the_same_decomposition(tmp_path, mode):
+    done = mpiexec(2, mode, tmp_path)       # rank 1 raises or is killed at step 10; checkpoints every 4 steps
+    assert done.returncode != 0
+    assert mode == "checkpoint-kill" or "ValueError: rank 1 cannot go on at step 10" in done.stderr
     model = mw.serial_model()
     initial = {k: sp.array(v, dtype=mw.F) for k, v in mw.initial_global().items()}
     # What each rank kept: complete snapshots, each its block of the one-process state, bit for bit. Rank 1
-    # closed its file before aborting, so it holds step 8; rank 0 was killed, so its last write may be cut.
+    # wrote step 8 before failing at step 10; rank 0 was killed, so its last write may be cut.
     last = []
     for rank, (offset, rows) in enumerate([(0, 7), (7, 6)]):
         directory = tmp_path / f"run.rank{rank:04d}.ckpt"
