@@ -10,6 +10,8 @@ once, each one state. That number is known before any step runs for our schedule
 would fill gigabytes says so first (a `DiskVolumeWarning` with the count, the bytes and the fix)."""
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import time
 import warnings
 
@@ -18,10 +20,26 @@ import numpy as np
 from checkpoint import MultiLevel, Online, Revolve, StorageType, StoreAll
 from compiler.runtime.tape import outside_tapes
 
-__all__ = ["DiskVolumeWarning", "planned_disk_snapshots", "price_disk", "warn_if_large"]
+__all__ = ["DiskVolumeWarning", "agreed_costs", "planned_disk_snapshots", "price_disk", "warn_if_large"]
 
 # Steps timed to price one step (after a run of them that compiles and warms up).
 PRICE_STEPS = 8
+
+# How processes that must plan the same schedule agree on measured costs (see `agreed_costs`).
+_agree: contextvars.ContextVar = contextvars.ContextVar("agree", default=None)
+
+
+@contextlib.contextmanager
+def agreed_costs(agree):
+    """Within the block, measured disk costs go through ``agree((write, read)) -> (write, read)``
+    before planning: MPI ranks run one schedule in lockstep, and each measures its own disk and
+    steps, so they must plan with the same numbers (stepper/distributed.py passes the maximum
+    over ranks)."""
+    token = _agree.set(agree)
+    try:
+        yield
+    finally:
+        _agree.reset(token)
 
 # Above this a run says how much it will write before writing it.
 REPORT_BYTES = 2 * 2**30
@@ -45,7 +63,9 @@ def price_disk(schedule, model, initial: dict, disk) -> object:
         start = time.perf_counter()
         model.rollout(initial, PRICE_STEPS, progress=False)
         step_s = max((time.perf_counter() - start) / PRICE_STEPS, 1e-9)
-    return schedule.priced(write_s / step_s, read_s / step_s)
+    costs = (write_s / step_s, read_s / step_s)
+    agree = _agree.get()
+    return schedule.priced(*(agree(costs) if agree is not None else costs))
 
 
 def planned_disk_snapshots(schedule, steps) -> int | None:

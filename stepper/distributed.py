@@ -46,6 +46,7 @@ import numpy as np
 from compiler import array
 from compiler.runtime.tape import RecordedOp, active_tape, caller_location
 
+from .disk_plan import agreed_costs
 from .errors import ModelError
 
 __all__ = ["Distributed", "Partition", "rank_path", "require_mpi"]
@@ -376,7 +377,8 @@ class Distributed(Ranks):
         options = self._per_rank(dict(options, storage=storage))
 
         def run():
-            result = self.model.gradient(initial, steps, loss, schedule, **options)
+            with agreed_costs(lambda costs: tuple(self.comm.allreduce(c, op=self._MPI.MAX) for c in costs)):
+                result = self.model.gradient(initial, steps, loss, schedule, **options)
             grads = dict(result.grads)
             for name, p in self.model.params.items():
                 grads[name] = array(self.sum(grads[name].numpy()), dtype=p.dtype, device=p.device)

@@ -248,6 +248,22 @@ def checkpoint_then_raise(outdir, kill=False):
     dist.rollout(dist.scatter(initial_global()), STEPS, checkpoint=os.path.join(outdir, "run.ckpt"), checkpoint_every=4)
 
 
+def priced_apart(outdir):
+    """A MultiLevel without costs, priced on each rank's own disk: rank 1's looks 100x slower. The
+    ranks must still plan one schedule (or their halo exchanges never meet)."""
+    model, dist = distributed_model()
+    if dist.rank == 1:
+        real = sp.HDF5Storage.measure_costs
+        sp.HDF5Storage.measure_costs = lambda self, *a, **k: tuple(100 * x for x in real(self, *a, **k))
+    initial = dist.scatter(initial_global())
+    observed = dist.scatter({"u": observed_global()})["u"]
+    result = dist.gradient(initial, STEPS, loss=misfit_loss(observed, dist.local_shape("u")),
+                           schedule=sp.MultiLevel(STEPS, 1, 3), storage=os.path.join(outdir, "priced.h5"))
+    counts = dist.comm.allgather((result.stats.forward_steps, result.stats.snapshots_written(sp.StorageType.DISK)))
+    if dist.rank == 0:
+        np.save(os.path.join(outdir, "priced.npy"), np.array(counts))
+
+
 def resume(outdir):
     """Resume checkpoint_then_raise's run: to the end on its own rank count, a ModelError on another."""
     model, dist = distributed_model()
@@ -277,5 +293,7 @@ if __name__ == "__main__":
         checkpoint_then_raise(out, kill=mode == "checkpoint-kill")
     elif mode == "resume":
         resume(out)
+    elif mode == "priced":
+        priced_apart(out)
     else:
         raise SystemExit(f"unknown mode {mode!r}")

@@ -176,6 +176,16 @@ def test_a_rank_that_raises_ends_every_rank_with_its_error(tmp_path):
 
 
 @needs_mpi
+def test_ranks_measuring_different_disk_costs_still_plan_one_schedule(tmp_path):
+    """A MultiLevel without costs is priced on each rank's own disk; rank 1's looks 100x slower. The
+    ranks agree on the costs (the maximum), so they run one schedule and the job ends."""
+    done = mpiexec(2, "priced", tmp_path)          # fails the test if the job hangs past TIMEOUT
+    assert done.returncode == 0, done.stderr[-3000:]
+    counts = np.load(tmp_path / "priced.npy")
+    assert (counts == counts[0]).all()
+
+
+@needs_mpi
 def test_a_rank_killed_mid_gradient_ends_the_job_without_a_hang(tmp_path):
     """SIGKILL leaves the rank no chance to abort the others: mpiexec must end the job (the test
     fails if it hangs past TIMEOUT), with an error, while rank 0 waits on its halo exchange."""
