@@ -11,7 +11,9 @@ Once the step function is `trusted` (its first two steps made the same launches 
 neither s.n, s.t nor array data on the host: step_context.StepRunner), the steps between two
 things the rollout must do (a callback, a recorded or checkpointed step, the end) run from the
 trace in one call (native_loop.py on the CPU, graph_loop.py on a GPU), without the function and
-its checks, which cost more than the kernels of a small step. `until` and `check_finite`, which
+its checks, which cost more than the kernels of a small step. The first step after each of
+those runs the function, so a callback that changes what the step launches (a Python value the
+function reads, say) is seen: that step's trace differs, and the rest of the run calls the function. `until` and `check_finite`, which
 look at every step, keep every step on the step function's path.
 """
 from __future__ import annotations
@@ -172,17 +174,19 @@ def _run(model, values, start, steps, store, meta, *, callback, every, record_ev
             store.write(start, work.numpy(), meta)
             written += 1
         while steps is None or n < steps:
-            # the step before the next event, or the end, from the trace where it can
-            ahead = min([steps if steps is not None else n + 1] + [(n // k + 1) * k for k in events]) - 1
-            nxt = loops.advance(runner.trace, work, ahead - n) if loops and runner.trusted and ahead > n else None
-            if nxt is not None:
-                bar.update(ahead - n)
-                work, n = nxt, ahead
+            # The step after an event runs its function (a callback may have changed what it
+            # launches: the run then checks the trace again); the rest, up to the next event or
+            # the end, run from the trace where the step is trusted.
             nxt, scratch, _tape, _ = runner.run(n, work)
             pool.release_all((*scratch.values(), *work.values()))
             work = nxt
             n += 1
             bar.update(1)
+            ahead = min([steps if steps is not None else n] + [(n // k + 1) * k if n % k else n for k in events])
+            nxt = loops.advance(runner.trace, work, ahead - n) if loops and runner.trusted and ahead > n else None
+            if nxt is not None:
+                bar.update(ahead - n)
+                work, n = nxt, ahead
             if check_finite:
                 check_finite_state(work, n - 1)
             if record_every and n % record_every == 0:
