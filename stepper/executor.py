@@ -198,10 +198,10 @@ class Sweep:
         n = a.n0
         # Steps that ran before go native where traced; steps that did not, where the step is also
         # trusted (StepRunner.trusted) and nothing needs each of them (a running loss, a check).
-        ahead = n1 if self._runner.trusted and self._runner.running_loss is None and not self.check_finite \
+        native_end = n1 if self._runner.trusted and self._runner.running_loss is None and not self.check_finite \
             else min(n1, self.seen)
-        if not record and not self.online and self.native_loops and ahead - n > 0:
-            n = self._advance_native(n, ahead)
+        if not record and not self.online and self.native_loops and native_end - n > 0:
+            n = self._advance_native(n, native_end)
         while n < n1:
             self._step(n, record, dead_last and n == n1 - 1)
             n += 1

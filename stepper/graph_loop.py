@@ -16,8 +16,9 @@ free versions found none again). The price is memory: the ring is two versions b
 run's result, one state more than the step-by-step path holds while a run lasts, so a run
 takes the graph path only where the pool has that memory free already (a gradient never grows
 past the step-by-step path's peak for it). A rollout's runs (``in_place``) need no ring of their
-own: the run's starting version and one other alternate, the two a rollout holds anyway. Capturing costs about what its launches cost and
-instantiating more, so runs shorter than `MIN_STEPS` keep to the Python path.
+own: the run's starting version and one other alternate, the two a rollout holds anyway.
+Capturing costs about what its launches cost and instantiating more, so runs shorter than
+`MIN_STEPS` keep to the Python path.
 """
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ class GraphLoops:
     def advance(self, trace, prev: State, steps: int) -> State | None:
         """Run `steps` steps of `trace` from `prev`, taking over the caller's hold on it; return
         the new state (one hold, the caller's), or None to say: use the Python path."""
-        if steps < self.MIN_STEPS or not trace or _reads_series(trace):
+        if steps < self.MIN_STEPS or not trace or trace.reads_series:
             return None
         starts = [prev[name] for name in self._names]
         if self.in_place and all(self.pool.holds(s) == 1 for s in starts):
@@ -171,7 +172,3 @@ def _zero(arr) -> None:
     arr._zero_memory()
     arr._mark_written()
 
-
-def _reads_series(trace) -> bool:
-    """Whether a launch reads a time-indexed input (a different row every step): not in a graph."""
-    return any(type(x) is Slot and x.group == "series" for t in trace.launches[:trace.step_launches] for x in t.args)

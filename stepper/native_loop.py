@@ -129,12 +129,6 @@ class _Plan:
         self.zeros = (_Zero * len(zeros))(*zeros)
 
 
-def _reads_series(trace) -> bool:
-    """Whether a launch of the step reads a time-indexed input (``s.series``, a different row
-    every step): the driver does not move those pointers yet, so such steps keep the Python path."""
-    return any(type(a) is Slot and a.group == "series" for t in trace.launches[:trace.step_launches] for a in t.args)
-
-
 def _ptr(arr) -> int:
     """`arr`'s data pointer: the one its launch slot cached (an array's memory never moves), else
     asked once and kept (array.ptr goes through NumPy's ctypes view, ~3 us a call)."""
@@ -176,7 +170,7 @@ class NativeLoops:
         """Run `steps` (>= 1) recomputations of `trace` from `prev`, taking over the caller's hold
         on it; return the new state (one hold, the caller's), or None to say: use the Python path
         (`prev` is then still the caller's)."""
-        if self._broken or not trace or _reads_series(trace):
+        if self._broken or not trace or trace.reads_series:
             return None
         try:
             fn = _advance_function()

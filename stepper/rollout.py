@@ -13,8 +13,8 @@ things the rollout must do (a callback, a recorded or checkpointed step, the end
 trace in one call (native_loop.py on the CPU, graph_loop.py on a GPU), without the function and
 its checks, which cost more than the kernels of a small step. The first step after each of
 those runs the function, so a callback that changes what the step launches (a Python value the
-function reads, say) is seen: that step's trace differs, and the rest of the run calls the function. `until` and `check_finite`, which
-look at every step, keep every step on the step function's path.
+function reads, say) is seen: that step's trace differs, and the rest of the run calls the
+function. `until` and `check_finite`, which look at every step, keep every step on the function.
 """
 from __future__ import annotations
 

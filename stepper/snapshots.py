@@ -20,8 +20,6 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
-import numpy as np
-
 from checkpoint import HDF5Storage, StorageType
 from checkpoint.storage import Storage, StorageStats
 from compiler.runtime.host_copy import HostCopy
@@ -268,10 +266,9 @@ class Tiers:
             state = self.read_into(src, n, specs)
             target.write(n, state)
             self.pool.release_all(state.values())
-        elif isinstance(source, HeldStates) and _on_gpu(source.peek(n)):
-            state = source.peek(n)
-            self.pool.retain_all(state.values())
-            self._send(dst, n, state, None)
+        elif isinstance(source, HeldStates) and _on_gpu(held := source.peek(n)):
+            self.pool.retain_all(held.values())
+            self._send(dst, n, held, None)
         else:
             arrays = source.arrays(n) if isinstance(source, HeldStates) else dict(source.read(n).arrays)
             target.write(n, arrays)

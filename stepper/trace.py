@@ -66,6 +66,13 @@ class StepTrace:
     differentiable: bool           # every kernel has an adjoint (else recording must raise, so it runs)
     step_launches: int             # the step function's launches; the running loss's follow them
 
+    @property
+    def reads_series(self) -> bool:
+        """Whether a launch of the step reads a time-indexed input (``s.series``, a different row
+        every step): the native and graph loops do not move those pointers, so such steps keep the
+        Python path."""
+        return any(type(a) is Slot and a.group == "series" for t in self.launches[:self.step_launches] for a in t.args)
+
     def matches(self, tape, prev, nxt, scratch: dict, scratch_zero: dict, loss, step_ops: int, series=None) -> bool:
         """Whether the step that just ran under `tape` (as for `trace_step`) made this trace.
         Every first run of a step asks, so this walks the tape against the trace in place: building

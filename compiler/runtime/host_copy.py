@@ -4,8 +4,9 @@ A plain copy (cuMemcpyDtoH) waits for every kernel queued before it: the host th
 snapshot idles until the GPU drains, then the GPU idles until the host queues more. `HostCopy`
 instead copies into page-locked (pinned) host memory on a stream of its own, behind an event
 recorded where the kernels run, and returns at once; the host asks later whether the copy is done
-(`done`) or waits for it (`wait`), and hands the pinned memory back (`release`) for the next copy. Pinned memory is pooled by size for the life of the process:
-page-locking is slow, and a run writes snapshots of the same sizes again and again.
+(`done`) or waits for it (`wait`), and hands the pinned memory back (`release`) for the next copy.
+Pinned memory is pooled by size for the life of the process: page-locking is slow, and a run
+writes snapshots of the same sizes again and again.
 
     copy = HostCopy({"u": u, "v": v})       # u, v: arrays on one GPU; they must not change until done
     ...                                    # queue more launches

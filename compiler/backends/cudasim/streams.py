@@ -10,7 +10,12 @@ from __future__ import annotations
 from .driver import (_OK, CUevent, CUgraph, CUgraphExec, CUresult, CUstream, _api, _catch_up, _context, _Fail,
                      _no_capture_on_legacy, _run_or_capture, _stream, _streams, recent_launches)
 
-__all__ = ["cuStreamCreate", "cuStreamDestroy", "cuStreamSynchronize", "cuEventCreate", "cuEventRecord", "cuEventQuery", "cuEventSynchronize", "cuStreamWaitEvent", "cuEventDestroy", "cuStreamBeginCapture", "cuStreamEndCapture", "cuGraphInstantiateWithFlags", "cuGraphLaunch", "cuGraphDestroy", "cuGraphExecDestroy"]
+__all__ = [
+    "cuStreamCreate", "cuStreamDestroy", "cuStreamSynchronize", "cuEventCreate", "cuEventRecord",
+    "cuEventQuery", "cuEventSynchronize", "cuStreamWaitEvent", "cuEventDestroy", "cuStreamBeginCapture",
+    "cuStreamEndCapture", "cuGraphInstantiateWithFlags", "cuGraphLaunch", "cuGraphDestroy",
+    "cuGraphExecDestroy"
+]
 
 
 @_api
