@@ -1,15 +1,17 @@
 """Domain-decomposed rollouts and checkpointed gradients over MPI (mpi4py).
 
 Every rank builds the same `Model` and wraps it in a `Distributed`. States are declared with their
-*global* shapes; the first axis is split into contiguous blocks, one per rank (rank r owns rows
-``offset(name) .. offset(name) + rows(name) - 1``), and each rank's model holds only its block.
-A state that a step reads beyond its own rows declares a ``halo`` width; inside the step,
-``dist.exchange(s, "u")`` returns a scratch buffer of ``rows + 2 * halo`` rows: the neighbours' rows
-in the halos (zeros beyond the global edges), ``s.prev.u`` in between. The exchange is an operation
-of the step's tape: its adjoint sends the halos' adjoints back to their owners, who add them to their
-rows. Kernels get the local block and the global offset, so one kernel serves 1 rank and N ranks::
+*global* shapes; their leading axes are split into contiguous blocks over a grid of ranks
+(``grid=(P,)``, the default, splits the first axis over every rank; ``grid=(P0, P1)`` the first two
+axes, rank r sitting at row-major coordinates ``np.unravel_index(r, grid)``). Each rank's model holds
+only its block. A state that a step reads beyond its block declares a ``halo`` width; inside the step,
+``dist.exchange(s, "u")`` returns a scratch buffer `halo` elements wider on each side of every split
+axis (``dist.halo_shape("u")``): the neighbours' values in the halos, corners included (zeros beyond
+the global edges), ``s.prev.u`` in between. The exchange is an operation of the step's tape: its
+adjoint sends the halos' adjoints back to their owners, who add them to their elements. Kernels get
+the local block and its global offsets, so one kernel serves 1 rank and N ranks::
 
-    dist = Distributed(model)                      # comm=MPI.COMM_WORLD
+    dist = Distributed(model)                      # comm=MPI.COMM_WORLD, grid=(size,)
     dist.state("u", (n, n), float, halo=1)
     dist.state("u_prev", (n, n), float)
 
@@ -20,6 +22,9 @@ rows. Kernels get the local block and the global offset, so one kernel serves 1 
                   outputs=[s.next.u, s.next.u_prev])
 
     result = dist.gradient(dist.scatter({"u": u0, "u_prev": u0}), steps, loss=..., schedule=...)
+
+With ``grid=(2, 2)`` the exchanged buffer is ``(rows + 2, cols + 2)``, element (i, j) of the block is
+(i + 1, j + 1) there, and ``dist.offset("u", axis=1)`` is the block's first global column.
 
 Every rank runs the same schedule (schedules are deterministic), so the exchanges of every rank
 meet. A loss is each rank's own part (built from its block); ``dist.gradient`` seeds every rank's
@@ -74,18 +79,36 @@ def rank_path(path, rank: int, size: int):
 
 @dataclass(frozen=True)
 class Partition:
-    """One state's block partition along its first axis: its global shape, this rank's rows
-    ``offset .. offset + rows - 1`` and the halo width."""
+    """One state's block partition along its leading ``len(offsets)`` axes: its global shape, this
+    rank's block (``offsets[a] .. offsets[a] + extents[a] - 1`` along split axis a) and the halo width."""
     name: str
     global_shape: tuple
     dtype: object
     halo: int
-    offset: int
-    rows: int
+    offsets: tuple
+    extents: tuple
+
+    @property
+    def offset(self) -> int:
+        return self.offsets[0]
+
+    @property
+    def rows(self) -> int:
+        return self.extents[0]
 
     @property
     def local_shape(self) -> tuple:
-        return (self.rows,) + tuple(self.global_shape[1:])
+        return tuple(self.extents) + tuple(self.global_shape[len(self.extents):])
+
+    @property
+    def halo_shape(self) -> tuple:
+        """The shape `exchange` returns: `halo` more on each side of every split axis."""
+        return tuple(e + 2 * self.halo for e in self.extents) + tuple(self.global_shape[len(self.extents):])
+
+    @property
+    def block(self) -> tuple:
+        """This rank's block as a tuple of slices of the global array."""
+        return tuple(slice(o, o + e) for o, e in zip(self.offsets, self.extents))
 
 
 def block_rows(n: int, size: int, rank: int) -> tuple[int, int]:
@@ -151,10 +174,13 @@ class Ranks:
 
 class Distributed(Ranks):
     """`model` run by every rank of `comm` (default ``MPI.COMM_WORLD``) on its block of the states
-    declared here. See the module docstring for the pattern."""
+    declared here; `grid`: ranks along each split leading axis (default: every rank along the first).
+    See the module docstring for the pattern."""
 
-    def __init__(self, model, comm=None, *, abort_on_error: bool = True):
+    def __init__(self, model, comm=None, *, grid=None, abort_on_error: bool = True):
         super().__init__(model, comm, abort_on_error)
+        self.grid = (self.size,) if grid is None else _checked_grid(grid, self.size)
+        self.coords = tuple(int(c) for c in np.unravel_index(self.rank, self.grid))
         self.parts: dict[str, Partition] = {}
         self._tags: dict[str, int] = {}
         self.exchanges = 0                   # halo exchanges run (forward and adjoint) by this rank
@@ -162,24 +188,31 @@ class Distributed(Ranks):
 
     # -- declarations ------------------------------------------------------------------------------
     def state(self, name: str, global_shape, dtype=float, *, halo: int = 0) -> Partition:
-        """Declare a state of `global_shape`, split along its first axis over the ranks; this rank's
-        model gets ``model.state(name, local_shape)``. `halo`: rows of each neighbour that a step
-        reads (through `exchange`); no rank's block may be thinner than that."""
+        """Declare a state of `global_shape`, its leading axes split over the grid of ranks; this
+        rank's model gets ``model.state(name, local_shape)``. `halo`: elements of each neighbour that
+        a step reads (through `exchange`) along every split axis; no block may be thinner than that."""
         dims = (int(global_shape),) if isinstance(global_shape, (int, np.integer)) else tuple(map(int, global_shape))
         if isinstance(halo, bool) or not isinstance(halo, (int, np.integer)) or halo < 0:
             raise ModelError(f"state '{name}': halo must be an int >= 0, got {halo!r}")
-        if not dims or dims[0] < self.size:
-            raise ModelError(f"state '{name}': its first axis ({dims[0] if dims else 'none'}) cannot be split over "
-                             f"{self.size} ranks (every rank needs at least one row); run on fewer ranks")
-        thinnest = min(block_rows(dims[0], self.size, r)[1] for r in range(self.size))
-        if halo > thinnest and self.size > 1:
-            raise ModelError(f"state '{name}': halo {halo} is wider than the thinnest block ({thinnest} rows of "
-                             f"{dims[0]} over {self.size} ranks); a halo comes from the next rank only, so use "
-                             f"fewer ranks or a smaller halo")
-        offset, rows = block_rows(dims[0], self.size, self.rank)
-        spec = self.model.state(name, (rows,) + dims[1:], dtype)
-        part = self.parts[name] = Partition(name, dims, spec.dtype, int(halo), offset, rows)
-        self._tags[name] = 2 * len(self._tags)
+        if len(dims) < len(self.grid):
+            raise ModelError(f"state '{name}': shape {dims} has fewer axes than the grid of ranks {self.grid} "
+                             f"splits; give Distributed a grid with at most {len(dims)} axes")
+        blocks = []
+        for axis, (n, ranks) in enumerate(zip(dims, self.grid)):
+            where = "its first axis" if len(self.grid) == 1 else f"its axis {axis}"
+            if n < ranks:
+                raise ModelError(f"state '{name}': {where} ({n}) cannot be split over {ranks} ranks (every rank "
+                                 f"needs at least one row); run on fewer ranks")
+            thinnest = min(block_rows(n, ranks, r)[1] for r in range(ranks))
+            if halo > thinnest and ranks > 1:
+                raise ModelError(f"state '{name}': halo {halo} is wider than the thinnest block ({thinnest} rows of "
+                                 f"{n} over {ranks} ranks{'' if len(self.grid) == 1 else f' along axis {axis}'}); "
+                                 f"a halo comes from the next rank only, so use fewer ranks or a smaller halo")
+            blocks.append(block_rows(n, ranks, self.coords[axis]))
+        offsets, extents = (tuple(b[k] for b in blocks) for k in (0, 1))
+        spec = self.model.state(name, extents + dims[len(extents):], dtype)
+        part = self.parts[name] = Partition(name, dims, spec.dtype, int(halo), offsets, extents)
+        self._tags[name] = len(self._tags)
         return part
 
     def _part(self, name: str) -> Partition:
@@ -189,15 +222,22 @@ class Distributed(Ranks):
                              f"{', '.join(map(repr, self.parts)) or 'none are'}")
         return part
 
-    def offset(self, name: str) -> int:
-        """The global index of this rank's first row of state `name`."""
-        return self._part(name).offset
+    def offset(self, name: str, axis: int = 0) -> int:
+        """The global index of this rank's first element of state `name` along split axis `axis`."""
+        part = self._part(name)
+        if not 0 <= axis < len(part.offsets):
+            raise ModelError(f"offset('{name}', axis={axis}): the grid {self.grid} splits axes 0..{len(self.grid) - 1}")
+        return part.offsets[axis]
 
     def rows(self, name: str) -> int:
         return self._part(name).rows
 
     def local_shape(self, name: str) -> tuple:
         return self._part(name).local_shape
+
+    def halo_shape(self, name: str) -> tuple:
+        """The shape of what ``exchange(s, name)`` returns."""
+        return self._part(name).halo_shape
 
     # -- moving blocks -------------------------------------------------------------------------------
     def scatter(self, global_state: dict) -> dict:
@@ -213,36 +253,48 @@ class Distributed(Ranks):
             if values.shape[:len(part.global_shape)] != part.global_shape:
                 raise ModelError(f"scatter: '{name}' has shape {values.shape}, expected the global shape "
                                  f"{part.global_shape}")
-            block = np.ascontiguousarray(values[part.offset:part.offset + part.rows])
-            out[name] = array(block, dtype=part.dtype, device=self.model.device)
+            out[name] = array(np.ascontiguousarray(values[part.block]), dtype=part.dtype, device=self.model.device)
         return out
 
     def gather(self, local, name: str | None = None) -> np.ndarray:
         """This rank's block of a distributed state (an array or ndarray; `name` picks the partition,
         default the first declared with the same block shape) -> the global ndarray, on every rank."""
-        values = local.numpy() if isinstance(local, array) else np.asarray(local)
-        blocks = self.comm.allgather(np.ascontiguousarray(values))
-        return np.concatenate(blocks, axis=0)
+        values = np.ascontiguousarray(local.numpy() if isinstance(local, array) else np.asarray(local))
+        if name is not None:
+            part = self._part(name)
+        else:
+            part = next((p for p in self.parts.values() if p.local_shape == values.shape[:len(p.local_shape)]), None)
+            if part is None:
+                raise ModelError(f"gather: no distributed state has blocks of shape {values.shape} on rank "
+                                 f"{self.rank}; pass name= of the state the block belongs to")
+        pieces = self.comm.allgather((part.block, values))
+        whole = np.empty(part.global_shape + values.shape[len(part.global_shape):], values.dtype)
+        for block, piece in pieces:
+            whole[block] = piece
+        return whole
 
     # -- the halo exchange -----------------------------------------------------------------------------
     def exchange(self, s, name: str) -> array:
-        """``s.prev.<name>`` with `halo` rows of each neighbour around it, as a new scratch buffer of
-        the step (``rows + 2 * halo`` rows; zeros beyond the global first and last rows). On the
-        step's tape it is one operation whose adjoint returns the halos' adjoints to their owners."""
+        """``s.prev.<name>`` with `halo` elements of each neighbour around it, as a new scratch buffer
+        of the step (`halo_shape`; zeros beyond the global edges). On the step's tape it is one
+        operation whose adjoint returns the halos' adjoints to their owners."""
         part = self._part(name)
         x = s.prev[name]
-        out = s.scratch(f"halo.{name}", (part.rows + 2 * part.halo,) + part.global_shape[1:], part.dtype, zero=False)
+        out = s.scratch(f"halo.{name}", part.halo_shape, part.dtype, zero=False)
         self.exchange_into(name, x, out)
         return out
 
     def exchange_into(self, name: str, x: array, out: array) -> None:
-        """The exchange of `exchange` from the block `x` into `out` (``rows + 2 * halo`` rows),
-        differentiable on a recording Tape (for tests and custom steps)."""
+        """The exchange of `exchange` from the block `x` into `out` (`halo_shape`), differentiable on
+        a recording Tape (for tests and custom steps).
+
+        One split axis after the other, each rank sends the `halo` slabs next to its block's faces,
+        whole along every other axis (halos included), and receives its neighbours' into its own
+        halos. The later axes carry what the earlier ones received, so corners arrive too."""
         part = self._part(name)
-        h, rows = part.halo, part.rows
-        if x.shape != part.local_shape or out.shape != (rows + 2 * h,) + part.local_shape[1:]:
+        if x.shape != part.local_shape or out.shape != part.halo_shape:
             raise ModelError(f"exchange of '{name}': expected a block of shape {part.local_shape} and an output of "
-                             f"{(rows + 2 * h,) + part.local_shape[1:]} rows, got {x.shape} and {out.shape}")
+                             f"shape {part.halo_shape}, got {x.shape} and {out.shape}")
         tape = active_tape()
         if tape is not None:
             # Not a launch (op.launch is None), so stepper/trace.py never replays a step that makes
@@ -253,50 +305,81 @@ class Distributed(Ranks):
                 tape.record(op)
             else:
                 tape.check_writes(op)
-        values = x.numpy()
         host = out.numpy()                      # a view on the CPU, a host copy of a GPU array
-        host[h:h + rows] = values
+        h = part.halo
         if h:
-            up, down = self._neighbours()
-            host[:h] = 0
-            host[h + rows:] = 0
-            tag = self._tags[name]
-            self._swap([(values[:h], up, tag), (values[rows - h:], down, tag + 1)],
-                       [(host[:h], up, tag + 1), (host[h + rows:], down, tag)])
+            host[...] = 0
+        host[self._interior(part)] = x.numpy()
+        for axis in range(len(self.grid) if h else 0):
+            faces, halos = self._slabs(part, axis)
+            lo, hi = self._neighbours(axis)
+            tag = self._tag(part, axis, backward=False)
+            self._swap([(host[faces[0]], lo, tag), (host[faces[1]], hi, tag + 1)],
+                       [(host, halos[0], lo, tag + 1), (host, halos[1], hi, tag)], add=False)
         if out.device != "cpu":
             out._write_host(host)
         out._mark_written()
 
     def _backward(self, part: Partition, x: array, out: array) -> None:
         # The neighbours wait for this rank's halo adjoints whatever its own gradients are, so the
-        # messages go out even when there is nothing to send (zeros) or nowhere to add.
-        h, rows = part.halo, part.rows
-        g = out.grad.numpy() if out.grad is not None else np.zeros(out.numpy().shape, out.numpy().dtype)
-        add = np.array(g[h:h + rows])
-        if h:
-            up, down = self._neighbours()
-            from_up, from_down = np.zeros_like(g[:h]), np.zeros_like(g[:h])
-            tag = self._tags[part.name] + 2 * len(self._tags)    # not the forward's tags
-            # My top halo's adjoint belongs to the rank above (its last rows), and so on.
-            self._swap([(np.ascontiguousarray(g[:h]), up, tag), (np.ascontiguousarray(g[h + rows:]), down, tag + 1)],
-                       [(from_up, up, tag + 1), (from_down, down, tag)])
-            add[:h] += from_up
-            add[rows - h:] += from_down
+        # messages go out even when there is nothing to send (zeros) or nowhere to add. The axes go
+        # in reverse: each sends its halos' adjoints (and forgets them) and adds what comes back
+        # to the faces they were copied from.
+        g = np.array(out.grad.numpy()) if out.grad is not None else np.zeros(part.halo_shape, out.numpy().dtype)
+        for axis in reversed(range(len(self.grid) if part.halo else 0)):
+            faces, halos = self._slabs(part, axis)
+            lo, hi = self._neighbours(axis)
+            tag = self._tag(part, axis, backward=True)
+            # My low halo's adjoint belongs to the rank below (its high face), and so on.
+            sends = [(np.array(g[halos[0]]), lo, tag), (np.array(g[halos[1]]), hi, tag + 1)]
+            g[halos[0]] = 0
+            g[halos[1]] = 0
+            self._swap(sends, [(g, faces[0], lo, tag + 1), (g, faces[1], hi, tag)], add=True)
         if x.grad is not None:
-            x.grad._add_host(add)
+            x.grad._add_host(g[self._interior(part)])
 
-    def _neighbours(self):
+    def _interior(self, part: Partition) -> tuple:
+        return tuple(slice(part.halo, part.halo + e) for e in part.extents)
+
+    def _slabs(self, part: Partition, axis: int):
+        """((low face, high face), (low halo, high halo)) along `axis`, as index tuples of the
+        exchanged buffer, whole along every other axis."""
+        h, e = part.halo, part.extents[axis]
+        at = lambda start: (slice(None),) * axis + (slice(start, start + h),)
+        return (at(h), at(e)), (at(0), at(e + h))
+
+    def _tag(self, part: Partition, axis: int, backward: bool) -> int:
+        return 4 * (self._tags[part.name] * len(self.grid) + axis) + 2 * backward
+
+    def _neighbours(self, axis: int = 0):
+        """The ranks before and after this one along `axis` of the grid (PROC_NULL at the edges)."""
         proc_null = self._MPI.PROC_NULL
-        up = self.rank - 1 if self.rank > 0 else proc_null
-        down = self.rank + 1 if self.rank < self.size - 1 else proc_null
-        return up, down
 
-    def _swap(self, sends, recvs) -> None:
-        """Post every receive and send (non-blocking), then wait for all of them."""
+        def rank_at(step):
+            coords = list(self.coords)
+            coords[axis] += step
+            if not 0 <= coords[axis] < self.grid[axis]:
+                return proc_null
+            return int(np.ravel_multi_index(coords, self.grid))
+        return rank_at(-1), rank_at(+1)
+
+    def _swap(self, sends, recvs, add: bool) -> None:
+        """Post every receive and send (non-blocking), then wait for all of them. A receive
+        ``(target, index, source, tag)`` lands in a contiguous buffer first, then is copied into (or,
+        with `add`, added to) ``target[index]``."""
         began = time.perf_counter()
-        requests = [self.comm.Irecv(buf, source=src, tag=tag) for buf, src, tag in recvs]
+        landing = [np.empty(target[index].shape, target.dtype) for target, index, _, _ in recvs]
+        requests = [self.comm.Irecv(buf, source=src, tag=tag) for buf, (_, _, src, tag) in zip(landing, recvs)]
         requests += [self.comm.Isend(np.ascontiguousarray(buf), dest=dst, tag=tag) for buf, dst, tag in sends]
         self._MPI.Request.Waitall(requests)
+        proc_null = self._MPI.PROC_NULL
+        for buf, (target, index, src, _) in zip(landing, recvs):
+            if src == proc_null:
+                continue                     # nothing came: a global edge keeps its zeros
+            if add:
+                target[index] += buf
+            else:
+                target[index] = buf
         self.exchanges += 1
         self.exchange_seconds += time.perf_counter() - began
 
@@ -307,13 +390,13 @@ class Distributed(Ranks):
         mine = (tuple((p.name, p.global_shape, str(p.dtype), p.halo) for p in self.parts.values()),
                 tuple((n, s.shape, str(s.dtype)) for n, s in self.model.states.items() if n not in self.parts),
                 tuple((n, p.shape, str(p.dtype)) for n, p in self.model.params.items()),
-                steps, type(schedule).__name__ if schedule is not None else None)
+                steps, type(schedule).__name__ if schedule is not None else None, self.grid)
         everyone = self.comm.allgather(mine)
         for r, theirs in enumerate(everyone):
             if theirs != everyone[0]:
                 raise ModelError(f"{what}: rank {r} declares or runs something else than rank 0 (rank 0: "
-                                 f"{everyone[0]}; rank {r}: {theirs}); every rank must declare the same states, "
-                                 f"halos and parameters and run the same steps and schedule")
+                                 f"{everyone[0]}; rank {r}: {theirs}); every rank must declare the same grid, "
+                                 f"states, halos and parameters and run the same steps and schedule")
 
     # -- running ----------------------------------------------------------------------------------------
     def rollout(self, initial, steps=None, **options):
@@ -364,9 +447,10 @@ class Distributed(Ranks):
         return self._guarded(lambda: self.model.resume(mine_path, steps, **options))
 
     def _decomposition(self) -> dict:
-        return {"ranks": self.size, "states": {
-            name: {"global_shape": list(p.global_shape), "dtype": str(p.dtype), "halo": p.halo,
-                   "blocks": [list(block_rows(p.global_shape[0], self.size, r)) for r in range(self.size)]}
+        blocks = lambda p: [[list(block_rows(n, ranks, c)) for n, ranks, c in zip(p.global_shape, self.grid, coords)]
+                            for coords in np.ndindex(*self.grid)]
+        return {"ranks": self.size, "grid": list(self.grid), "states": {
+            name: {"global_shape": list(p.global_shape), "dtype": str(p.dtype), "halo": p.halo, "blocks": blocks(p)}
             for name, p in self.parts.items()}}
 
     def gradient(self, initial, steps=None, loss=None, schedule=None, storage=None, **options):
@@ -386,13 +470,32 @@ class Distributed(Ranks):
         return self._guarded(run)
 
 
+def _checked_grid(grid, size: int) -> tuple:
+    """`grid` as a tuple of ints >= 1 whose product is the rank count, or a ModelError."""
+    try:
+        dims = tuple(int(g) for g in grid)
+    except (TypeError, ValueError):
+        raise ModelError(f"grid must be a tuple of rank counts, one per split axis, got {grid!r}") from None
+    if not dims or min(dims) < 1 or int(np.prod(dims)) != size:
+        raise ModelError(f"grid {dims} does not fit {size} rank(s): its counts multiply to "
+                         f"{int(np.prod(dims)) if dims else 0}; run with mpiexec -n {int(np.prod(dims)) if dims else 1} "
+                         f"or give a grid whose counts multiply to {size}")
+    return dims
+
+
 def _sidecar(path) -> str:
     return os.path.splitext(os.fspath(path))[0] + ".decomposition.json"
 
 
 def _describe_blocks(decomposition: dict) -> str:
-    return "; ".join(f"'{name}' {tuple(d['global_shape'])} in blocks (offset, rows) "
-                     f"{', '.join(str(tuple(b)) for b in d['blocks'])}" for name, d in decomposition["states"].items())
+    """'u' (13, 9) in blocks (offset, rows) (0, 7), (7, 6) -- or, over a grid of ranks, one
+    ((offset, extent), ...) per split axis for each block."""
+    def block(axes):
+        return str(tuple(axes[0])) if len(axes) == 1 else str(tuple(tuple(a) for a in axes))
+    grid = decomposition.get("grid", [decomposition["ranks"]])
+    what = "(offset, rows)" if len(grid) == 1 else f"over a {' x '.join(map(str, grid))} grid ((offset, extent) per axis)"
+    return "; ".join(f"'{name}' {tuple(d['global_shape'])} in blocks {what} "
+                     f"{', '.join(block(b) for b in d['blocks'])}" for name, d in decomposition["states"].items())
 
 
 def _write_durably(path: str, text: str) -> None:

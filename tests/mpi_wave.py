@@ -57,6 +57,23 @@ def wave_block(u: G, u_prev: G, offset: int, n: int, c: sp.array(dtype=sp.float6
 
 
 @sp.kernel
+def wave_grid(u: G, u_prev: G, row: int, col: int, n: int, m: int, c: sp.array(dtype=sp.float64), b: F,
+              u_next: G, u_now: G):
+    """wave_block on a block split along both axes: element (i, j) is (i + 1, j + 1) of the exchanged
+    buffer, and (row, col) is the block's global first element."""
+    i, j = sp.tid()
+    center = u[i + 1, j + 1]
+    value = F(0.0)
+    gi = i + row
+    gj = j + col
+    if gi > 0 and gj > 0 and gi < n - 1 and gj < m - 1:
+        lap = u[i, j + 1] + u[i + 2, j + 1] + u[i + 1, j] + u[i + 1, j + 2] - 4.0 * center
+        value = 2.0 * center - u_prev[i, j] + c[0] * lap - b * center * center * center
+    u_next[i, j] = value
+    u_now[i, j] = center
+
+
+@sp.kernel
 def misfit(u: G, observed: G, out: sp.array(dtype=sp.float64)):
     i, j = sp.tid()
     d = u[i, j] - observed[i, j]
@@ -97,10 +114,12 @@ def misfit_loss(observed, shape):
     return loss
 
 
-def distributed_model(fail_on_rank=None, fail_at=5, kill=False):
+def distributed_model(fail_on_rank=None, fail_at=5, kill=False, grid=None):
+    """The wave on a grid of ranks: split along rows (grid None) with wave_block, or along both
+    axes of `grid` (e.g. (2, 2) or (1, 2)) with wave_grid."""
     from stepper.distributed import Distributed
     model = sp.Model()
-    dist = Distributed(model)
+    dist = Distributed(model, grid=grid)
     dist.state("u", (N, M), F, halo=1)
     dist.state("u_prev", (N, M), F)
     model.param("c", sp.array([0.25], dtype=F))
@@ -113,15 +132,19 @@ def distributed_model(fail_on_rank=None, fail_at=5, kill=False):
                 os.kill(os.getpid(), signal.SIGKILL)
             raise ValueError(f"rank {dist.rank} cannot go on at step {s.n}")
         u = dist.exchange(s, "u")
-        sp.launch(wave_block, shape, inputs=[u, s.prev.u_prev, offset, N, s.params.c, B],
-                  outputs=[s.next.u, s.next.u_prev])
+        if grid is None:
+            sp.launch(wave_block, shape, inputs=[u, s.prev.u_prev, offset, N, s.params.c, B],
+                      outputs=[s.next.u, s.next.u_prev])
+        else:
+            sp.launch(wave_grid, shape, inputs=[u, s.prev.u_prev, offset, dist.offset("u", axis=1), N, M,
+                                                s.params.c, B], outputs=[s.next.u, s.next.u_prev])
     return model, dist
 
 
 def check_exchange_adjoint(dist, rng):
     """<w, E d> == <E^T w, d> over all ranks, and central differences of <w, E x> along d."""
     part = dist.parts["u"]
-    halo_shape = (part.rows + 2 * part.halo, M)
+    halo_shape = dist.halo_shape("u")
     x = sp.array(rng.standard_normal(part.local_shape), dtype=F, requires_grad=True)
     out = sp.zeros(halo_shape, dtype=F, requires_grad=True)
     w = rng.standard_normal(halo_shape)
@@ -145,8 +168,21 @@ def check_exchange_adjoint(dist, rng):
     return adjoint_side, forward_side, fd
 
 
-def run(outdir):
-    model, dist = distributed_model()
+def exchanged_halos_match_the_global_array(dist):
+    """Every element of an exchanged buffer, corners included, is the global array's element there
+    (zero beyond the global edges), on every rank."""
+    part = dist.parts["u"]
+    h, split = part.halo, len(part.extents)
+    values = np.arange(N * M, dtype=float).reshape(N, M) + 1.0
+    padded = np.pad(values, [(h, h)] * split + [(0, 0)] * (values.ndim - split))
+    expected = padded[tuple(slice(o, o + e + 2 * h) for o, e in zip(part.offsets, part.extents))]
+    out = sp.zeros(dist.halo_shape("u"), dtype=F)
+    dist.exchange_into("u", sp.array(values[part.block], dtype=F), out)
+    return all(dist.comm.allgather(bool(np.array_equal(out.numpy(), expected))))
+
+
+def run(outdir, grid=None):
+    model, dist = distributed_model(grid=grid)
     initial = dist.scatter(initial_global())
     observed = dist.scatter({"u": observed_global()})["u"]
     loss = misfit_loss(observed, dist.local_shape("u"))
@@ -165,6 +201,7 @@ def run(outdir):
         # every rank holds the same global values: compare with rank 0's, bit for bit
         same = dist.comm.allgather((result.loss, result.grads["c"].numpy().tobytes()))
         saved[f"{key}_ranks_agree"] = np.array(all(s == same[0] for s in same))
+    saved["halos_match"] = np.array(exchanged_halos_match_the_global_array(dist))
     saved["exchange"] = np.array(check_exchange_adjoint(dist, np.random.default_rng(dist.rank)))
     # Only the last rank's predicate ever holds, after its 7th step: every rank must stop there.
     calls = []
@@ -237,6 +274,15 @@ def bad_declarations(outdir):
         dist.rollout(dist.scatter({"u": np.zeros((N + (dist.rank == 1), M))}), 2)
     except sp.ModelError as exc:
         messages.append(str(exc))
+    try:
+        Distributed(sp.Model(), grid=(3, 2))       # 6 ranks' worth of grid on 4
+    except sp.ModelError as exc:
+        messages.append(str(exc))
+    grid = Distributed(sp.Model(), grid=(2, 2))
+    try:
+        grid.state("v", (N,), F)                    # one axis cannot be split over a 2-D grid
+    except sp.ModelError as exc:
+        messages.append(str(exc))
     everyone = dist.comm.allgather(messages)
     if dist.rank == 0:
         np.save(os.path.join(outdir, "errors.npy"), np.array(everyone, dtype=object), allow_pickle=True)
@@ -283,8 +329,8 @@ def resume(outdir):
 
 if __name__ == "__main__":
     mode, out = sys.argv[1], sys.argv[2]
-    if mode == "run":
-        run(out)
+    if mode == "run":               # an optional third argument: the grid, e.g. 2x2
+        run(out, tuple(int(k) for k in sys.argv[3].split("x")) if len(sys.argv) > 3 else None)
     elif mode in ("raise", "kill"):
         raise_on_rank_1(kill=mode == "kill")
     elif mode == "errors":

@@ -48,11 +48,15 @@ def mpiexec(ranks: int, mode: str, outdir, script=os.path.join(HERE, "mpi_wave.p
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
-@pytest.fixture(scope="module", params=[1, 2, 4], ids=lambda n: f"{n}ranks")
+@pytest.fixture(scope="module", params=[1, 2, 4, (1, 2), (2, 2)],
+                ids=lambda p: f"{p}ranks" if isinstance(p, int) else f"grid{p[0]}x{p[1]}")
 def job(request, tmp_path_factory):
-    ranks = request.param
+    """Rows split over 1, 2 or 4 ranks; columns over 2 (a 1 x 2 grid); both axes over a 2 x 2 grid."""
+    grid = request.param
+    ranks = grid if isinstance(grid, int) else int(np.prod(grid))
     outdir = tmp_path_factory.mktemp(f"mpi{ranks}")
-    done = mpiexec(ranks, "run", outdir)
+    args = ["run", str(outdir)] if isinstance(grid, int) else ["run", str(outdir), "x".join(map(str, grid))]
+    done = mpiexec(ranks, args, outdir)
     assert done.returncode == 0, f"mpiexec -n {ranks} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
     return ranks, outdir, dict(np.load(outdir / "result.npz"))
 
@@ -105,6 +109,11 @@ def test_every_rank_gets_the_same_global_loss_and_parameter_gradient(job):
     _, _, got = job
     for schedule in ("storeall", "revolve", "multilevel"):
         assert bool(got[f"{schedule}_ranks_agree"])
+
+
+@needs_mpi
+def test_exchanged_halos_hold_the_neighbours_values_corners_included(job):
+    assert bool(job[2]["halos_match"])
 
 
 @needs_mpi
@@ -242,11 +251,15 @@ def test_bad_decompositions_are_clear_errors_on_every_rank(tmp_path):
     assert done.returncode == 0, done.stderr[-4000:]
     everyone = np.load(tmp_path / "errors.npy", allow_pickle=True)
     for messages in everyone:
-        assert len(messages) == 2
+        assert len(messages) == 4
         assert messages[0] == ("state 'u': halo 4 is wider than the thinnest block (3 rows of 13 over 4 ranks); a "
                                "halo comes from the next rank only, so use fewer ranks or a smaller halo")
         assert messages[1].startswith("rollout: rank 1 declares or runs something else than rank 0")
         assert "(14, 9)" in messages[1] and "(13, 9)" in messages[1]
+        assert messages[2] == ("grid (3, 2) does not fit 4 rank(s): its counts multiply to 6; run with mpiexec -n 6 "
+                               "or give a grid whose counts multiply to 4")
+        assert messages[3] == ("state 'v': shape (13,) has fewer axes than the grid of ranks (2, 2) splits; give "
+                               "Distributed a grid with at most 1 axes")
 
 
 @needs_mpi
