@@ -141,6 +141,31 @@ class Ranks:
             total = total + p
         return total
 
+    def allreduce(self, x: array) -> array:
+        """The sum over ranks of `x` (added in rank order: the same bits on every rank), as a new
+        array, for a loss built on a recording Tape (say, after a rollout recorded there). Its
+        backward treats the sum as one value that every rank holds: each rank's `x` gets the
+        sum's gradient as this rank sees it, so seed it alike on every rank (``tape.backward(
+        grads={total: 1.0})`` on each). Replicated parameters then hold this rank's part of their
+        gradient; `sum_grads` adds the parts up."""
+        total = array(self.sum(x.numpy()), dtype=x.dtype, device=x.device, requires_grad=x.requires_grad)
+        tape = active_tape()
+        if tape is not None and x.requires_grad:
+            def backward():
+                if total.grad is not None and x.grad is not None:
+                    x.grad._add_host(total.grad.numpy())
+            tape.record(RecordedOp("sum over ranks", {"part": x}, {"total": total}, {}, backward, caller_location()))
+        return total
+
+    def sum_grads(self, *arrays) -> None:
+        """Replace each array's ``.grad`` (this rank's part of a replicated parameter's gradient,
+        after a Tape's backward) with the sum over ranks, in rank order: the same bits on every rank."""
+        for a in arrays:
+            if a.grad is None:
+                raise ModelError("sum_grads: an array without a gradient (requires_grad=False, or no "
+                                 "backward has run yet); every rank must pass the same arrays")
+            a.grad.assign(self.sum(a.grad.numpy()))
+
     def _per_rank(self, options: dict) -> dict:
         """`options` of a rollout or gradient with ``until`` decided on global values (every rank
         stops when one rank's predicate holds) and paths made per rank."""

@@ -168,6 +168,24 @@ def check_exchange_adjoint(dist, rng):
     return adjoint_side, forward_side, fd
 
 
+def tape_recorded(dist, model, initial, observed, saved):
+    """The gradient of the same loss through a rollout recorded on a user's Tape, summed over ranks
+    with dist.allreduce (the loss) and dist.sum_grads (the replicated parameter)."""
+    start = {name: sp.array(v.numpy(), dtype=F, requires_grad=True) for name, v in initial.items()}
+    c = model.params["c"]
+    c.grad.zero_()                  # gradients add up, as on any Tape; dist.gradient left its own there
+    tape = sp.Tape()
+    with tape:
+        final = dist.rollout(start, STEPS, schedule=sp.Revolve(STEPS, 3))
+        total = dist.allreduce(misfit_loss(observed, dist.local_shape("u"))(final))
+    tape.backward(grads={total: 1.0})
+    dist.sum_grads(c)
+    saved["tape_loss"] = total.numpy().copy()
+    saved["tape_u"] = dist.gather(start["u"].grad)
+    saved["tape_u_prev"] = dist.gather(start["u_prev"].grad)
+    saved["tape_c"] = c.grad.numpy().copy()
+
+
 def exchanged_halos_match_the_global_array(dist):
     """Every element of an exchanged buffer, corners included, is the global array's element there
     (zero beyond the global edges), on every rank."""
@@ -201,6 +219,7 @@ def run(outdir, grid=None):
         # every rank holds the same global values: compare with rank 0's, bit for bit
         same = dist.comm.allgather((result.loss, result.grads["c"].numpy().tobytes()))
         saved[f"{key}_ranks_agree"] = np.array(all(s == same[0] for s in same))
+    tape_recorded(dist, model, initial, observed, saved)
     saved["halos_match"] = np.array(exchanged_halos_match_the_global_array(dist))
     saved["exchange"] = np.array(check_exchange_adjoint(dist, np.random.default_rng(dist.rank)))
     # Only the last rank's predicate ever holds, after its 7th step: every rank must stop there.
@@ -281,6 +300,10 @@ def bad_declarations(outdir):
     grid = Distributed(sp.Model(), grid=(2, 2))
     try:
         grid.state("v", (N,), F)                    # one axis cannot be split over a 2-D grid
+    except sp.ModelError as exc:
+        messages.append(str(exc))
+    try:
+        dist.sum_grads(sp.zeros(3, dtype=F))        # no gradient to sum
     except sp.ModelError as exc:
         messages.append(str(exc))
     everyone = dist.comm.allgather(messages)

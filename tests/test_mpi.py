@@ -105,6 +105,14 @@ def test_schedules_agree_bit_for_bit_on_the_same_rank_count(job):
 
 
 @needs_mpi
+def test_a_rollout_recorded_on_a_tape_reduces_over_ranks_like_dist_gradient(job):
+    _, _, got = job
+    assert float(got["tape_loss"][0]) == float(got["storeall_loss"])
+    for name in ("u", "u_prev", "c"):
+        np.testing.assert_array_equal(got[f"tape_{name}"], got[f"storeall_{name}"])
+
+
+@needs_mpi
 def test_every_rank_gets_the_same_global_loss_and_parameter_gradient(job):
     _, _, got = job
     for schedule in ("storeall", "revolve", "multilevel"):
@@ -251,7 +259,7 @@ def test_bad_decompositions_are_clear_errors_on_every_rank(tmp_path):
     assert done.returncode == 0, done.stderr[-4000:]
     everyone = np.load(tmp_path / "errors.npy", allow_pickle=True)
     for messages in everyone:
-        assert len(messages) == 4
+        assert len(messages) == 5
         assert messages[0] == ("state 'u': halo 4 is wider than the thinnest block (3 rows of 13 over 4 ranks); a "
                                "halo comes from the next rank only, so use fewer ranks or a smaller halo")
         assert messages[1].startswith("rollout: rank 1 declares or runs something else than rank 0")
@@ -260,6 +268,7 @@ def test_bad_decompositions_are_clear_errors_on_every_rank(tmp_path):
                                "or give a grid whose counts multiply to 4")
         assert messages[3] == ("state 'v': shape (13,) has fewer axes than the grid of ranks (2, 2) splits; give "
                                "Distributed a grid with at most 1 axes")
+        assert messages[4].startswith("sum_grads: an array without a gradient")
 
 
 @needs_mpi
