@@ -22,6 +22,12 @@ extern "C" __device__ int printf(const char*, ...);
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <type_traits>
+#include <utility>
+#include <vector>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 #define SP_FUNC static inline
 #define SP_MEMBER inline
 #define SP_MEMCPY __builtin_memcpy
@@ -299,8 +305,32 @@ template <typename T, typename U, typename F> SP_FUNC T atomic_cas_loop(T* p, T 
     do { std::memcpy(&cur, &old, sizeof(T)); T nv = f(cur, v); std::memcpy(&nu, &nv, sizeof(T)); }
     while (!__atomic_compare_exchange_n(u, &old, nu, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
     return cur; }
-SP_FUNC float atomic_add_at(float* p, float v) { return atomic_cas_loop<float, uint32_t>(p, v, [](float a, float b) { return a + b; }); }
-SP_FUNC double atomic_add_at(double* p, double v) { return atomic_cas_loop<double, uint64_t>(p, v, [](double a, double b) { return a + b; }); }
+// Deterministic launches that add into a few elements (a loss, a shared parameter's gradient) run
+// in parallel: the index space is cut into chunks of ADD_CHUNK threads (a fixed size, not one per
+// OpenMP thread), each chunk runs its threads in order and logs its float adds, summing consecutive
+// adds to one element into one partial, and the entry applies the chunks' logs in chunk order. The
+// order of every sum is fixed by the launch size alone: the same bits on any thread count.
+constexpr int64_t ADD_CHUNK = 4096;
+struct add_log {
+    std::vector<std::pair<float*, float>> f32;
+    std::vector<std::pair<double*, double>> f64;
+    template <typename T> static void add_to(std::vector<std::pair<T*, T>>& log, T* p, T v) {
+        if (!log.empty() && log.back().first == p) log.back().second = log.back().second + v;
+        else log.emplace_back(p, v);
+    }
+    void add(float* p, float v) { add_to(f32, p, v); }
+    void add(double* p, double v) { add_to(f64, p, v); }
+    void apply() const {          // a float address is never a double one: the two lists commute
+        for (const auto& e : f32) *e.first = *e.first + e.second;
+        for (const auto& e : f64) *e.first = *e.first + e.second;
+    }
+};
+inline thread_local add_log* adds_log = nullptr;     // this thread's log while a logged loop runs
+template <typename T> SP_FUNC T logged_or_atomic_add(T* p, T v) {
+    if (adds_log) { adds_log->add(p, v); return T(); }    // no caller of a logged launch uses the result
+    return atomic_cas_loop<T, std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>>(p, v, [](T a, T b) { return a + b; }); }
+SP_FUNC float atomic_add_at(float* p, float v) { return logged_or_atomic_add(p, v); }
+SP_FUNC double atomic_add_at(double* p, double v) { return logged_or_atomic_add(p, v); }
 template <typename T> SP_FUNC T atomic_min_at(T* p, T v) { return atomic_cas_loop<T, T>(p, v, [](T a, T b) { return b < a ? b : a; }); }
 template <typename T> SP_FUNC T atomic_max_at(T* p, T v) { return atomic_cas_loop<T, T>(p, v, [](T a, T b) { return a < b ? b : a; }); }
 #endif

@@ -116,12 +116,12 @@ CPU = Target(
     // compiler keeps scalars and array descriptors in registers across the loop.
     const {name}_args_t A = *(const {name}_args_t*)(buf + sizeof(launch_t));
 {extents}
-{nest}}}
+{logged}{nest}}}
 """,
     adjoint_entry=_CPU_ADJOINT_HEAD + """    const int in_order = serial || L.n < {threshold};   // no other thread runs: plain adds suffice
     int overflow = 0;
 {extents}
-    #pragma omp parallel for {collapse}schedule(static) firstprivate(A, G) reduction(|:overflow) if (L.n >= {threshold} && !serial)
+{logged}    #pragma omp parallel for {collapse}schedule(static) firstprivate(A, G) reduction(|:overflow) if (L.n >= {threshold} && !serial)
 {loops}        const int64_t t = {flat};
         // Thread-major on the CPU: a thread's words are contiguous, as its core walks them in order.
         sp::tape_t tp = {{tape + t * capacity, 1, 0, capacity, count_only, 0, in_order, fresh}};
@@ -136,7 +136,7 @@ CPU = Target(
     # without null checks, which vectorises.
     gather_entry=_CPU_ADJOINT_HEAD + """    const int in_order = serial || L.n < {threshold};
 {extents}
-    if ({all_grads}) {{
+{logged}    if ({all_grads}) {{
 {nest}    }} else {{
 {plain_nest}    }}
     return 0;
@@ -289,11 +289,59 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
     # the gather entry without every gradient: the instantiation with null checks, everywhere
     plain_nest = _plain_nest(fn.tid_ndim, f"{fn.name}_thread<false>({tids}, L, A, G, tp);", private, prelude,
                              threshold)
+    logged = ""
+    if target is CPU and _adds_into_memory(fn):
+        if not adjoint:
+            logged = _logged_loop(fn.tid_ndim, threshold, f"{fn.name}_thread({tids}, L, A);", ("A",), "")
+        elif entry_template is target.gather_entry:
+            logged = _logged_loop(fn.tid_ndim, threshold, "sp::tape_t tp = {nullptr, 1, 0, 0, 0, 0, 0, fresh};\n"
+                                  f"if ({all_grads}) {fn.name}_thread<true>({tids}, L, A, G, tp);\n"
+                                  f"else {fn.name}_thread<false>({tids}, L, A, G, tp);", ("A", "G"), "0")
+        else:
+            logged = _logged_loop(fn.tid_ndim, threshold,
+                                  "sp::tape_t tp = {tape + t * capacity, 1, 0, capacity, count_only, 0, 0, fresh};\n"
+                                  f"{fn.name}_thread<false>({tids}, L, A, G, tp);\n"
+                                  "if (count_only) counts[t] = tp.pos;\noverflow |= tp.overflow;",
+                                  ("A", "G"), "overflow", reduction=True)
     entry = entry_template.format(
         name=fn.name, size=buffer_size(fn.params), threshold=threshold, block=CUDA_BLOCK_SIZE,
-        min_blocks=CUDA_MIN_BLOCKS_PER_SM,
+        min_blocks=CUDA_MIN_BLOCKS_PER_SM, logged=logged,
         all_grads=all_grads, nest=nest, plain_nest=plain_nest, box=box, pick=pick, **space)
     return "\n".join(lines) + "\n" + entry
+
+
+def _adds_into_memory(fn: ir.Function) -> bool:
+    """Whether `fn` makes atomic adds (forward atomics, or an adjoint's shared accumulations), which
+    a deterministic launch into a few elements logs (see add_log in prelude.h) instead of running
+    serially."""
+    return any(isinstance(s, ir.Atomic) and s.kind in ("add", "sub") or
+               isinstance(s, ir.AccumGrad) and s.fresh_bit is None and not s.exclusive for s in ir.walk(fn.body))
+
+
+def _logged_loop(ndim: int, threshold: int, body: str, private, result: str, reduction: bool = False) -> str:
+    """The CPU entry's deterministic parallel path (serial flag 2): fixed chunks of the index space
+    shared out among threads, each logging its adds (add_log in prelude.h), applied in chunk order."""
+    space = _index_space(ndim)
+    inner = "\n".join("                " + line for line in body.split("\n"))
+    return f"""#ifdef _OPENMP
+    if (serial == 2 && L.n >= {threshold}) {{
+        const int64_t chunks = (L.n + sp::ADD_CHUNK - 1) / sp::ADD_CHUNK;
+        std::vector<sp::add_log> logs(chunks);
+        #pragma omp parallel for schedule(static) firstprivate({', '.join(private)}){' reduction(|:overflow)' if reduction else ''}
+        for (int64_t c = 0; c < chunks; ++c) {{
+            sp::adds_log = &logs[c];
+            const int64_t end = c * sp::ADD_CHUNK + sp::ADD_CHUNK < L.n ? c * sp::ADD_CHUNK + sp::ADD_CHUNK : L.n;
+            for (int64_t t = c * sp::ADD_CHUNK; t < end; ++t) {{
+{space["decompose"].replace("        ", "                ")}
+{inner}
+            }}
+            sp::adds_log = nullptr;
+        }}
+        for (const auto& log : logs) log.apply();
+        return {result};
+    }}
+#endif
+"""
 
 
 def _thread_function(fn: ir.Function, debug, sites, target: Target, adjoint: bool, args: str) -> list[str]:
