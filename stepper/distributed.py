@@ -40,6 +40,7 @@ communicator (``comm.Abort``), so that no rank waits forever for a message that 
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -109,6 +110,11 @@ class Partition:
     def block(self) -> tuple:
         """This rank's block as a tuple of slices of the global array."""
         return tuple(slice(o, o + e) for o, e in zip(self.offsets, self.extents))
+
+    @property
+    def interior(self) -> tuple:
+        """The block's place in the exchanged buffer, as a tuple of slices."""
+        return tuple(slice(self.halo, self.halo + e) for e in self.extents)
 
 
 def block_rows(n: int, size: int, rank: int) -> tuple[int, int]:
@@ -234,7 +240,7 @@ class Distributed(Ranks):
                                  f"{n} over {ranks} ranks{'' if len(self.grid) == 1 else f' along axis {axis}'}); "
                                  f"a halo comes from the next rank only, so use fewer ranks or a smaller halo")
             blocks.append(block_rows(n, ranks, self.coords[axis]))
-        offsets, extents = (tuple(b[k] for b in blocks) for k in (0, 1))
+        offsets, extents = zip(*blocks)
         spec = self.model.state(name, extents + dims[len(extents):], dtype)
         part = self.parts[name] = Partition(name, dims, spec.dtype, int(halo), offsets, extents)
         self._tags[name] = len(self._tags)
@@ -331,11 +337,12 @@ class Distributed(Ranks):
             else:
                 tape.check_writes(op)
         host = out.numpy()                      # a view on the CPU, a host copy of a GPU array
-        h = part.halo
-        if h:
-            host[...] = 0
-        host[self._interior(part)] = x.numpy()
-        for axis in range(len(self.grid) if h else 0):
+        axes = range(len(self.grid) if part.halo else 0)
+        for axis in axes:                       # halos start at zero: what the global edges keep
+            for halo in self._slabs(part, axis)[1]:
+                host[halo] = 0
+        host[part.interior] = x.numpy()
+        for axis in axes:
             faces, halos = self._slabs(part, axis)
             lo, hi = self._neighbours(axis)
             tag = self._tag(part, axis, backward=False)
@@ -361,10 +368,7 @@ class Distributed(Ranks):
             g[halos[1]] = 0
             self._swap(sends, [(g, faces[0], lo, tag + 1), (g, faces[1], hi, tag)], add=True)
         if x.grad is not None:
-            x.grad._add_host(g[self._interior(part)])
-
-    def _interior(self, part: Partition) -> tuple:
-        return tuple(slice(part.halo, part.halo + e) for e in part.extents)
+            x.grad._add_host(g[part.interior])
 
     def _slabs(self, part: Partition, axis: int):
         """((low face, high face), (low halo, high halo)) along `axis`, as index tuples of the
@@ -501,10 +505,10 @@ def _checked_grid(grid, size: int) -> tuple:
         dims = tuple(int(g) for g in grid)
     except (TypeError, ValueError):
         raise ModelError(f"grid must be a tuple of rank counts, one per split axis, got {grid!r}") from None
-    if not dims or min(dims) < 1 or int(np.prod(dims)) != size:
-        raise ModelError(f"grid {dims} does not fit {size} rank(s): its counts multiply to "
-                         f"{int(np.prod(dims)) if dims else 0}; run with mpiexec -n {int(np.prod(dims)) if dims else 1} "
-                         f"or give a grid whose counts multiply to {size}")
+    ranks = math.prod(dims) if dims else 0
+    if not dims or min(dims) < 1 or ranks != size:
+        raise ModelError(f"grid {dims} does not fit {size} rank(s): its counts multiply to {ranks}; run with "
+                         f"mpiexec -n {ranks if dims else 1} or give a grid whose counts multiply to {size}")
     return dims
 
 

@@ -330,8 +330,8 @@ def _logged_loop(ndim: int, threshold: int, body: str, private, result: str, red
         #pragma omp parallel for schedule(static) firstprivate({', '.join(private)}){' reduction(|:overflow)' if reduction else ''}
         for (int64_t c = 0; c < chunks; ++c) {{
             sp::adds_log = &logs[c];
-            const int64_t end = c * sp::ADD_CHUNK + sp::ADD_CHUNK < L.n ? c * sp::ADD_CHUNK + sp::ADD_CHUNK : L.n;
-            for (int64_t t = c * sp::ADD_CHUNK; t < end; ++t) {{
+            const int64_t first = c * sp::ADD_CHUNK, end = first + sp::ADD_CHUNK < L.n ? first + sp::ADD_CHUNK : L.n;
+            for (int64_t t = first; t < end; ++t) {{
 {space["decompose"].replace("        ", "                ")}
 {inner}
             }}

@@ -96,10 +96,16 @@ FEW_ELEMENTS = 64
 def _serial_flag(deterministic: bool, logs_adds: bool, targets=()) -> int:
     """The entries' `serial` argument: 0 parallel (atomics in any order), 1 one thread in index
     order, 2 parallel in fixed chunks whose adds into `targets` (the arrays it accumulates into,
-    each of at most FEW_ELEMENTS) are summed per chunk and applied in chunk order."""
+    each of at most FEW_ELEMENTS; an iterable, read only when it matters) are summed per chunk and
+    applied in chunk order."""
     if not deterministic:
         return 0
     return 2 if logs_adds and all(math.prod(a.shape) <= FEW_ELEMENTS for a in targets) else 1
+
+
+def _forward_serial(sig, args, deterministic: bool) -> int:
+    """The forward entry's `serial` argument (see _serial_flag): only atomics depend on thread order."""
+    return _serial_flag(deterministic and sig.has_atomics, sig.forward_logs_adds, (args[k] for _, k in sig.accumulates))
 
 
 def _signature(kernel: Kernel) -> _Signature:
@@ -233,9 +239,7 @@ def launch(kernel: Kernel, dim, inputs=(), outputs=(), device=None, debug: bool 
         deterministic = tape.deterministic if tape is not None else untaped_deterministic()
     if tape is not None:
         _record(tape, kernel, compiled, sig, args, dims, buffer, debug, deterministic, device)
-    # Without atomics a forward's result does not depend on thread order: only atomics need serial.
-    serial = _serial_flag(deterministic and sig.has_atomics, sig.forward_logs_adds,
-                          [args[k] for _, k in sig.accumulates])
+    serial = _forward_serial(sig, args, deterministic)
     if device != "cpu":
         cuda_launch.forward(kernel, compiled, buffer, values[0], debug, bool(serial), device, graph)
         if graph is not None:
@@ -328,8 +332,7 @@ def relaunch(kernel: Kernel, dims: tuple, args: list, deterministic: bool, tape=
         tape.record(_recorded_op(kernel, compiled, sig, args, dims, buffer, False, deterministic, device, where))
     if run:
         settle()
-        serial = _serial_flag(deterministic and sig.has_atomics, sig.forward_logs_adds,
-                          [args[k] for _, k in sig.accumulates])
+        serial = _forward_serial(sig, args, deterministic)
         if device != "cpu":
             cuda_launch.forward(kernel, compiled, buffer, values[0], False, bool(serial), device, graph)
         elif graph is not None:
@@ -391,7 +394,7 @@ def _run_adjoint(kernel, compiled, sig, args, dims, buffer, debug, serial, fresh
         # Parallel and deterministic by construction; serial only for what still scatters.
         adjoint, serial = gather.function, serial and gather.scatters
     gathered = gather.arrays if gather is not None else ()
-    serial = _serial_flag(serial, sig.adjoint_logs_adds, [args[k] for n, k in sig.read_arrays if n not in gathered])
+    serial = _serial_flag(serial, sig.adjoint_logs_adds, (args[k] for n, k in sig.read_arrays if n not in gathered))
     if device != "cpu":
         cuda_launch.adjoint(kernel, compiled, adjoint, buffer, adj_buffer, math.prod(dims), debug, bool(serial), device)
         return
@@ -438,5 +441,4 @@ def packed_forward(kernel: Kernel, dims: tuple, args: list, deterministic: bool)
             values += _check_argument(kernel, p, a, "cpu")
     entry = kernel.entry(False).function(sig.forward_name, adjoint=False)
     return (ctypes.cast(entry, ctypes.c_void_p).value, sig.packer.pack(*values),
-            _serial_flag(deterministic and sig.has_atomics, sig.forward_logs_adds,
-                         [args[k] for _, k in sig.accumulates]), offsets)
+            _forward_serial(sig, args, deterministic), offsets)
