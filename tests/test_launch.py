@@ -339,3 +339,23 @@ def test_a_float_dim_names_the_launch_and_what_dim_takes():
     with pytest.raises(sp.LaunchError, match=r"launch of kernel 'guarded_copy': dim must be a non-negative int or a "
                                              r"tuple of 1 to 4 of them, got 10.0"):
         sp.launch(guarded_copy, 10.0, inputs=[sp.zeros(3), 3], outputs=[sp.zeros(10)])
+
+
+def scaled_copy_kernel(dtype):
+    """A kernel made per element type by a factory: its annotations name the factory's argument,
+    which the body does not use, so only the evaluated annotations know it."""
+    @sp.kernel
+    def scale(x: sp.array(dtype=dtype), y: sp.array(dtype=dtype)):
+        i = sp.tid()
+        y[i] = 2.0 * x[i]
+    return scale
+
+
+@pytest.mark.parametrize("dtype", [sp.float32, sp.float64])
+def test_a_kernel_made_in_a_factory_is_typed_by_its_evaluated_annotations(dtype, device):
+    kernel = scaled_copy_kernel(dtype)
+    assert kernel.params[0].type.dtype == dtype
+    x = sp.array([1.0, 2.5], dtype=dtype, device=device)
+    y = sp.zeros(2, dtype=dtype, device=device)
+    sp.launch(kernel, 2, inputs=[x], outputs=[y])
+    np.testing.assert_array_equal(y.numpy(), [2.0, 5.0])

@@ -358,3 +358,17 @@ def test_has_read_tells_which_arrays_a_recorded_op_read(device):
     with tape:
         double(tape, x, y)
     assert tape.has_read(x) and not tape.has_read(y) and not tape.has_read(z)
+
+
+def test_a_whole_array_copy_on_a_tape_is_a_launch_of_the_copy_kernel(device):
+    """Recorded like any launch (so a step that copies a state is traced and replayed natively);
+    its adjoint adds dest's gradient to src's."""
+    x = array(np.arange(6.0).reshape(2, 3), requires_grad=True, device=device)
+    y = zeros_like(x, requires_grad=True)
+    tape = Tape()
+    with tape:
+        copy(y, x)
+    assert [op.name for op in tape.ops] == ["launch of kernel 'copy'"] and tape.ops[0].launch is not None
+    np.testing.assert_array_equal(y.numpy(), x.numpy())
+    tape.backward(grads={y: np.full((2, 3), 3.0)})
+    np.testing.assert_array_equal(x.grad.numpy(), np.full((2, 3), 3.0))

@@ -49,7 +49,7 @@ class Frontend(ExpressionLowering, CallLowering):
     def kernel(self, fn, namespace: dict) -> ir.Function:
         source = Source.of(fn)
         self.scope = Scope(source, namespace, fn.__name__)
-        params = self._params(source)
+        params = self._params(source, fn.__annotations__)
         body = self._block()
         with body:
             for p in params:
@@ -65,7 +65,10 @@ class Frontend(ExpressionLowering, CallLowering):
         return ir.Function(fn.__name__, tuple(params), tuple(body.stmts), self.loc(source.tree),
                            max(self.tid_ndim, 1))
 
-    def _params(self, source: Source) -> list[ir.Param]:
+    def _params(self, source: Source, evaluated: dict) -> list[ir.Param]:
+        """The kernel's parameters. An annotation Python already evaluated (a module without
+        ``from __future__ import annotations``) is taken as it is, so a kernel made in a factory
+        function can be typed by the factory's arguments, which its body does not see."""
         args = source.tree.args
         if args.vararg or args.kwarg or args.kwonlyargs or args.defaults:
             self.error(source.tree, "kernels take plain positional arguments only",
@@ -75,7 +78,10 @@ class Frontend(ExpressionLowering, CallLowering):
             if a.annotation is None:
                 self.error(a, f"argument '{a.arg}' needs a type annotation",
                            "e.g. x: stepper.array(dtype=float) or k: float")
-            params.append(ir.Param(a.arg, self.annotation(a.annotation), k))
+            value = evaluated.get(a.arg)
+            typed = value if isinstance(value, ArrayType) else None if value is None or isinstance(value, str) \
+                else self._dtype(a.annotation, value)
+            params.append(ir.Param(a.arg, typed or self.annotation(a.annotation), k))
         return params
 
     def annotation(self, node):

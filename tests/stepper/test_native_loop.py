@@ -72,6 +72,20 @@ def zero_relying_model(n=12):
     return model, {"x": sp.array(np.linspace(0.5, 1.5, n), dtype=sp.float64)}
 
 
+def copying_model(n=12):
+    """A state written by `sp.copy` (a traced launch of the copy kernel), the other from it."""
+    model = sp.Model()
+    model.state("x", n, sp.float64)
+    model.state("y", n, sp.float64)
+
+    @model.step
+    def step(s):
+        sp.launch(interior_smooth, n, inputs=[s.prev.y], outputs=[s.next.x])
+        sp.copy(s.next.y, s.prev.x)
+    return model, {"x": sp.array(np.linspace(0.5, 1.5, n), dtype=sp.float64),
+                   "y": sp.array(np.linspace(1.0, -1.0, n), dtype=sp.float64)}
+
+
 def gradients(model, initial, schedule, native: bool, monkeypatch, **kw):
     monkeypatch.setattr(Sweep, "native_loops", native)
     return model.gradient(initial, STEPS, loss=loss, schedule=schedule, **kw)
@@ -80,8 +94,9 @@ def gradients(model, initial, schedule, native: bool, monkeypatch, **kw):
 SCHEDULES = [lambda: sp.Revolve(STEPS, 2), lambda: sp.Revolve(STEPS, 5), lambda: sp.MultiLevel(STEPS, 2, 3, write_cost=0, read_cost=0)]
 
 
+@pytest.mark.filterwarnings("error::stepper.trace_notes.UntraceableStepWarning")   # every model here is traced
 @pytest.mark.parametrize("schedule", SCHEDULES)
-@pytest.mark.parametrize("make", [lambda: (chain_model(), chain_initial()), zero_relying_model])
+@pytest.mark.parametrize("make", [lambda: (chain_model(), chain_initial()), zero_relying_model, copying_model])
 def test_native_recomputations_give_the_python_paths_and_store_alls_bits(schedule, make, monkeypatch, tmp_path):
     model, initial = make()
     storage = str(tmp_path / "snapshots.h5")

@@ -120,7 +120,7 @@ def test_a_state_the_step_never_writes_is_named(device):
         model.rollout(initial, 1)
 
 
-@pytest.mark.filterwarnings("ignore::stepper.trace_notes.UntraceableStepWarning")   # a copy in the step, on purpose
+@pytest.mark.filterwarnings("error::stepper.trace_notes.UntraceableStepWarning")   # a copy is a traced launch
 def test_copy_keeps_a_state_unchanged_and_is_differentiable(device):
     def step(s):
         sp.launch(double, 4, inputs=[s.prev.x], outputs=[s.next.x])
@@ -141,7 +141,7 @@ def test_copy_keeps_a_state_unchanged_and_is_differentiable(device):
     np.testing.assert_array_equal(grads["y"].numpy(), [1.0] * 4)
 
 
-@pytest.mark.filterwarnings("ignore:the step function of the model cannot be replayed")   # sp.copy: untraceable
+@pytest.mark.filterwarnings("ignore:the step function of the model cannot be replayed")   # step 2 differs
 def test_every_step_is_checked_not_only_the_first(device):
     """A step whose launches change from step to step is checked at the step that goes wrong: the
     checks run on every step, recorded or not, so a mistake at step 2 is not hidden by clean steps 0-1."""

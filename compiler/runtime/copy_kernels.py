@@ -1,0 +1,52 @@
+"""Whole-array copies as kernel launches, so that a copy made while a Tape records is a launch like
+any other: recorded with its adjoint (``adj_src += adj_dest``, in gather form: parallel and
+deterministic), replayable from a step's trace, run by the native step loops and CUDA graphs.
+
+One small kernel module per element type holds a copy kernel for each rank (1 to 4), built on the
+first copy of that type and cached on disk like every kernel module.
+"""
+from ..kernel import Kernel, KernelModule
+from ..types import ArrayType
+
+__all__ = ["copy_kernel"]
+
+_KERNELS: dict = {}
+
+
+def copy_kernel(dtype, ndim: int) -> Kernel:
+    """The kernel ``dest[index] = src[index]`` over arrays of `dtype` and rank `ndim`."""
+    key = (dtype, ndim)
+    if key not in _KERNELS:
+        module = KernelModule(f"compiler.copy.{dtype}")
+        for rank, fn in enumerate(_copies(ArrayType(dtype, 1), ArrayType(dtype, 2), ArrayType(dtype, 3),
+                                          ArrayType(dtype, 4)), start=1):
+            kernel = Kernel(fn, module)
+            module.add(kernel)
+            _KERNELS[(dtype, rank)] = kernel
+    return _KERNELS[key]
+
+
+def _copies(A1, A2, A3, A4):
+    """The four copy kernels' functions, typed by this element type's arrays (this module does not
+    postpone annotations, so the kernel frontend takes them as evaluated here)."""
+    from .. import tid
+
+    def copy(src: A1, dest: A1):
+        i = tid()
+        dest[i] = src[i]
+
+    def copy2(src: A2, dest: A2):
+        i, j = tid()
+        dest[i, j] = src[i, j]
+
+    def copy3(src: A3, dest: A3):
+        i, j, k = tid()
+        dest[i, j, k] = src[i, j, k]
+
+    def copy4(src: A4, dest: A4):
+        i, j, k, m = tid()
+        dest[i, j, k, m] = src[i, j, k, m]
+
+    for fn in (copy2, copy3, copy4):
+        fn.__name__ = "copy"       # messages name the kernel 'copy' whatever its rank
+    return copy, copy2, copy3, copy4
