@@ -243,3 +243,64 @@ def test_a_period_other_than_the_extent_keeps_the_scatter(device):
             for a, b in (((i + 1) % 5, j), ((i + 4) % 5, j), (i, (j + 1) % 5), (i, (j + 4) % 5)):
                 expected[a, b] += C * w64[i, j]
     np.testing.assert_allclose(gu, expected, rtol=2e-6, atol=2e-6)
+
+
+@sp.kernel
+def clamped_wave(u: F2, up: F2, c: float, b: float, last: int, u_next: F2):
+    i, j = sp.tid()
+    m = u.shape[1]
+    x = u[i, j]
+    lap = (u[sp.max(i - 1, 0), j] + u[sp.min(i + 1, last), j] + u[i, sp.max(0, j - 2)]
+           + u[i, sp.min(j + 1, m - 1)] - 4.0 * x)
+    u_next[i, j] = 2.0 * x - up[i, j] + c * lap - b * x * x * x
+
+
+def clamped_gradients(shape, w, u, up, last, deterministic=True, device="cpu"):
+    ua = sp.array(u, requires_grad=True, device=device)
+    upa = sp.array(up, requires_grad=True, device=device)
+    out = sp.zeros(shape, requires_grad=True, device=device)
+    tape = sp.Tape(deterministic=deterministic)
+    with tape:
+        sp.launch(clamped_wave, shape, inputs=[ua, upa, C, B, last], outputs=[out])
+    tape.backward(grads={out: w})
+    return ua.grad.numpy(), upa.grad.numpy()
+
+
+def clamped_reference(u, w, last):
+    """The scatter in float64: every thread adds C * w to the four elements it read."""
+    n, m = u.shape
+    u64, w64 = u.astype(np.float64), w.astype(np.float64)
+    g = (2.0 - 4.0 * C - 3.0 * B * u64 * u64) * w64
+    i, j = np.indices((n, m))
+    for a, b in ((np.maximum(i - 1, 0), j), (np.minimum(i + 1, last), j), (i, np.maximum(0, j - 2)),
+                 (i, np.minimum(j + 1, m - 1))):
+        np.add.at(g, (a, b), C * w64)
+    return g
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (2, 3), (3, 2), (5, 7), (40, 33)])
+def test_clamped_stencil_gathers_edge_accumulations_and_matches_the_float64_scatter(shape, device):
+    """max(i - 1, 0) and min(i + 1, n - 1) (and a clamp two away): the edge thread gathers what
+    every clamped thread put on it; same values as the scatter, same bits on any thread count."""
+    gather = clamped_wave.compiled().gather
+    assert set(gather.arrays) == {"u", "up"} and not gather.scatters
+    n, m = shape
+    rng = np.random.default_rng(n * 100 + m)
+    u, up, w = (rng.standard_normal(shape).astype(np.float32) for _ in range(3))
+    args = [sp.array(u, device=device), sp.array(up, device=device), C, B, n - 1, sp.zeros(shape, device=device)]
+    assert _gather_fits(gather, _signature(clamped_wave), args, shape)
+    gu, gup = clamped_gradients(shape, w, u, up, n - 1, device=device)
+    np.testing.assert_allclose(gu, clamped_reference(u, w, n - 1), rtol=2e-6, atol=2e-6)
+    np.testing.assert_array_equal(gup, -w)
+    np.testing.assert_array_equal(clamped_gradients(shape, w, u, up, n - 1, deterministic=False, device=device)[0], gu)
+
+
+def test_a_clamp_short_of_the_edge_keeps_the_scatter(device):
+    # min(i + 1, 3) on a 6 x 6 launch lands threads 3-5 on row 3, not on the edge row 5
+    gather = clamped_wave.compiled().gather
+    rng = np.random.default_rng(4)
+    u, up, w = (rng.standard_normal((6, 6)).astype(np.float32) for _ in range(3))
+    args = [sp.array(u, device=device), sp.array(up, device=device), C, B, 3, sp.zeros((6, 6), device=device)]
+    assert not _gather_fits(gather, _signature(clamped_wave), args, (6, 6))
+    gu, _ = clamped_gradients((6, 6), w, u, up, 3, device=device)
+    np.testing.assert_allclose(gu, clamped_reference(u, w, 3), rtol=2e-6, atol=2e-6)

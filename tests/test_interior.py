@@ -164,3 +164,30 @@ def test_periodic_indices_lose_their_modulo_in_the_middle(n, device):
     sp.launch(periodic_sum, (n, n), inputs=[sp.array(a, device=device), n], outputs=[out])
     expected = np.roll(a, -1, axis=0) + np.roll(a, 1, axis=1) + np.roll(a, -2, axis=0)
     np.testing.assert_array_equal(out.numpy(), expected)
+
+
+@sp.kernel
+def clamped_sum(a: I2, out: I2):
+    i, j = sp.tid()
+    n = a.shape[0]
+    m = a.shape[1]
+    out[i, j] = (a[sp.max(i - 1, 0), j] + a[i, sp.min(j + 2, m - 1)] + a[sp.min(n - 1, i + 1), sp.max(0, j - 2)]
+                 + a[i, sp.min(j, 1)])        # a bound near the start caps the index there: left alone
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (2, 3), (5, 4), (40, 70)])
+def test_clamped_indices_lose_their_clamp_in_the_middle(shape, device):
+    interior = interior_variant(clamped_sum.compiled().forward, "clamped_interior")
+    verify(interior.function)
+    ops = [s.op for s in ir.walk(interior.function.body) if isinstance(s, ir.Op)]
+    assert ops.count("max") == 0 and ops.count("min") == 1
+    assert interior.lower == ((Bound(1),), (Bound(2),))
+    assert interior.upper == ((Bound(-1, ((1, ("dim", "a", 0)),)),), (Bound(-2, ((1, ("dim", "a", 1)),)),))
+    n, m = shape
+    a = np.arange(n * m, dtype=np.int32).reshape(n, m) * 7 % 11
+    out = sp.zeros(shape, dtype=int, device=device)
+    sp.launch(clamped_sum, shape, inputs=[sp.array(a, device=device)], outputs=[out])
+    i, j = np.indices(shape)
+    expected = (a[np.maximum(i - 1, 0), j] + a[i, np.minimum(j + 2, m - 1)] + a[np.minimum(n - 1, i + 1), np.maximum(0, j - 2)]
+                + a[i, np.minimum(j, 1)])
+    np.testing.assert_array_equal(out.numpy(), expected)

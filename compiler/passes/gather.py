@@ -17,6 +17,12 @@ exists, so its loads are the ones the forward made) and keeps its sum only when 
 inside: no branch on the offset, so the thread loop still vectorises. Along a periodic index
 (``(i + 1) % n`` with n the extent) the pass wraps ``p - c`` around the axis instead.
 
+A clamped index (``max(i - 1, 0)``, ``min(i + 1, n - 1)`` with n the extent) is ``i + c`` except
+for the first (last) |c| threads, which all land on the edge element. Such an accumulation takes
+part in every pass from offset 0 to c on that axis: at c it is always kept (thread p - c lands on
+p), at the others only by the edge thread (p == 0, or p == n - 1), which gathers what the clamped
+threads put there. Each contribution is still counted by exactly one thread in exactly one pass.
+
 Arrays that do not qualify (an index that is not tid + constant on its own axis, a gradient the
 kernel also reads, a rank other than the launch's) keep the scatter; it runs in the zero-offset
 pass. Kernels whose loops keep a tape are left alone (their tape belongs to one thread).
@@ -24,13 +30,14 @@ pass. Kernels whose loops keep a tape are left alone (their tape belongs to one 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from dataclasses import dataclass
 
 from .. import ir
 from ..types import bool_, int32
 from .adjoint import is_reverse_mark
 from .dce import eliminate_dead_code
-from .interior import Bound, Interior, Wrapped, interior_variant, tid_offsets
+from .interior import Bound, Clamped, Interior, Wrapped, interior_variant, tid_offsets
 
 
 @dataclass(frozen=True)
@@ -47,7 +54,9 @@ class GatherAdjoint:
     interior: Interior
     arrays: tuple[str, ...]
     scatters: bool
-    wraps: tuple[tuple[int, Bound], ...] = ()   # (axis, divisor) of periodic indices: must equal the extent
+    # (axis, bound) pairs that must equal the launch's extent on that axis: the divisor of each
+    # periodic index, and a clamped index's upper bound plus one
+    wraps: tuple[tuple[int, Bound], ...] = ()
 
 
 def gather_adjoint(adjoint: ir.Function) -> GatherAdjoint | None:
@@ -62,6 +71,7 @@ def gather_adjoint(adjoint: ir.Function) -> GatherAdjoint | None:
     read_grads = {s.array.param.name for s in ir.walk(body) if isinstance(s, ir.ReadGrad)}
     site_offset: dict[int, tuple] = {}
     site_wraps: dict[int, list] = {}
+    site_clamps: dict[int, tuple] = {}      # per axis: None, or "max" / "min" for a clamped index
     eligible: dict[str, ir.Param] = {}
     rejected: set[str] = set(read_grads)
     for s in sites:
@@ -70,7 +80,7 @@ def gather_adjoint(adjoint: ir.Function) -> GatherAdjoint | None:
         if off is None:
             rejected.add(name)
         else:
-            site_offset[id(s)], site_wraps[id(s)] = off
+            site_offset[id(s)], site_wraps[id(s)], site_clamps[id(s)] = off
             eligible[name] = s.array.param
     for name in rejected:
         eligible.pop(name, None)
@@ -78,7 +88,7 @@ def gather_adjoint(adjoint: ir.Function) -> GatherAdjoint | None:
         return None
     scatters = any(s.array.param.name not in eligible for s in sites)
     gathered = [s for s in sites if s.array.param.name in eligible]
-    passes = sorted({site_offset[id(s)] for s in gathered})
+    passes = sorted({c for s in gathered for c in _site_passes(site_offset[id(s)], site_clamps[id(s)])})
     zero = ((0, False),) * adjoint.tid_ndim
     if scatters and zero not in passes:
         passes.insert(0, zero)
@@ -89,36 +99,55 @@ def gather_adjoint(adjoint: ir.Function) -> GatherAdjoint | None:
     upper = [(Bound(min(0, *(c[k][0] for c in passes)), ((1, ("extent", k)),)),) for k in range(ndim)]
     # Each pass copies the whole adjoint and keeps what reaches its offset: drop the rest here, not
     # in the C++ compiler (half the C++ lines of a stencil module).
-    unclamped = eliminate_dead_code(_build(adjoint, body, eligible, site_offset, passes, clamp=False))
+    unclamped = eliminate_dead_code(_build(adjoint, body, eligible, site_offset, site_clamps, passes, clamp=False))
     interior = interior_variant(unclamped, unclamped.name, lower, upper)
     interior = dataclasses.replace(interior, function=eliminate_dead_code(interior.function))
-    return GatherAdjoint(eliminate_dead_code(_build(adjoint, body, eligible, site_offset, passes, clamp=True)),
+    return GatherAdjoint(eliminate_dead_code(_build(adjoint, body, eligible, site_offset, site_clamps, passes, clamp=True)),
                          interior, tuple(eligible), scatters, wraps)
 
 
 # ---- which accumulations sit at tid + constant -------------------------------------------------
 def _site_offset(s: ir.AccumGrad, offsets, ndim: int):
-    """(per axis (offset, periodic), the (axis, divisor) pairs of its periodic indices) where every
-    index of the accumulation is its own axis's thread index plus a constant, or that modulo a
-    bound (`Wrapped`); else None."""
+    """(per axis (offset, periodic), the (axis, bound) pairs that must equal the extent, per axis
+    the clamp or None) where every index of the accumulation is its own axis's thread index plus a
+    constant, that modulo a bound (`Wrapped`), or that clamped to the axis's ends (`Clamped`); else
+    None."""
     if s.array.type.ndim != ndim:
         return None
-    out, wraps = [], []
+    out, wraps, clamps = [], [], []
     for axis, index in enumerate(s.indices):
         known = offsets.get(index.id) if isinstance(index, ir.Temp) else None
+        clamp = None
         if isinstance(known, Wrapped) and known.axis == axis:
             # (p + c) % d with d the extent (checked at launch); at c = 0 it is p itself
             out.append((known.c, known.c != 0))
             wraps.append((axis, known.divisor))
         elif isinstance(known, tuple) and known[0] == axis and known[1].near_start:
             out.append((known[1].const, False))
+        elif isinstance(known, Clamped) and known.axis == axis and known.offset.near_start \
+                and (known.op == "min" or known.bound == Bound(0)):
+            # max(p + c, 0), or min(p + c, hi) with hi + 1 the extent (checked at launch)
+            c = known.offset.const
+            out.append((c, False))
+            if known.op == "min":
+                wraps.append((axis, known.bound.shifted(1)))
+            clamp = known.op if (c < 0) == (known.op == "max") and c else None
         else:
             return None
-    return tuple(out), wraps
+        clamps.append(clamp)
+    return tuple(out), wraps, tuple(clamps)
+
+
+def _site_passes(offset, clamps) -> list:
+    """The passes an accumulation takes part in: its own offset, and along each clamped axis every
+    offset from 0 to its own (the clamped threads' accumulations land on the edge)."""
+    choices = [[(c, periodic)] if clamp is None else [(e, False) for e in range(min(c, 0), max(c, 0) + 1)]
+               for (c, periodic), clamp in zip(offset, clamps)]
+    return list(itertools.product(*choices))
 
 
 # ---- building the gather function ----------------------------------------------------------------
-def _build(adjoint: ir.Function, body, eligible: dict[str, ir.Param], site_offset, passes,
+def _build(adjoint: ir.Function, body, eligible: dict[str, ir.Param], site_offset, site_clamps, passes,
            clamp: bool) -> ir.Function:
     loc = adjoint.loc
     ndim = adjoint.tid_ndim
@@ -133,7 +162,8 @@ def _build(adjoint: ir.Function, body, eligible: dict[str, ir.Param], site_offse
     out += [ir.Assign(v, ir.Const(-0.0, v.type), loc) for v in totals.values()]
     zero = ((0, False),) * ndim
     for c in passes:
-        out += _pass(body, c, p, extent, totals, site_offset, keep_scatter=c == zero, clamp=clamp, loc=loc)
+        out += _pass(body, c, p, extent, totals, site_offset, site_clamps, keep_scatter=c == zero, clamp=clamp,
+                     loc=loc)
     # One write per element of each gathered gradient: where the launch says the gradient is new
     # memory (its bit of the fresh mask, bit k for parameter k), it stores instead of adding.
     bits = {param.name: k for k, param in enumerate(adjoint.params) if k < 63}
@@ -146,7 +176,7 @@ def _build(adjoint: ir.Function, body, eligible: dict[str, ir.Param], site_offse
     return ir.Function(name, adjoint.params, tuple(out), loc, ndim)
 
 
-def _pass(body, c, p, extent, totals, site_offset, keep_scatter: bool, clamp: bool, loc) -> list:
+def _pass(body, c, p, extent, totals, site_offset, site_clamps, keep_scatter: bool, clamp: bool, loc) -> list:
     """Thread p's share of the pass at offset c (per axis: the offset, and whether it wraps around
     the axis): the adjoint of thread p - c (clamped into the launch, or wrapped around a periodic
     axis), its accumulations at offset c summed into fresh locals, added to `totals` only when
@@ -181,7 +211,7 @@ def _pass(body, c, p, extent, totals, site_offset, keep_scatter: bool, clamp: bo
         t.append(tk)
     partial = {name: ir.Var(f"{v.hint}_{_label(c)}", v.type) for name, v in totals.items()}
     out += [ir.Assign(v, ir.Const(-0.0, v.type), loc) for v in partial.values()]
-    copier = _Copier(t, c, partial, site_offset, keep_scatter)
+    copier = _Copier(t, c, partial, site_offset, keep_scatter, site_clamps, p, extent)
     out += copier.block(body)
     for name, total in totals.items():
         part, cur, kept, new = ir.Temp(total.type), ir.Temp(total.type), ir.Temp(total.type), ir.Temp(total.type)
@@ -202,10 +232,37 @@ class _Copier(ir.Rewriter):
     pass's (clamped) thread, accumulations at the pass's offset redirected into its locals, other
     gathered accumulations dropped, scattered ones kept only in the zero-offset pass."""
 
-    def __init__(self, thread, offset, partial, site_offset, keep_scatter):
+    def __init__(self, thread, offset, partial, site_offset, keep_scatter, site_clamps, p, extent):
         self.thread, self.offset, self.partial = thread, offset, partial
         self.site_offset, self.keep_scatter = site_offset, keep_scatter
+        self.site_clamps, self.p, self.extent = site_clamps, p, extent
         self.names: dict[int, object] = {}
+
+    def _edge_test(self, s) -> tuple[list, ir.Temp | None] | None:
+        """For an accumulation in this pass: the statements computing when it is kept and the
+        test (None: always), or None where it belongs to another pass. Off its own offset, a
+        clamped accumulation is kept by the edge thread alone (p == 0 under max, p == n - 1 under
+        min), which is where the clamped threads put it."""
+        own = self.site_offset[id(s)]
+        if own == self.offset:
+            return [], None
+        if self.offset not in _site_passes(own, self.site_clamps[id(s)]):
+            return None
+        out, test = [], None
+        for k, ((c, _), (e, _), clamp) in enumerate(zip(own, self.offset, self.site_clamps[id(s)])):
+            if e == c:
+                continue
+            edge, at = ir.Const(0, int32), ir.Temp(bool_)
+            if clamp == "min":
+                edge = ir.Temp(int32)
+                out.append(ir.Op(edge, "sub", (self.extent[k], ir.Const(1, int32)), s.loc))
+            out.append(ir.Op(at, "eq", (self.p[k], edge), s.loc))
+            if test is not None:
+                both = ir.Temp(bool_)
+                out.append(ir.Op(both, "and", (test, at), s.loc))
+                at = both
+            test = at
+        return out, test
 
     def stmt(self, s) -> list:
         if isinstance(s, ir.ThreadIndex):
@@ -214,12 +271,18 @@ class _Copier(ir.Rewriter):
         if isinstance(s, ir.AccumGrad):
             name = s.array.param.name
             if name in self.partial:
-                if self.site_offset[id(s)] != self.offset:
+                kept = self._edge_test(s)
+                if kept is None:
                     return []
+                out, test = kept
                 acc = self.partial[name]
-                cur, new = ir.Temp(acc.type), ir.Temp(acc.type)
-                return [ir.ReadVar(cur, acc, s.loc), ir.Op(new, "add", (cur, self.value(s.value)), s.loc),
-                        ir.Assign(acc, new, s.loc)]
+                cur, new, value = ir.Temp(acc.type), ir.Temp(acc.type), self.value(s.value)
+                if test is not None:
+                    where = ir.Temp(acc.type)
+                    out.append(ir.Op(where, "where", (test, value, ir.Const(0, acc.type)), s.loc))
+                    value = where
+                return out + [ir.ReadVar(cur, acc, s.loc), ir.Op(new, "add", (cur, value), s.loc),
+                              ir.Assign(acc, new, s.loc)]
             if not self.keep_scatter:
                 return []
         return [self.value(s)]

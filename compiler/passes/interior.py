@@ -8,7 +8,8 @@ array extents, integer scalar arguments, the launch's own extents, and sums, dif
 integer multiples of these), and decides it for the threads in the middle of the launch: a bound
 made of constants alone sits near the start of the axis (the middle lies above it), any other bound
 near the end (the middle lies below it). Periodic indices, ``(i + 1) % n`` or ``(i + n - 1) % n``
-with n fixed by the launch, are ``i + 1`` and ``i - 1`` in the middle.
+with n fixed by the launch, are ``i + 1`` and ``i - 1`` in the middle, and so are clamped indices,
+``max(i - 1, 0)`` and ``min(i + 1, n - 1)``.
 
 The variant has each such comparison replaced by the value it takes in the middle (an ``if`` on it
 by the branch taken) and each periodic index by its plain value, and records the box where that
@@ -83,6 +84,18 @@ class Wrapped:
 
 
 @dataclass(frozen=True)
+class Clamped:
+    """A clamped index, ``max(tid()[axis] + offset, bound)`` with a bound near the start (zero) or
+    ``min(tid()[axis] + offset, bound)`` with one near the end (``n - 1``): `plain` is the Temp
+    holding ``tid + offset``, which the index equals in the middle."""
+    axis: int
+    offset: Bound
+    bound: Bound
+    op: str
+    plain: ir.Temp
+
+
+@dataclass(frozen=True)
 class Interior:
     """`function` is valid for the threads whose index k lies in [max(lower[k]), min(upper[k]))
     on every axis (an axis with no bounds: all of it)."""
@@ -121,6 +134,14 @@ def interior_variant(fn: ir.Function, name: str, lower=None, upper=None) -> Inte
                                    ir.Op(s.out, "sub", (x, kd), s.loc)]
             lower[w.axis].append(Bound(-w.c))
             upper[w.axis].append(w.divisor.shifted(-w.c))
+        elif isinstance(s, ir.Op) and isinstance(offsets.get(s.out.id), Clamped):
+            # In the middle, max(tid + c, lo) is tid + c from tid = lo - c on, min(tid + c, hi) up to hi - c.
+            k = offsets[s.out.id]
+            unwrapped[s.out.id] = [ir.Op(s.out, "add", (k.plain, ir.Const(0, int32)), s.loc)]
+            if k.op == "max":
+                lower[k.axis].append(k.bound - k.offset)
+            else:
+                upper[k.axis].append((k.bound - k.offset).shifted(1))
     if not decided and not unwrapped and not any(lower) and not any(upper):
         return None
     body = _Settle(decided, unwrapped).block(fn.body)
@@ -131,7 +152,7 @@ def interior_variant(fn: ir.Function, name: str, lower=None, upper=None) -> Inte
 # ---- which values are tid + constant, and which are bounds ---------------------------------------
 def tid_offsets(body, ndim: int, bounds: dict | None = None) -> dict:
     """Temp and Var ids whose value is ``tid()[axis] + offset``, as (axis, offset Bound), or a
-    periodic index (`Wrapped`)."""
+    periodic index (`Wrapped`) or a clamped one (`Clamped`)."""
     return _track(body, _tid_rule(ndim, _bounds(body) if bounds is None else bounds))
 
 
@@ -179,6 +200,12 @@ def _tid_rule(ndim: int, bounds: dict):
             if s.op == "add" and _affine(b, known) and _bound_of(a, bounds) is not None:
                 axis, off = known[b.id]
                 return (axis, off + _bound_of(a, bounds))
+        if s.op in ("max", "min"):
+            a, b = s.args if _affine(s.args[0], known) else reversed(s.args)
+            bound = _bound_of(b, bounds)
+            if _affine(a, known) and bound is not None and bound.near_start == (s.op == "max"):
+                axis, off = known[a.id]
+                return Clamped(axis, off, bound, s.op, a)
         if s.op == "mod" and _affine(s.args[0], known) and _bound_of(s.args[1], bounds) is not None:
             axis, off = known[s.args[0].id]
             d = _bound_of(s.args[1], bounds)
@@ -289,4 +316,4 @@ class _Settle(ir.Rewriter):
         return x
 
 
-__all__ = ["Bound", "Interior", "Wrapped", "interior_variant", "tid_offsets", "int_const"]
+__all__ = ["Bound", "Clamped", "Interior", "Wrapped", "interior_variant", "tid_offsets", "int_const"]
