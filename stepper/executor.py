@@ -26,6 +26,7 @@ from compiler import array
 from .errors import ModelError, NonFiniteError
 from .graph_loop import GraphLoops
 from .native_loop import NativeLoops
+from .native_reverse import NativeReversal
 from .state import State, write_values
 from .step_context import RecordedStep, StepRunner, StepTape, check_scalar_loss
 from .versions import BufferPool, set_grad
@@ -33,6 +34,7 @@ from .versions import BufferPool, set_grad
 __all__ = ["Sweep", "check_finite_state"]
 
 _RAM, _DISK, _WORK, _NONE = StorageType.RAM, StorageType.DISK, StorageType.WORK, StorageType.NONE
+_REVERSED = object()     # a recorded step that was reversed as it was recorded (Sweep._reverse_natively)
 
 
 def check_finite_state(state: State, step: int | None) -> None:
@@ -79,6 +81,7 @@ class Sweep:
         self._runner = StepRunner(model, self.pool, deterministic=deterministic, running_loss=running_loss,
                                   traced=True)
         self.native = (NativeLoops if model.device == "cpu" else GraphLoops)(self.pool, model.states)
+        self.reversal = NativeReversal(self.pool, model.states, deterministic)
         self.work: State | None = self._load_initial(initial)
         if check_finite:
             check_finite_state(self.work, None)
@@ -203,7 +206,8 @@ class Sweep:
         if not record and not self.online and self.native_loops and native_end - n > 0:
             n = self._advance_native(n, native_end)
         while n < n1:
-            self._step(n, record, dead_last and n == n1 - 1)
+            if not (dead_last and n == n1 - 1 and self._reverse_natively(n)):
+                self._step(n, record, dead_last and n == n1 - 1)
             n += 1
             if self.online and self._stop(n):
                 self.schedule.finalize(n)
@@ -227,6 +231,26 @@ class Sweep:
         self.forward_seconds += time.perf_counter() - start
         self.bar.update(n1 - n)
         return n1
+
+    def _reverse_natively(self, n: int) -> bool:
+        """Record step n and reverse it at once (stepper/native_reverse.py), for a recorded step
+        that ran before, whose reversal comes next: the carry becomes the adjoint at n and the
+        step is marked `_REVERSED` for the Reverse action. False where the tape path must run."""
+        trace = self._runner.trace
+        if not (self.native_loops and self.carry is not None and self.adj == n + 1 and self.work is not None
+                and self._runner.replays_recording() and self.reversal.applies(trace)):
+            return False
+        start = time.perf_counter()
+        self.carry = self.reversal.reverse(trace, self.work, self.carry)
+        self.work = None                 # `reverse` took over the hold; the Reverse drops the state anyway
+        self.pos = n + 1
+        self.recorded[n] = _REVERSED
+        self.forward_steps += 1
+        self.recorded_steps += 1
+        self._runner.launches_skipped += 1
+        self.adjoint_seconds += time.perf_counter() - start
+        self.bar.update(1)
+        return True
 
     def _stop(self, n: int) -> bool:
         if self.steps is not None and n >= self.steps:
@@ -337,7 +361,11 @@ class Sweep:
             rec = self.recorded.get(k)
             if rec is None:
                 raise ModelError(f"the schedule reverses step {k}, which it did not record")
-            self._reverse_step(rec)
+            if rec is _REVERSED:
+                self.reverse_steps += 1
+                self.bar.update(1)
+            else:
+                self._reverse_step(rec)
             if a.clear_adj_deps:
                 del self.recorded[k]
                 self._drop(rec)
@@ -381,6 +409,8 @@ class Sweep:
         self.bar.update(1)
 
     def _drop(self, rec: RecordedStep) -> None:
+        if rec is _REVERSED:
+            return
         self.pool.release_all(rec.prev.values())
         if rec.next_held:
             self.pool.release_all(rec.next.values())

@@ -33,6 +33,8 @@ class GradientStats:
     nothing read, so they never ran (the adjoint replays the forward from the step's inputs).
     ``native_steps``: recomputations of a traced step run by the native step loop (one call per
     ``Forward`` action instead of Python once per step; stepper/native_loop.py).
+    ``native_reversals``: recorded steps reversed at once from their trace without a tape
+    (stepper/native_reverse.py).
     """
     steps: int
     forward_steps: int
@@ -48,6 +50,7 @@ class GradientStats:
     total_seconds: float = 0.0
     launches_skipped: int = 0
     native_steps: int = 0
+    native_reversals: int = 0
 
     def snapshots_written(self, tier=StorageType.RAM) -> int:
         return self.snapshots.get(tier, TierStats()).snapshots_written
@@ -150,7 +153,7 @@ def finish_stats(sweep: Sweep, started: float) -> GradientStats:
         peak_ram_snapshot_bytes=sweep.tiers.peak_ram_bytes, forward_seconds=sweep.forward_seconds,
         adjoint_seconds=sweep.adjoint_seconds, io_seconds=sweep.tiers.io_seconds,
         total_seconds=time.perf_counter() - started, launches_skipped=sweep.launches_skipped,
-        native_steps=sweep.native.steps)
+        native_steps=sweep.native.steps, native_reversals=sweep.reversal.steps)
 
 
 def gradient(model, initial, steps=None, loss=None, schedule=None, storage=None, *, running_loss=None,

@@ -377,10 +377,10 @@ def _fresh_mask(fresh: dict, sig, args, gathered) -> int:
     return mask
 
 
-def _run_adjoint(kernel, compiled, sig, args, dims, buffer, debug, serial, fresh=None):
-    if compiled.adjoint is None:
-        return
-    device = next((a.device for a in args if isinstance(a, array)), "cpu")
+def _adjoint_setup(compiled, sig, args, dims, serial, fresh):
+    """(the adjoint IR function to run, its packed gradient buffer, its serial flag) for a launch
+    whose arguments carry their gradients in ``.grad``; zero-fills the pending `fresh` gradients
+    that it does not overwrite whole (see _fresh_mask)."""
     gather = compiled.gather if _gather_fits(compiled.gather, sig, args, dims) else None
     values = [_fresh_mask(fresh, sig, args, gather.arrays if gather else ()) if fresh else 0, 0, 0, 0, 0]
     for p, a in zip(sig.params, args):
@@ -395,6 +395,32 @@ def _run_adjoint(kernel, compiled, sig, args, dims, buffer, debug, serial, fresh
         adjoint, serial = gather.function, serial and gather.scatters
     gathered = gather.arrays if gather is not None else ()
     serial = _serial_flag(serial, sig.adjoint_logs_adds, (args[k] for n, k in sig.read_arrays if n not in gathered))
+    return adjoint, adj_buffer, serial
+
+
+def packed_adjoint(kernel: Kernel, dims: tuple, args: list, deterministic: bool, fresh: dict):
+    """What a recorded launch's adjoint would run in `Tape.backward` (the arguments' ``.grad`` set,
+    `fresh` its pending new gradients, zero-filled here as backward would), unrun: ``(entry
+    address, packed gradient buffer, serial flag)``, or None where the kernel has no adjoint. The
+    CPU adjoint entry is ``int f(buffer, adj_buffer, tape, capacity, count_only, counts, serial)``;
+    kernels whose adjoint keeps a loop tape are refused (ValueError): they need per-call memory."""
+    import ctypes
+    compiled = kernel.compiled()
+    if compiled.adjoint is None:
+        return None
+    if compiled.needs_tape:
+        raise ValueError(f"kernel '{kernel.__name__}': its adjoint keeps a loop tape")
+    sig = _signature(kernel)
+    adjoint, adj_buffer, serial = _adjoint_setup(compiled, sig, args, dims, deterministic, fresh)
+    entry = kernel.entry(False).function(adjoint.name, adjoint=True)
+    return ctypes.cast(entry, ctypes.c_void_p).value, adj_buffer, serial
+
+
+def _run_adjoint(kernel, compiled, sig, args, dims, buffer, debug, serial, fresh=None):
+    if compiled.adjoint is None:
+        return
+    device = next((a.device for a in args if isinstance(a, array)), "cpu")
+    adjoint, adj_buffer, serial = _adjoint_setup(compiled, sig, args, dims, serial, fresh)
     if device != "cpu":
         cuda_launch.adjoint(kernel, compiled, adjoint, buffer, adj_buffer, math.prod(dims), debug, bool(serial), device)
         return

@@ -1,0 +1,212 @@
+"""Native reversal of a traced step: recording a step and reversing it at once, without a tape.
+
+Binomial schedules end every recomputation the same way: ``Forward(n, n + 1)`` recording the step,
+then ``Reverse(n + 1, n)`` at once. Through the tape that is a StepTape, a RecordedOp per launch,
+its adjoint packed afresh and gradients set and unset on every array: about 70 us of Python a step,
+more than a 256x256 stencil's kernels. Here the step's trace (stepper/trace.py) is planned once:
+every launch's forward and adjoint arguments are packed (`packed_forward`, `packed_adjoint`) and
+what Tape.backward would do around them is written down (which new gradients a gather form
+overwrites whole, which it zero-fills first, the running loss's seed). A step then patches the
+pointers of its own versions into the packed arguments and calls the entry points: the step's
+launches but the last (nothing reads its outputs: adjoints replay the forward from the inputs),
+then the adjoints in reverse order. Same entry points, same arguments, same order, same fills as
+the tape: the same bits.
+
+Planned only for CPU steps whose kernels all have adjoints without loop tapes and whose running
+loss (if any) is a scratch buffer; any other step keeps the tape path. Arrays that are not the
+step's own (parameters) are the same every step: packed once, their gradients added to as on the
+tape.
+"""
+from __future__ import annotations
+
+import ctypes
+import struct
+
+from compiler.runtime.launch import packed_adjoint, packed_forward
+from compiler.runtime.tape import settle
+
+from .native_loop import _ptr
+from .state import State
+from .trace import Slot
+from .versions import set_grad
+
+__all__ = ["NativeReversal"]
+
+_FORWARD = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int)
+_ADJOINT = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                            ctypes.c_int, ctypes.c_void_p, ctypes.c_int)
+_POINTER = struct.Struct("<Q")
+
+
+class _Fills(dict):
+    """Tape.backward's pending new gradients (by storage id) that notes which ones were zero-filled
+    (`zero_fresh` pops them; a gather form that overwrites one deletes it instead)."""
+
+    def __init__(self, grads):
+        super().__init__((id(g._storage), g) for g in grads)
+        self.filled: list = []
+
+    def pop(self, key, default=None):
+        if key in self:
+            self.filled.append(key)
+        return super().pop(key, default)
+
+
+class _Plan:
+    """One trace's step, packed. Keys name each step's arrays: ("prev", name), ("next", name),
+    ("scratch", name) and their gradients ("gprev", name), ("carry", name) (s.next's: the carried
+    adjoint) and ("gscratch", name). Built in two halves, as a step runs: the launches from the
+    step's versions, then the adjoints once the gradients are there."""
+
+    def __init__(self, trace, arrays: dict):
+        self.trace = trace
+        self.groups = groups = {"prev": {}, "next": {}, "scratch": {}}
+        for (group, name), a in arrays.items():
+            groups[group][name] = a
+        self.buffers = []                   # every packed buffer, kept alive for its address
+        self.forward_patches = []           # (buffer, byte offset, key): the step's pointers
+        self.forward, self._launches = [], []
+        self.reads_next = False
+        for k, t in enumerate(trace.launches):
+            args = [groups[a.group][a.name] if type(a) is Slot else a for a in t.args]
+            entry, packed, serial, offsets = packed_forward(t.kernel, t.dims, args, t.deterministic)
+            buf = self._keep(packed)
+            self.forward_patches += [(buf, offset, (a.group, a.name)) for a, offset in zip(t.args, offsets)
+                                     if type(a) is Slot]
+            if k < len(trace.launches) - 1:              # the last one's outputs are dead
+                self.forward.append((_FORWARD(entry), ctypes.addressof(buf), serial))
+            uses = t.kernel.compiled().uses
+            self.reads_next |= any(type(a) is Slot and a.group == "next" and uses[p.name].reads
+                                   for a, p in zip(t.args, t.kernel.params))
+            self._launches.append((t, args, buf, offsets))
+        self.adjoints = None                # the second half
+
+    def plan_adjoints(self, arrays: dict, deterministic: bool) -> None:
+        """The adjoints in the order Tape.backward runs them, with its fills, from this step's
+        gradients in `arrays` (set on the arrays while planning, as on a tape)."""
+        groups = self.groups
+        grad_key = {("prev", n): ("gprev", n) for n in groups["prev"] if ("gprev", n) in arrays}
+        grad_key.update({("next", n): ("carry", n) for n in groups["next"] if ("carry", n) in arrays})
+        grad_key.update({("scratch", n): ("gscratch", n) for n in groups["scratch"] if ("gscratch", n) in arrays})
+        by_storage = {id(a._storage): key for key, a in arrays.items()}
+        for key, grad in grad_key.items():
+            set_grad(arrays[key], arrays[grad])
+        try:
+            fills = _Fills(arrays[key] for key in arrays if key[0] in ("gprev", "gscratch"))
+            self.seed = None
+            loss = self.trace.loss
+            if loss is not None:                        # Tape.backward seeds before the first adjoint
+                self.seed = grad_key[(loss.group, loss.name)]
+                fills.pop(id(arrays[self.seed]._storage))
+            self.adjoint_patches, adjoints = [], []
+            for t, args, buf, offsets in reversed(self._launches):
+                fills.filled.clear()
+                packed = packed_adjoint(t.kernel, t.dims, args, deterministic, fills)
+                if packed is None:
+                    continue
+                entry, adj_packed, serial = packed
+                adj = self._keep(adj_packed)
+                for a, offset in zip(args, offsets):
+                    # a parameter's gradient is the same array every step: packed once
+                    if offset is not None and a.grad is not None and id(a.grad._storage) in by_storage:
+                        self.adjoint_patches.append((adj, offset, by_storage[id(a.grad._storage)]))
+                zero = [by_storage[key] for key in fills.filled]
+                adjoints.append((zero, _ADJOINT(entry), ctypes.addressof(buf), ctypes.addressof(adj), serial))
+            self.zero_after = [by_storage[key] for key in fills]
+            self.adjoints = adjoints
+        finally:
+            for key in grad_key:
+                set_grad(arrays[key], None)
+
+    def _keep(self, packed: bytes):
+        buf = ctypes.create_string_buffer(packed, len(packed))
+        self.buffers.append(buf)
+        return buf
+
+
+def plannable(trace, device: str) -> bool:
+    """Whether `trace`'s step can be reversed natively (see the module docstring)."""
+    if device != "cpu" or not trace or not trace.differentiable or trace.reads_series:
+        return False
+    if trace.loss is not None and trace.loss.group != "scratch":
+        return False
+    return not any(t.kernel.compiled().needs_tape for t in trace.launches)
+
+
+def _patch(patches, arrays: dict) -> None:
+    pack = _POINTER.pack_into
+    for buf, offset, key in patches:
+        pack(buf, offset, _ptr(arrays[key]))
+
+
+class NativeReversal:
+    """Records and reverses traced steps for a Sweep (see the module docstring)."""
+
+    def __init__(self, pool, states: dict, deterministic: bool):
+        self.pool = pool
+        self.deterministic = deterministic
+        self._kinds = [(name, pool.kind(spec.shape, spec.dtype)) for name, spec in states.items()]
+        self._plan: _Plan | None = None
+        self._refused = None                      # the last trace `plannable` refused
+        self.steps = 0
+
+    def applies(self, trace) -> bool:
+        if self._plan is not None and self._plan.trace is trace:
+            return True
+        if trace is self._refused or not plannable(trace, self.pool.device):
+            self._refused = trace
+            return False
+        return True
+
+    def reverse(self, trace, prev: State, carry: dict) -> dict:
+        """Step `prev` (the caller's hold passes here) with `trace` and reverse it at once from
+        `carry` (the adjoint of the step's result, by state name; its hold passes here too);
+        return the adjoint of `prev` (held once, the caller's)."""
+        pool = self.pool
+        take, acquire, acquire_like = pool.take, pool.acquire, pool.acquire_like
+        nxt = {name: take(kind) for name, kind in self._kinds}
+        scratch = {name: acquire(shape, dtype, zero) for name, shape, dtype, zero in trace.scratch}
+        arrays = {("prev", n): a for n, a in prev.items()}
+        arrays.update({("next", n): a for n, a in nxt.items()})
+        arrays.update({("scratch", n): a for n, a in scratch.items()})
+        plan = self._plan if self._plan is not None and self._plan.trace is trace else None
+        grads: dict = {}
+        try:
+            if plan is None:
+                plan = _Plan(trace, arrays)
+            _patch(plan.forward_patches, arrays)
+            settle()                                   # launches a Tape holds run first
+            for entry, buf, serial in plan.forward:
+                entry(buf, serial)
+            if not plan.reads_next:
+                # as _reverse_step: s.next's memory can serve the gradients below
+                pool.release_all(nxt.values())
+                nxt = {}
+            grads = {("gprev", n): acquire_like(prev[n], zero=False) for n in carry}
+            grads.update({("gscratch", n): acquire_like(a, zero=False) for n, a in scratch.items() if a.dtype.is_float})
+            arrays.update(grads)
+            arrays.update({("carry", n): g for n, g in carry.items()})
+            if plan.adjoints is None:
+                plan.plan_adjoints(arrays, self.deterministic)
+                self._plan = plan
+            _patch(plan.adjoint_patches, arrays)
+            self._run_adjoints(plan, arrays)
+        except BaseException:
+            pool.release_all((*nxt.values(), *scratch.values(), *grads.values()))
+            raise
+        pool.release_all((*nxt.values(), *scratch.values(), *carry.values(), *prev.values()))
+        pool.release_all([g for key, g in grads.items() if key[0] == "gscratch"])
+        self.steps += 1
+        return {n: grads[("gprev", n)] for n in carry}
+
+    @staticmethod
+    def _run_adjoints(plan: _Plan, arrays: dict) -> None:
+        if plan.seed is not None:
+            seed = arrays[plan.seed]
+            seed._data[...] = 1                        # 0 + 1, as Tape.backward seeds a new gradient
+        for zero, entry, buf, adj, serial in plan.adjoints:
+            for key in zero:
+                ctypes.memset(_ptr(arrays[key]), 0, arrays[key]._data.nbytes)
+            entry(buf, adj, None, 0, 0, None, serial)
+        for key in plan.zero_after:
+            ctypes.memset(_ptr(arrays[key]), 0, arrays[key]._data.nbytes)
