@@ -27,6 +27,7 @@ from .errors import ModelError, NonFiniteError
 from .graph_loop import GraphLoops
 from .native_loop import NativeLoops
 from .native_reverse import NativeReversal
+from .native_sweep import NativeSweep
 from .state import State, write_values
 from .step_context import RecordedStep, StepRunner, StepTape, check_scalar_loss
 from .versions import BufferPool, set_grad
@@ -82,6 +83,7 @@ class Sweep:
                                   traced=True)
         self.native = (NativeLoops if model.device == "cpu" else GraphLoops)(self.pool, model.states)
         self.reversal = NativeReversal(self.pool, model.states, deterministic)
+        self.stretch = NativeSweep(self)
         self.work: State | None = self._load_initial(initial)
         if check_finite:
             check_finite_state(self.work, None)
@@ -113,13 +115,21 @@ class Sweep:
         one-element array) and/or `seeds` (``{name: ndarray}``), run actions up to EndReverse; return
         the adjoint of the initial state (``{name: array}``, owned by the caller)."""
         self._seed(loss, seeds)
+        action = None
         while True:
-            action = self._next(lookahead=True)
+            if action is None:
+                action = self._next(lookahead=True)
             if action is None:
                 raise ModelError("the schedule ended before EndReverse")
             if isinstance(action, EndReverse):
                 break
+            if type(action) is not Reverse and self.stretch.ready():
+                # as much of the sweep as runs natively, in one call (stepper/native_sweep.py)
+                action, took = self.stretch.run(action)
+                if took:
+                    continue
             self._run(action)
+            action = None
         if self.adj != 0:
             raise ModelError(f"the schedule ended its reverse sweep at step {self.adj}, not 0")
         adjoint = {name: self.pool.give_away(a) for name, a in self.carry.items()}

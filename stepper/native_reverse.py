@@ -74,7 +74,7 @@ class _Plan:
             self.forward_patches += [(buf, offset, (a.group, a.name)) for a, offset in zip(t.args, offsets)
                                      if type(a) is Slot]
             if k < len(trace.launches) - 1:              # the last one's outputs are dead
-                self.forward.append((_FORWARD(entry), ctypes.addressof(buf), serial))
+                self.forward.append((_FORWARD(entry), ctypes.addressof(buf), serial, entry))
             uses = t.kernel.compiled().uses
             self.reads_next |= any(type(a) is Slot and a.group == "next" and uses[p.name].reads
                                    for a, p in zip(t.args, t.kernel.params))
@@ -111,8 +111,9 @@ class _Plan:
                     if offset is not None and a.grad is not None and id(a.grad._storage) in by_storage:
                         self.adjoint_patches.append((adj, offset, by_storage[id(a.grad._storage)]))
                 zero = [by_storage[key] for key in fills.filled]
-                adjoints.append((zero, _ADJOINT(entry), ctypes.addressof(buf), ctypes.addressof(adj), serial))
+                adjoints.append((zero, _ADJOINT(entry), ctypes.addressof(buf), ctypes.addressof(adj), serial, entry))
             self.zero_after = [by_storage[key] for key in fills]
+            self.nbytes = {key: a._data.nbytes for key, a in arrays.items()}
             self.adjoints = adjoints
         finally:
             for key in grad_key:
@@ -176,7 +177,7 @@ class NativeReversal:
                 plan = _Plan(trace, arrays)
             _patch(plan.forward_patches, arrays)
             settle()                                   # launches a Tape holds run first
-            for entry, buf, serial in plan.forward:
+            for entry, buf, serial, _ in plan.forward:
                 entry(buf, serial)
             if not plan.reads_next:
                 # as _reverse_step: s.next's memory can serve the gradients below
@@ -204,7 +205,7 @@ class NativeReversal:
         if plan.seed is not None:
             seed = arrays[plan.seed]
             seed._data[...] = 1                        # 0 + 1, as Tape.backward seeds a new gradient
-        for zero, entry, buf, adj, serial in plan.adjoints:
+        for zero, entry, buf, adj, serial, _ in plan.adjoints:
             for key in zero:
                 ctypes.memset(_ptr(arrays[key]), 0, arrays[key]._data.nbytes)
             entry(buf, adj, None, 0, 0, None, serial)

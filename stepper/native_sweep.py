@@ -1,0 +1,491 @@
+"""A stretch of a reverse sweep run natively: the schedule's actions worked out first, then one call.
+
+With recomputations in native loops (stepper/native_loop.py) and each recorded step reversed at
+once natively (stepper/native_reverse.py), what is left of a binomial reverse sweep in Python is
+the executor's dispatch: four or so actions per reversed step (read a snapshot, advance, record and
+reverse, the Reverse itself), each taking and releasing versions in the pool, about 60 us a
+reversed step. Here the sweep hands over a stretch of actions that need nothing but RAM snapshots
+held in the pool (`HeldStates`) and the two plans the step already has: they are worked out in
+Python on plain counters (which version each action reads and writes, from a free list per kind,
+in the order the executor would take and release them), written into one table of operations, and
+run by one call into C++: ``0`` an advance (the native loop's ring, the same driver), ``1`` a step
+recorded and reversed at once (the native reversal's packed launches, fills and adjoints). Then the
+pool's holds, the held snapshots, the live state, the carried adjoint and the statistics are set
+to what the executor would have left. The operations are the ones the executor would have run, on
+the same versions' roles, in the same order: the same bits.
+
+A stretch ends before the first action it cannot take (a DISK snapshot, a step recorded for
+later, a schedule mistake: the executor then runs it as usual and says what is wrong).
+"""
+from __future__ import annotations
+
+import ctypes
+import time
+
+import numpy as np
+
+from checkpoint import Copy, EndReverse, Forward, Move, Reverse, StorageType
+from compiler.backends.cpu_build import build_cpu_library, load_cpu_library
+from compiler.runtime.tape import settle
+
+from .native_loop import _DRIVER, _Launch, _ptr
+from .snapshots import HeldStates
+from .state import State
+
+__all__ = ["NativeSweep"]
+
+_RAM, _WORK, _NONE = StorageType.RAM, StorageType.WORK, StorageType.NONE
+
+_SWEEP = _DRIVER + r"""
+typedef int (*adjoint_t)(const char*, const char*, void*, int64_t, int, void*, int);
+struct sp_rpatch { char* buf; int64_t offset; int64_t slot; };      // buf + offset <- rslots[slot]
+struct sp_rcall { void* entry; const char* fwd; const char* adj; int64_t serial; int64_t zero_begin; int64_t zero_end; };
+struct sp_fill { int64_t slot; int64_t nbytes; };
+struct sp_plan {
+    int64_t S, F;                                      // states, float states
+    const sp_launch* launches; int64_t n_launches;     // the advance (native_loop's tables)
+    const sp_patch* patches; int64_t n_patches;
+    void** slots; sp_state* states; const sp_zero* zeros; int64_t n_zeros;
+    const sp_launch* rforward; int64_t n_rforward;     // the reversal (native_reverse's plan)
+    const sp_rpatch* rpatches; int64_t n_rpatches;
+    const sp_fill* before; int64_t n_before;           // zero fills of s.next and scratch, as taken
+    int64_t seed_slot; int64_t seed_size;              // the running loss's gradient, or -1
+    const sp_rcall* calls; int64_t n_calls;
+    const sp_fill* fills; int64_t after_begin; int64_t after_end;
+    void** rslots;                                     // prev[S] next[S] gprev[F] carry[F] scratch.. (set)
+};
+
+// ops: 0, steps, start[S], a[S], b[S]  |  1, prev[S], next[S], gprev[F], carry[F]
+extern "C" void sp_sweep(const int64_t* ops, int64_t n_words, const sp_plan* p) {
+    const int64_t S = p->S, F = p->F;
+    int64_t i = 0;
+    while (i < n_words) {
+        if (ops[i++] == 0) {
+            const int64_t steps = ops[i++];
+            for (int64_t s = 0; s < S; ++s) {
+                p->slots[s] = (void*)ops[i + s];
+                p->slots[S + s] = (void*)ops[i + S + s];
+                p->states[s].spare = (void*)ops[i + 2 * S + s];
+            }
+            i += 3 * S;
+            sp_advance(steps, p->launches, p->n_launches, p->patches, p->n_patches, p->slots, p->states, S,
+                       p->zeros, p->n_zeros);
+            continue;
+        }
+        for (int64_t k = 0; k < 2 * S + 2 * F; ++k) p->rslots[k] = (void*)ops[i + k];
+        i += 2 * S + 2 * F;
+        for (int64_t q = 0; q < p->n_rpatches; ++q)
+            std::memcpy(p->rpatches[q].buf + p->rpatches[q].offset, &p->rslots[p->rpatches[q].slot], sizeof(void*));
+        for (int64_t z = 0; z < p->n_before; ++z)
+            std::memset(p->rslots[p->before[z].slot], 0, (size_t)p->before[z].nbytes);
+        for (int64_t l = 0; l < p->n_rforward; ++l)
+            p->rforward[l].entry(p->rforward[l].buf, (int)p->rforward[l].serial);
+        if (p->seed_slot >= 0) {
+            if (p->seed_size == 4) *(float*)p->rslots[p->seed_slot] = 1.0f;
+            else *(double*)p->rslots[p->seed_slot] = 1.0;
+        }
+        for (int64_t c = 0; c < p->n_calls; ++c) {
+            const sp_rcall& call = p->calls[c];
+            for (int64_t z = call.zero_begin; z < call.zero_end; ++z)
+                std::memset(p->rslots[p->fills[z].slot], 0, (size_t)p->fills[z].nbytes);
+            ((adjoint_t)call.entry)(call.fwd, call.adj, nullptr, 0, 0, nullptr, (int)call.serial);
+        }
+        for (int64_t z = p->after_begin; z < p->after_end; ++z)
+            std::memset(p->rslots[p->fills[z].slot], 0, (size_t)p->fills[z].nbytes);
+    }
+}
+"""
+
+
+class _RPatch(ctypes.Structure):
+    _fields_ = [("buf", ctypes.c_void_p), ("offset", ctypes.c_int64), ("slot", ctypes.c_int64)]
+
+
+class _RCall(ctypes.Structure):
+    _fields_ = [("entry", ctypes.c_void_p), ("fwd", ctypes.c_void_p), ("adj", ctypes.c_void_p),
+                ("serial", ctypes.c_int64), ("zero_begin", ctypes.c_int64), ("zero_end", ctypes.c_int64)]
+
+
+class _Fill(ctypes.Structure):
+    _fields_ = [("slot", ctypes.c_int64), ("nbytes", ctypes.c_int64)]
+
+
+class _PlanTables(ctypes.Structure):
+    _fields_ = [("S", ctypes.c_int64), ("F", ctypes.c_int64),
+                ("launches", ctypes.c_void_p), ("n_launches", ctypes.c_int64),
+                ("patches", ctypes.c_void_p), ("n_patches", ctypes.c_int64),
+                ("slots", ctypes.c_void_p), ("states", ctypes.c_void_p), ("zeros", ctypes.c_void_p),
+                ("n_zeros", ctypes.c_int64),
+                ("rforward", ctypes.c_void_p), ("n_rforward", ctypes.c_int64),
+                ("rpatches", ctypes.c_void_p), ("n_rpatches", ctypes.c_int64),
+                ("before", ctypes.c_void_p), ("n_before", ctypes.c_int64),
+                ("seed_slot", ctypes.c_int64), ("seed_size", ctypes.c_int64),
+                ("calls", ctypes.c_void_p), ("n_calls", ctypes.c_int64),
+                ("fills", ctypes.c_void_p), ("after_begin", ctypes.c_int64), ("after_end", ctypes.c_int64),
+                ("rslots", ctypes.c_void_p)]
+
+
+_function = None
+
+
+def _sweep_function():
+    global _function
+    if _function is None:
+        fn = load_cpu_library(build_cpu_library(_SWEEP, "stepper_native_sweep")).sp_sweep
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
+        fn.restype = None
+        _function = fn
+    return _function
+
+
+class _Tables:
+    """The two plans of one trace as the C++ driver reads them (kept alive with the plans)."""
+
+    def __init__(self, advance_plan, advance_slots, reverse_plan, names, floats, trace, zero_next: bool):
+        S, F = len(names), len(floats)
+        scratch = [spec[0] for spec in trace.scratch]
+        gscratch = [name for name in scratch if ("gscratch", name) in reverse_plan.nbytes]
+        index = {("prev", n): k for k, n in enumerate(names)}
+        index.update({("next", n): S + k for k, n in enumerate(names)})
+        index.update({("gprev", n): 2 * S + k for k, n in enumerate(floats)})
+        index.update({("carry", n): 2 * S + F + k for k, n in enumerate(floats)})
+        index.update({("scratch", n): 2 * S + 2 * F + k for k, n in enumerate(scratch)})
+        index.update({("gscratch", n): 2 * S + 2 * F + len(scratch) + k for k, n in enumerate(gscratch)})
+        self.index, self.scratch, self.gscratch = index, scratch, gscratch
+        rp = reverse_plan
+        self.rslots = (ctypes.c_void_p * len(index))()
+        self.rforward = (_Launch * max(len(rp.forward), 1))(*[_Launch(addr, buf, serial)
+                                                             for _, buf, serial, addr in rp.forward])
+        patches = [_RPatch(ctypes.addressof(buf), offset, index[key])
+                   for buf, offset, key in (*rp.forward_patches, *rp.adjoint_patches)]
+        self.rpatches = (_RPatch * max(len(patches), 1))(*patches)
+        before = [_Fill(index[("next", n)], rp.nbytes[("next", n)]) for n in names] if zero_next else []
+        before += [_Fill(index[("scratch", name)], rp.nbytes[("scratch", name)])
+                   for name, shape, dtype, zero in trace.scratch if zero or (zero is None and zero_next)]
+        self.before = (_Fill * max(len(before), 1))(*before)
+        fills, calls = [], []
+        for zero, _, buf, adj, serial, entry in rp.adjoints:
+            begin = len(fills)
+            fills += [_Fill(index[key], rp.nbytes[key]) for key in zero]
+            calls.append(_RCall(entry, buf, adj, serial, begin, len(fills)))
+        after = len(fills)
+        fills += [_Fill(index[key], rp.nbytes[key]) for key in rp.zero_after]
+        self.calls = (_RCall * max(len(calls), 1))(*calls)
+        self.fills = (_Fill * max(len(fills), 1))(*fills)
+        seed_slot = index[rp.seed] if rp.seed is not None else -1
+        seed_size = rp.nbytes[rp.seed] if rp.seed is not None else 0
+        ap = advance_plan
+        self.plan = _PlanTables(
+            S, F, ctypes.addressof(ap.launches), len(ap.launches), ctypes.addressof(ap.patches), len(ap.patches),
+            ctypes.addressof(advance_slots), ctypes.addressof(ap.states), ctypes.addressof(ap.zeros), len(ap.zeros),
+            ctypes.addressof(self.rforward), len(rp.forward), ctypes.addressof(self.rpatches), len(patches),
+            ctypes.addressof(self.before), len(before), seed_slot, seed_size,
+            ctypes.addressof(self.calls), len(calls), ctypes.addressof(self.fills), after, len(fills),
+            ctypes.addressof(self.rslots))
+        self.advance_scratch = [spec[0] for spec in ap.scratch]
+        self.advance_slots = advance_slots
+
+
+class NativeSweep:
+    """Runs stretches of a Sweep's reverse sweep natively (see the module docstring)."""
+
+    def __init__(self, sweep):
+        self.sweep = sweep
+        self.names = list(sweep.model.states)
+        self._tables: tuple | None = None          # (advance plan, reverse plan, _Tables)
+        self.stretches = 0
+
+    # -- whether a stretch can start -------------------------------------------------------------------
+    def ready(self) -> bool:
+        sw = self.sweep
+        if not sw.native_loops or sw.online or sw.pool.device != "cpu" or sw.carry is None:
+            return False
+        if not isinstance(sw.tiers.tiers.get(_RAM), HeldStates) or sw.tiers._in_flight:
+            return False
+        trace = sw._runner.trace
+        native, reversal = sw.native, sw.reversal
+        return bool(trace) and native._plan is not None and native._plan[0] is trace \
+            and reversal._plan is not None and reversal._plan.trace is trace and reversal._plan.adjoints is not None
+
+    def _prepared(self) -> _Tables:
+        sw = self.sweep
+        advance_plan, advance_slots = sw.native._plan[1], sw.native._plan[2]
+        reverse_plan = sw.reversal._plan
+        if self._tables is None or self._tables[0] is not advance_plan or self._tables[1] is not reverse_plan:
+            floats = [n for n in self.names if n in sw.carry]
+            tables = _Tables(advance_plan, advance_slots, reverse_plan, self.names, floats, sw._runner.trace,
+                             sw.pool.zero)
+            self._tables = (advance_plan, reverse_plan, tables)
+        return self._tables[2]
+
+    # -- one stretch ---------------------------------------------------------------------------------------
+    def run(self, action):
+        """Work out and run the stretch of actions from `action` on; return the first action it did
+        not take (EndReverse at the end of the sweep; None if the schedule ended), which the caller
+        runs as usual, and whether it took any."""
+        sw = self.sweep
+        plan = _Stretch(sw, self.names, self._prepared())
+        taken = 0
+        while type(action) is not EndReverse and plan.take(action):
+            taken += 1
+            action = sw._next(lookahead=False)
+            if action is None:
+                break
+        if plan.pending_record is not None:          # a recording whose Reverse did not follow
+            if action is not None:
+                sw._ahead.appendleft(action)
+            action, plan.pending_record = plan.pending_record, None
+            taken -= 1
+        if not taken:
+            plan.abandon()
+            return action, False
+        plan.run_and_commit()
+        self.stretches += 1
+        return action, True
+
+
+class _Version:
+    """A version of the whole state (or of its float states' gradient) while a stretch is worked
+    out: its arrays in state order and how many hold it here (snapshots, the live state, the carry)."""
+    __slots__ = ("arrays", "refs")
+
+    def __init__(self, arrays: tuple, refs: int):
+        self.arrays, self.refs = arrays, refs
+
+
+class _Stretch:
+    """The versions, holds and operations of one stretch, worked out action by action the way the
+    executor would run them (Sweep._forward, _transfer and _reverse, NativeLoops.advance,
+    NativeReversal.reverse), then run and committed to the pool, the held snapshots and the sweep.
+    Holds found on arrays beyond the ones counted here (a recorded step's, say) are left alone, and
+    such arrays are never reused."""
+
+    def __init__(self, sw, names, tables: _Tables):
+        pool = sw.pool
+        self.sw, self.pool, self.names, self.tables = sw, pool, names, tables
+        self.kinds = [pool.kind(spec.shape, spec.dtype) for spec in sw.model.states.values()]
+        self.floats = [k for k, n in enumerate(names) if n in sw.carry]
+        self.grad_kinds = [self.kinds[k] for k in self.floats]
+        self.held = sw.tiers.tiers[_RAM]
+        self.reads_next = sw.reversal._plan.reads_next
+        self.free: dict = {}                     # Kind -> arrays of ours that nothing holds
+        self.taken: list = []                    # arrays this stretch took from the pool
+        self.start_refs: dict[int, int] = {}     # id(array) -> the holds counted here at the start
+        self.versions: dict[tuple, _Version] = {}
+        self.snaps = {n: self._found(tuple(state[name] for name in names))
+                      for n, (state, _) in self.held._states.items()}
+        self.work = self._found(tuple(sw.work[name] for name in names)) if sw.work is not None else None
+        self.carry = self._found(tuple(sw.carry[names[k]] for k in self.floats))
+        self.external = {key: pool.holds(a) - self.start_refs[key] for key, a in self._arrays().items()}
+        self.pos, self.adj, self.seen = sw.pos, sw.adj, sw.seen
+        self.ops: list[int] = []
+        self.pending_record = None
+        self.count = dict(forward=0, recorded=0, reverse=0, advanced=0, advances=0, reversals=0, written=0,
+                          read=0, bytes_written=0, bytes_read=0)
+        self.peak_ram = self.held.nbytes
+
+    def _arrays(self) -> dict:
+        return {id(a): a for version in self.versions.values() for a in version.arrays}
+
+    # -- versions ------------------------------------------------------------------------------------------
+    def _found(self, arrays: tuple) -> _Version:
+        key = tuple(map(id, arrays))
+        version = self.versions.get(key)
+        if version is None:
+            version = self.versions[key] = _Version(arrays, 0)
+        version.refs += 1
+        for a in arrays:
+            self.start_refs[id(a)] = self.start_refs.get(id(a), 0) + 1
+        return version
+
+    def _new(self, kinds) -> _Version:
+        arrays = []
+        for kind in kinds:
+            free = self.free.get(kind)
+            if free:
+                arrays.append(free.pop())
+            else:
+                a = self.pool.take(kind, False)
+                self.taken.append(a)
+                self.start_refs[id(a)] = 1             # the stretch's own hold, dropped at the end
+                self.external[id(a)] = 0
+                arrays.append(a)
+        version = _Version(tuple(arrays), 1)
+        self.versions[tuple(map(id, arrays))] = version
+        return version
+
+    def _release(self, version: _Version, kinds) -> None:
+        version.refs -= 1
+        if version.refs == 0:
+            for a, kind in zip(version.arrays, kinds):
+                if not self.external[id(a)]:
+                    self.free.setdefault(kind, []).append(a)
+
+    def _nbytes(self, version: _Version) -> int:
+        return sum(a.nbytes for a in version.arrays)
+
+    # -- actions ---------------------------------------------------------------------------------------------
+    def take(self, action) -> bool:
+        """Work out `action`; False (nothing changed) where a stretch cannot take it."""
+        kind = type(action)
+        if self.pending_record is not None:
+            record = self.pending_record
+            if kind is not Reverse or action.n1 != record.n1 or action.n0 != record.n0 or not action.clear_adj_deps \
+                    or action.n1 != self.adj:
+                return False
+            self.pending_record = None
+            if record.write_ics:
+                self._write(record.n0)
+            self._reverse(record.n0)
+            return True
+        if kind is Copy or kind is Move:
+            return self._transfer(action, kind is Move)
+        if kind is Forward:
+            return self._forward(action)
+        return False
+
+    def _transfer(self, a, move: bool) -> bool:
+        if a.from_storage is not _RAM or a.n not in self.snaps or a.n in self.sw.deps.get(_RAM, ()):
+            return False
+        if a.to_storage is _WORK:
+            version = self.snaps[a.n]
+            version.refs += 1
+            if self.work is not None:
+                self._release(self.work, self.kinds)
+            self.work = version
+            self.pos = a.n
+            self.count["read"] += 1
+            self.count["bytes_read"] += self._nbytes(version)
+        elif a.to_storage is not _NONE or not move:
+            return False
+        if move:
+            self._release(self.snaps.pop(a.n), self.kinds)
+        return True
+
+    def _forward(self, a) -> bool:
+        if self.work is None or a.n0 != self.pos or a.n1 > self.seen:
+            return False
+        if a.write_ics and a.storage is not _RAM:
+            return False
+        if a.write_adj_deps:
+            if a.n1 - a.n0 != 1 or a.storage in (_RAM, StorageType.DISK):
+                return False
+            self.pending_record = a             # taken with the Reverse that must follow
+            return True
+        if a.write_ics:
+            self._write(a.n0)
+        if a.n1 > a.n0:
+            self._advance(a.n1 - a.n0)
+        self.pos = a.n1
+        return True
+
+    def _write(self, n: int) -> None:
+        if n in self.snaps:
+            self._release(self.snaps.pop(n), self.kinds)
+        self.work.refs += 1
+        self.snaps[n] = self.work
+        self.count["written"] += 1
+        self.count["bytes_written"] += self._nbytes(self.work)
+        self.peak_ram = max(self.peak_ram, sum(map(self._nbytes, self.snaps.values())))
+
+    def _advance(self, steps: int) -> None:
+        """NativeLoops.advance: a ring of two versions after the start, the start itself as the
+        second where nothing else holds it."""
+        start = self.work
+        a = self._new(self.kinds)
+        reuse = start.refs == 1 and not any(self.external[id(x)] for x in start.arrays)
+        b = start if reuse else self._new(self.kinds)
+        self.ops += [0, steps, *map(_ptr, start.arrays), *map(_ptr, a.arrays), *map(_ptr, b.arrays)]
+        if reuse:
+            start.refs += 1                             # the ring's; the live state's is released below
+        mine, other = (a, b) if steps % 2 else (b, a)
+        self._release(other, self.kinds)
+        self._release(start, self.kinds)
+        self.work = mine
+        self.count["forward"] += steps
+        self.count["advanced"] += steps
+        self.count["advances"] += 1
+
+    def _reverse(self, n: int) -> None:
+        """NativeReversal.reverse of step n, from the live state and the carried adjoint."""
+        prev = self.work
+        nxt = self._new(self.kinds)
+        if not self.reads_next:
+            self._release(nxt, self.kinds)             # its memory may serve the gradient below
+        gprev = self._new(self.grad_kinds)
+        self.ops += [1, *map(_ptr, prev.arrays), *map(_ptr, nxt.arrays), *map(_ptr, gprev.arrays),
+                     *map(_ptr, self.carry.arrays)]
+        if self.reads_next:
+            self._release(nxt, self.kinds)
+        self._release(self.carry, self.grad_kinds)
+        self._release(prev, self.kinds)
+        self.carry, self.work = gprev, None
+        self.pos, self.adj = n + 1, n
+        for key in ("forward", "recorded", "reverse", "reversals"):
+            self.count[key] += 1
+
+    # -- the end -----------------------------------------------------------------------------------------------
+    def abandon(self) -> None:
+        """Nothing ran: give back what was taken."""
+        self.pool.release_all(self.taken)
+
+    def run_and_commit(self) -> None:
+        sw, pool, tables = self.sw, self.pool, self.tables
+        start = time.perf_counter()
+        trace = sw._runner.trace
+        scratch = {name: pool.acquire(shape, dtype, zero=False) for name, shape, dtype, _ in trace.scratch}
+        gscratch = {name: pool.acquire_like(scratch[name], zero=False) for name in tables.gscratch}
+        try:
+            S, F = len(self.names), len(self.floats)
+            for k, name in enumerate(tables.advance_scratch):
+                tables.advance_slots[2 * S + k] = _ptr(scratch[name])
+            for group, arrays in (("scratch", scratch), ("gscratch", gscratch)):
+                for name, arr in arrays.items():
+                    tables.rslots[tables.index[(group, name)]] = _ptr(arr)
+            if self.ops:
+                ops = np.array(self.ops, dtype=np.int64)
+                settle()                                # launches a Tape holds run first
+                _sweep_function()(ops.ctypes.data, len(ops), ctypes.addressof(tables.plan))
+        finally:
+            pool.release_all((*scratch.values(), *gscratch.values()))
+        self._commit(time.perf_counter() - start)
+
+    def _commit(self, seconds: float) -> None:
+        """Holds, snapshots, live state, carry and statistics as the executor would have left them."""
+        sw, pool, names = self.sw, self.pool, self.names
+        refs: dict[int, int] = {}
+        for version in self.versions.values():
+            for a in version.arrays:
+                refs[id(a)] = refs.get(id(a), 0) + version.refs
+        for key, a in self._arrays().items():
+            delta = refs[key] - self.start_refs[key]
+            if delta > 0:
+                pool.retain_all([a] * delta)
+            elif delta < 0:
+                pool.release_all([a] * -delta)
+        held = self.held
+        states = {tuple(id(state[name]) for name in names): state for state, _ in held._states.values()}
+        held._states = {}
+        for n, version in self.snaps.items():
+            state = states.get(tuple(map(id, version.arrays))) or State(dict(zip(names, version.arrays)))
+            held._states[n] = (state, self._nbytes(version))
+        held.nbytes = sum(nbytes for _, nbytes in held._states.values())
+        c = self.count
+        held._written += c["written"]
+        held._read += c["read"]
+        held._bytes_written += c["bytes_written"]
+        held._bytes_read += c["bytes_read"]
+        sw.tiers.peak_ram_bytes = max(sw.tiers.peak_ram_bytes, self.peak_ram)
+        sw.work = State(dict(zip(names, self.work.arrays))) if self.work is not None else None
+        sw.carry = {names[k]: a for k, a in zip(self.floats, self.carry.arrays)}
+        sw.pos, sw.adj = self.pos, self.adj
+        sw.forward_steps += c["forward"]
+        sw.recorded_steps += c["recorded"]
+        sw.reverse_steps += c["reverse"]
+        sw._runner.launches_skipped += c["reversals"]
+        sw.native.steps += c["advanced"]
+        sw.native.calls += c["advances"]
+        sw.reversal.steps += c["reversals"]
+        sw.adjoint_seconds += seconds
+        sw.peak_bytes = max(sw.peak_bytes, pool.allocated_bytes + sw.tiers.ram_bytes)
+        sw.bar.update(c["forward"] + c["reverse"])
