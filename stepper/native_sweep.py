@@ -247,10 +247,11 @@ class NativeSweep:
 class _Version:
     """A version of the whole state (or of its float states' gradient) while a stretch is worked
     out: its arrays in state order and how many hold it here (snapshots, the live state, the carry)."""
-    __slots__ = ("arrays", "refs")
+    __slots__ = ("arrays", "refs", "ptrs")
 
     def __init__(self, arrays: tuple, refs: int):
         self.arrays, self.refs = arrays, refs
+        self.ptrs = [_ptr(a) for a in arrays]
 
 
 class _Stretch:
@@ -282,7 +283,8 @@ class _Stretch:
         self.pending_record = None
         self.count = dict(forward=0, recorded=0, reverse=0, advanced=0, advances=0, reversals=0, written=0,
                           read=0, bytes_written=0, bytes_read=0)
-        self.peak_ram = self.held.nbytes
+        self.state_bytes = sw.model.state_bytes         # every version of the state, snapshots included
+        self.ram = self.peak_ram = self.held.nbytes
 
     def _arrays(self) -> dict:
         return {id(a): a for version in self.versions.values() for a in version.arrays}
@@ -321,8 +323,6 @@ class _Stretch:
                 if not self.external[id(a)]:
                     self.free.setdefault(kind, []).append(a)
 
-    def _nbytes(self, version: _Version) -> int:
-        return sum(a.nbytes for a in version.arrays)
 
     # -- actions ---------------------------------------------------------------------------------------------
     def take(self, action) -> bool:
@@ -355,11 +355,11 @@ class _Stretch:
             self.work = version
             self.pos = a.n
             self.count["read"] += 1
-            self.count["bytes_read"] += self._nbytes(version)
+            self.count["bytes_read"] += self.state_bytes
         elif a.to_storage is not _NONE or not move:
             return False
         if move:
-            self._release(self.snaps.pop(a.n), self.kinds)
+            self._delete(a.n)
         return True
 
     def _forward(self, a) -> bool:
@@ -381,12 +381,17 @@ class _Stretch:
 
     def _write(self, n: int) -> None:
         if n in self.snaps:
-            self._release(self.snaps.pop(n), self.kinds)
+            self._delete(n)
         self.work.refs += 1
         self.snaps[n] = self.work
         self.count["written"] += 1
-        self.count["bytes_written"] += self._nbytes(self.work)
-        self.peak_ram = max(self.peak_ram, sum(map(self._nbytes, self.snaps.values())))
+        self.count["bytes_written"] += self.state_bytes
+        self.ram += self.state_bytes
+        self.peak_ram = max(self.peak_ram, self.ram)
+
+    def _delete(self, n: int) -> None:
+        self._release(self.snaps.pop(n), self.kinds)
+        self.ram -= self.state_bytes
 
     def _advance(self, steps: int) -> None:
         """NativeLoops.advance: a ring of two versions after the start, the start itself as the
@@ -395,7 +400,7 @@ class _Stretch:
         a = self._new(self.kinds)
         reuse = start.refs == 1 and not any(self.external[id(x)] for x in start.arrays)
         b = start if reuse else self._new(self.kinds)
-        self.ops += [0, steps, *map(_ptr, start.arrays), *map(_ptr, a.arrays), *map(_ptr, b.arrays)]
+        self.ops += [0, steps, *start.ptrs, *a.ptrs, *b.ptrs]
         if reuse:
             start.refs += 1                             # the ring's; the live state's is released below
         mine, other = (a, b) if steps % 2 else (b, a)
@@ -413,8 +418,7 @@ class _Stretch:
         if not self.reads_next:
             self._release(nxt, self.kinds)             # its memory may serve the gradient below
         gprev = self._new(self.grad_kinds)
-        self.ops += [1, *map(_ptr, prev.arrays), *map(_ptr, nxt.arrays), *map(_ptr, gprev.arrays),
-                     *map(_ptr, self.carry.arrays)]
+        self.ops += [1, *prev.ptrs, *nxt.ptrs, *gprev.ptrs, *self.carry.ptrs]
         if self.reads_next:
             self._release(nxt, self.kinds)
         self._release(self.carry, self.grad_kinds)
@@ -468,7 +472,7 @@ class _Stretch:
         held._states = {}
         for n, version in self.snaps.items():
             state = states.get(tuple(map(id, version.arrays))) or State(dict(zip(names, version.arrays)))
-            held._states[n] = (state, self._nbytes(version))
+            held._states[n] = (state, self.state_bytes)
         held.nbytes = sum(nbytes for _, nbytes in held._states.values())
         c = self.count
         held._written += c["written"]
