@@ -38,6 +38,15 @@ _RAM, _DISK, _WORK, _NONE = StorageType.RAM, StorageType.DISK, StorageType.WORK,
 _REVERSED = object()     # a recorded step that was reversed as it was recorded (Sweep._reverse_natively)
 
 
+class _Kept:
+    """A step recorded natively (Sweep._keep_natively): the state it started from and its trace,
+    from which its adjoint replays it (stepper/native_reverse.py); nothing else is kept."""
+    __slots__ = ("prev", "trace")
+
+    def __init__(self, prev: State, trace):
+        self.prev, self.trace = prev, trace
+
+
 def check_finite_state(state: State, step: int | None) -> None:
     """Raise NonFiniteError if any element of `state` (the result of `step`, or the initial state for
     None) is NaN or infinite."""
@@ -216,7 +225,9 @@ class Sweep:
         if not record and not self.online and self.native_loops and native_end - n > 0:
             n = self._advance_native(n, native_end)
         while n < n1:
-            if not (dead_last and n == n1 - 1 and self._reverse_natively(n)):
+            if dead_last and n == n1 - 1 and self._reverse_natively(n):
+                pass
+            elif not (record and n < native_end and self._keep_natively(n)):
                 self._step(n, record, dead_last and n == n1 - 1)
             n += 1
             if self.online and self._stop(n):
@@ -259,6 +270,30 @@ class Sweep:
         self.recorded_steps += 1
         self._runner.launches_skipped += 1
         self.adjoint_seconds += time.perf_counter() - start
+        self.bar.update(1)
+        return True
+
+    def _keep_natively(self, n: int) -> bool:
+        """Record step n (run before, or trusted) by running it natively and keeping the state it
+        starts from: its reversal (native_reverse.py) replays its launches from there, so it needs
+        no tape, scratch or s.next kept. False where the tape path must record it."""
+        trace = self._runner.trace
+        if not (self.native_loops and not self.online and trace and self.reversal.applies(trace)):
+            return False
+        start = time.perf_counter()
+        prev = self.work
+        self.pool.retain_all(prev.values())      # the record's hold; `advance` takes the live state's
+        nxt = self.native.advance(trace, prev, 1)
+        if nxt is None:
+            self.pool.release_all(prev.values())
+            return False
+        self.recorded[n] = _Kept(prev, trace)
+        self.work = nxt
+        self.pos = n + 1
+        self.seen = max(self.seen, n + 1)
+        self.forward_steps += 1
+        self.recorded_steps += 1
+        self.forward_seconds += time.perf_counter() - start
         self.bar.update(1)
         return True
 
@@ -374,6 +409,8 @@ class Sweep:
             if rec is _REVERSED:
                 self.reverse_steps += 1
                 self.bar.update(1)
+            elif type(rec) is _Kept:
+                self._reverse_kept(rec, keep=not a.clear_adj_deps)
             else:
                 self._reverse_step(rec)
             if a.clear_adj_deps:
@@ -418,8 +455,24 @@ class Sweep:
         self.adjoint_seconds += time.perf_counter() - start
         self.bar.update(1)
 
+    def _reverse_kept(self, rec: _Kept, keep: bool) -> None:
+        start = time.perf_counter()
+        prev = rec.prev
+        if keep:                                 # the record stays: `reverse` takes a hold of its own
+            self.pool.retain_all(prev.values())
+        else:
+            rec.prev = None
+        self.carry = self.reversal.reverse(rec.trace, prev, self.carry)
+        self.reverse_steps += 1
+        self.adjoint_seconds += time.perf_counter() - start
+        self.bar.update(1)
+
     def _drop(self, rec: RecordedStep) -> None:
         if rec is _REVERSED:
+            return
+        if type(rec) is _Kept:
+            if rec.prev is not None:
+                self.pool.release_all(rec.prev.values())
             return
         self.pool.release_all(rec.prev.values())
         if rec.next_held:

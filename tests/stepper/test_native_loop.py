@@ -100,7 +100,7 @@ SCHEDULES = [lambda: sp.Revolve(STEPS, 2), lambda: sp.Revolve(STEPS, 5), lambda:
 def test_native_recomputations_give_the_python_paths_and_store_alls_bits(schedule, make, monkeypatch, tmp_path):
     model, initial = make()
     storage = str(tmp_path / "snapshots.h5")
-    stored = gradients(model, initial, sp.StoreAll(STEPS), True, monkeypatch)
+    stored = gradients(model, initial, sp.StoreAll(STEPS), False, monkeypatch)
     python = gradients(model, initial, schedule(), False, monkeypatch, storage=storage)
     native = gradients(model, initial, schedule(), True, monkeypatch, storage=storage)
     assert python.stats.native_steps == 0 and stored.stats.native_steps == 0
@@ -112,11 +112,26 @@ def test_native_recomputations_give_the_python_paths_and_store_alls_bits(schedul
     same_bits(stored, native)
 
 
+@pytest.mark.parametrize("make", [lambda: (chain_model(), chain_initial()), zero_relying_model, copying_model])
+def test_store_all_records_trusted_steps_natively_with_the_tapes_bits(make, monkeypatch):
+    """StoreAll's recordings of a trusted step keep only the state the step starts from (its
+    adjoint replays the step from there): the tape path's bits and counts, and less memory (no
+    scratch or tape kept per step)."""
+    model, initial = make()
+    tape = gradients(model, initial, sp.StoreAll(STEPS), False, monkeypatch)
+    native = gradients(model, initial, sp.StoreAll(STEPS), True, monkeypatch)
+    assert tape.stats.native_reversals == 0
+    assert native.stats.native_reversals == native.stats.native_steps == STEPS - 2    # all but the two that trust
+    for field in ("forward_steps", "recorded_steps", "reverse_steps"):
+        assert getattr(native.stats, field) == getattr(tape.stats, field), field
+    assert native.stats.peak_memory_bytes <= tape.stats.peak_memory_bytes
+    same_bits(tape, native)
+
+
 def test_recomputations_make_one_native_call_per_forward_action_and_no_python_launches(monkeypatch):
-    """Each recomputing Forward of the forward sweep is one call into the driver, and so is each
-    first-sweep Forward once the step is trusted; the reverse sweep's advances and recordings
-    (reversed at once) run natively too, so Python relaunches only the first sweep's last step,
-    recorded before the reverse sweep has a carry."""
+    """Each first-sweep Forward is one call into the driver once the step is trusted, and so is
+    the first sweep's last step, recorded natively (its start kept); the reverse sweep's advances
+    and recordings run inside one native stretch. Python relaunches nothing."""
     import stepper.trace as trace
     relaunched, calls = [], []
     real_relaunch, real_advance = trace.relaunch, native_loop.NativeLoops.advance
@@ -129,18 +144,15 @@ def test_recomputations_make_one_native_call_per_forward_action_and_no_python_la
     monkeypatch.setattr(native_loop.NativeLoops, "advance", advance)
     model, initial = chain_model(), chain_initial()
     result = model.gradient(initial, STEPS, loss=loss, schedule=sp.Revolve(STEPS, 3))
-    recomputed, seen = [], 0              # steps of each recording-free Forward that ran before,
-    for a in sp.Revolve(STEPS, 3):        # or all of them once two steps have trusted the trace
-        if type(a) is sp.Forward:
-            end = a.n1 if seen >= 2 else min(a.n1, seen)
-            if not a.write_adj_deps and end > a.n0:
-                recomputed.append(end - a.n0)
-            seen = max(seen, a.n1)
-    # the forward sweep's go one call each; the reverse sweep's run inside native stretches
-    # (stepper/native_sweep.py), one call for all of them
-    assert calls == recomputed[:len(calls)] and len(calls) < len(recomputed)
-    assert sum(recomputed) == result.stats.native_steps > 0
-    assert result.stats.native_reversals == result.stats.recorded_steps - 1
+    actions = list(sp.Revolve(STEPS, 3))
+    first_sweep = actions[:actions.index(sp.EndForward())]
+    assert [a.n1 - a.n0 for a in first_sweep] == [16, 9, 4, 1] and first_sweep[-1].write_adj_deps
+    # the first Forward calls the step function (its first steps establish the trace and trust it)
+    assert calls == [9, 4, 1]
+    evaluations = sum(a.n1 - a.n0 for a in actions if type(a) is sp.Forward)
+    # every other evaluation ran natively: advanced, or recorded and reversed at once (29 steps)
+    assert result.stats.native_steps + 29 == evaluations - 16
+    assert result.stats.native_reversals == result.stats.recorded_steps == STEPS     # and the kept one
     assert relaunched == []
 
 
