@@ -5,8 +5,8 @@ A trace is read off a step's tape after its first run. Each launch keeps its ker
 `deterministic`, and each argument is either a slot (``Slot("prev", "u")``, ``Slot("next", "u")``,
 ``Slot("scratch", "force")``), filled with that step's versions at replay, or the value itself (a
 scalar, a parameter, any other array the step only reads). A step is traced only when everything it
-wrote went through a recorded CPU launch into s.next or s.scratch (no copies, assign or fill_, no
-debug launches, no writes to arrays of its own making).
+wrote went through a recorded CPU launch into s.next or s.scratch (a whole-array copy is one; no
+partial copies, assign or fill_, no debug launches, no writes to arrays of its own making).
 
 The executor replays a trace only while every step of the run has had the same one (a step function
 whose launches do not depend on the step: the common case). That keeps one trace per run, and a step
@@ -129,7 +129,7 @@ def trace_step(tape, prev, nxt, scratch: dict, scratch_zero: dict, loss, step_op
     scratch buffers, or None when the step cannot be replayed (see the module docstring). The first
     `step_ops` ops are the step function's, the rest the running loss's."""
     if tape.writes_checked != len(tape._ops):
-        return None                  # a write the tape checked but did not record: a copy, fill_, ...
+        return None                  # a write the tape checked but did not record: a partial copy, fill_, ...
     slots = {}
     for group, arrays in (("prev", prev), ("next", nxt), ("scratch", scratch), ("series", series or {})):
         for name, a in arrays.items():

@@ -33,7 +33,7 @@ def warn_untraceable(model, n: int, tape, first, prev, nxt, scratch, series=None
 
 def _first_reason(tape, prev, nxt, scratch) -> str:
     if tape.writes_checked != len(tape._ops):
-        return "it writes an array without a kernel launch (copy, assign or fill_); write it in a kernel"
+        return "it writes an array without a kernel launch (a partial copy, assign or fill_); write it in a kernel"
     writable = {id(a) for a in (*nxt.values(), *scratch.values())}
     own = {id(a._storage) for group in (prev, nxt, scratch) for a in group.values()}
     mine = {id(a) for group in (prev, nxt, scratch) for a in group.values()}
@@ -56,7 +56,7 @@ def _first_reason(tape, prev, nxt, scratch) -> str:
 def _difference(first, n, tape, groups) -> str:
     ops = tape._ops
     if tape.writes_checked != len(ops):
-        return f"step {n} writes an array without a kernel launch (copy, assign or fill_)"
+        return f"step {n} writes an array without a kernel launch (a partial copy, assign or fill_)"
     for k, (op, traced) in enumerate(zip(ops, first.launches)):
         if op.launch is None:
             return f"step {n} makes {op.name} ({op.where}), which is not a kernel launch"
