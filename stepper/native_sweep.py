@@ -239,6 +239,9 @@ class NativeSweep:
         if not taken:
             plan.abandon()
             return action, False
+        if type(action) in (Copy, Move) and action.to_storage is _WORK and action.n not in sw.deps.get(
+                action.from_storage, ()):
+            sw.tiers.prefetch(action.from_storage, action.n)    # as Sweep._next would: the read overlaps the run
         plan.run_and_commit()
         self.stretches += 1
         return action, True
