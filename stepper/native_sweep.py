@@ -252,9 +252,8 @@ class _Version:
     out: its arrays in state order and how many hold it here (snapshots, the live state, the carry)."""
     __slots__ = ("arrays", "refs", "ptrs")
 
-    def __init__(self, arrays: tuple, refs: int):
-        self.arrays, self.refs = arrays, refs
-        self.ptrs = [_ptr(a) for a in arrays]
+    def __init__(self, arrays: tuple, refs: int, ptrs: list):
+        self.arrays, self.refs, self.ptrs = arrays, refs, ptrs
 
 
 class _Stretch:
@@ -275,7 +274,9 @@ class _Stretch:
         self.free: dict = {}                     # Kind -> arrays of ours that nothing holds
         self.taken: list = []                    # arrays this stretch took from the pool
         self.start_refs: dict[int, int] = {}     # id(array) -> the holds counted here at the start
-        self.versions: dict[tuple, _Version] = {}
+        self.found: dict[tuple, _Version] = {}   # the versions it started with, by their arrays' ids
+        self.versions: list[_Version] = []       # every version, found or made
+        self.ptr: dict[int, int] = {}            # id(array) -> its data pointer
         self.snaps = {n: self._found(tuple(state[name] for name in names))
                       for n, (state, _) in self.held._states.items()}
         self.work = self._found(tuple(sw.work[name] for name in names)) if sw.work is not None else None
@@ -290,14 +291,17 @@ class _Stretch:
         self.ram = self.peak_ram = self.held.nbytes
 
     def _arrays(self) -> dict:
-        return {id(a): a for version in self.versions.values() for a in version.arrays}
+        return {id(a): a for version in self.versions for a in version.arrays}
 
     # -- versions ------------------------------------------------------------------------------------------
     def _found(self, arrays: tuple) -> _Version:
         key = tuple(map(id, arrays))
-        version = self.versions.get(key)
+        version = self.found.get(key)
         if version is None:
-            version = self.versions[key] = _Version(arrays, 0)
+            for a in arrays:
+                self.ptr[id(a)] = _ptr(a)
+            version = self.found[key] = _Version(arrays, 0, [self.ptr[k] for k in key])
+            self.versions.append(version)
         version.refs += 1
         for a in arrays:
             self.start_refs[id(a)] = self.start_refs.get(id(a), 0) + 1
@@ -314,9 +318,11 @@ class _Stretch:
                 self.taken.append(a)
                 self.start_refs[id(a)] = 1             # the stretch's own hold, dropped at the end
                 self.external[id(a)] = 0
+                self.ptr[id(a)] = _ptr(a)
                 arrays.append(a)
-        version = _Version(tuple(arrays), 1)
-        self.versions[tuple(map(id, arrays))] = version
+        ptr = self.ptr
+        version = _Version(tuple(arrays), 1, [ptr[id(a)] for a in arrays])
+        self.versions.append(version)
         return version
 
     def _release(self, version: _Version, kinds) -> None:
@@ -461,7 +467,7 @@ class _Stretch:
         """Holds, snapshots, live state, carry and statistics as the executor would have left them."""
         sw, pool, names = self.sw, self.pool, self.names
         refs: dict[int, int] = {}
-        for version in self.versions.values():
+        for version in self.versions:
             for a in version.arrays:
                 refs[id(a)] = refs.get(id(a), 0) + version.refs
         for key, a in self._arrays().items():
