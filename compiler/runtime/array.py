@@ -482,13 +482,9 @@ def copy(dest: array, src: array, dest_offset: int = 0, src_offset: int = 0, cou
     if dest_offset + count > dest.size:
         raise ValueError(f"copy(dest, src, dest_offset={dest_offset}, count={count}): dest has only "
                          f"{dest.size} elements")
-    if active_tape() is not None and dest.shape == src.shape and count == src.size and not dest_offset \
-            and not src_offset and dest.device == src.device and dest._storage is not src._storage:
-        # a launch like any other: recorded with its adjoint, replayable from a step's trace
-        from .copy_kernels import copy_kernel
-        from .launch import launch
-        launch(copy_kernel(dest.dtype, dest.ndim), dest.shape, inputs=[src], outputs=[dest])
-        return
+    from .copy_kernels import launched_copy
+    if active_tape() is not None and launched_copy(dest, src, dest_offset, src_offset, count):
+        return                   # a launch like any other: recorded with its adjoint, replayable from a trace
     _copy_elements("copy(dest, src)", dest, src, int(dest_offset), int(src_offset), int(count))
 
 

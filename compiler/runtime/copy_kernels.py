@@ -8,9 +8,20 @@ first copy of that type and cached on disk like every kernel module.
 from ..kernel import Kernel, KernelModule
 from ..types import ArrayType
 
-__all__ = ["copy_kernel"]
+__all__ = ["copy_kernel", "launched_copy"]
 
 _KERNELS: dict = {}
+
+
+def launched_copy(dest, src, dest_offset: int, src_offset: int, count: int) -> bool:
+    """Launch the copy kernel for `copy(dest, src, ...)` where it copies the whole of `src` onto the
+    whole of `dest` (same shape, device, and not the same memory); whether it did."""
+    if dest.shape != src.shape or count != src.size or dest_offset or src_offset or dest.device != src.device \
+            or dest._storage is src._storage:
+        return False
+    from .launch import launch
+    launch(copy_kernel(dest.dtype, dest.ndim), dest.shape, inputs=[src], outputs=[dest])
+    return True
 
 
 def copy_kernel(dtype, ndim: int) -> Kernel:
