@@ -35,12 +35,9 @@ from .versions import BufferPool, set_grad
 __all__ = ["Sweep", "check_finite_state"]
 
 _RAM, _DISK, _WORK, _NONE = StorageType.RAM, StorageType.DISK, StorageType.WORK, StorageType.NONE
-_REVERSED = object()     # a recorded step that was reversed as it was recorded (Sweep._reverse_natively)
-
-
 class _Kept:
     """A step recorded natively (Sweep._keep_natively): the state it started from and its trace,
-    from which its adjoint replays it (stepper/native_reverse.py); nothing else is kept."""
+    from which its reversal replays it (stepper/native_reverse.py); nothing else is kept."""
     __slots__ = ("prev", "trace")
 
     def __init__(self, prev: State, trace):
@@ -225,10 +222,9 @@ class Sweep:
         if not record and not self.online and self.native_loops and native_end - n > 0:
             n = self._advance_native(n, native_end)
         while n < n1:
-            if dead_last and n == n1 - 1 and self._reverse_natively(n):
-                pass
-            elif not (record and n < native_end and self._keep_natively(n)):
-                self._step(n, record, dead_last and n == n1 - 1)
+            last_dead = dead_last and n == n1 - 1
+            if not (record and (last_dead or n < native_end) and self._keep_natively(n, last_dead)):
+                self._step(n, record, last_dead)
             n += 1
             if self.online and self._stop(n):
                 self.schedule.finalize(n)
@@ -253,40 +249,26 @@ class Sweep:
         self.bar.update(n1 - n)
         return n1
 
-    def _reverse_natively(self, n: int) -> bool:
-        """Record step n and reverse it at once (stepper/native_reverse.py), for a recorded step
-        that ran before, whose reversal comes next: the carry becomes the adjoint at n and the
-        step is marked `_REVERSED` for the Reverse action. False where the tape path must run."""
+    def _keep_natively(self, n: int, outputs_dead: bool) -> bool:
+        """Record step n (run before, or trusted) natively: keep the state it starts from, from
+        which its reversal (native_reverse.py) replays its launches, so no tape, scratch or s.next
+        is kept. With `outputs_dead` (its reversal comes next) it does not even run: nothing reads
+        its results. False where the tape path must record it."""
         trace = self._runner.trace
-        if not (self.native_loops and self.carry is not None and self.adj == n + 1 and self.work is not None
-                and self._runner.replays_recording() and self.reversal.applies(trace)):
-            return False
-        start = time.perf_counter()
-        self.carry = self.reversal.reverse(trace, self.work, self.carry)
-        self.work = None                 # `reverse` took over the hold; the Reverse drops the state anyway
-        self.pos = n + 1
-        self.recorded[n] = _REVERSED
-        self.forward_steps += 1
-        self.recorded_steps += 1
-        self._runner.launches_skipped += 1
-        self.adjoint_seconds += time.perf_counter() - start
-        self.bar.update(1)
-        return True
-
-    def _keep_natively(self, n: int) -> bool:
-        """Record step n (run before, or trusted) by running it natively and keeping the state it
-        starts from: its reversal (native_reverse.py) replays its launches from there, so it needs
-        no tape, scratch or s.next kept. False where the tape path must record it."""
-        trace = self._runner.trace
-        if not (self.native_loops and not self.online and trace and self.reversal.applies(trace)):
+        if not (self.native_loops and not self.online and self._runner.replays_recording()
+                and self.reversal.applies(trace)):
             return False
         start = time.perf_counter()
         prev = self.work
-        self.pool.retain_all(prev.values())      # the record's hold; `advance` takes the live state's
-        nxt = self.native.advance(trace, prev, 1)
-        if nxt is None:
-            self.pool.release_all(prev.values())
-            return False
+        if outputs_dead:
+            nxt = None                           # the record takes the live state's hold
+            self._runner.launches_skipped += 1
+        else:
+            self.pool.retain_all(prev.values())  # the record's hold; `advance` takes the live state's
+            nxt = self.native.advance(trace, prev, 1)
+            if nxt is None:
+                self.pool.release_all(prev.values())
+                return False
         self.recorded[n] = _Kept(prev, trace)
         self.work = nxt
         self.pos = n + 1
@@ -406,10 +388,7 @@ class Sweep:
             rec = self.recorded.get(k)
             if rec is None:
                 raise ModelError(f"the schedule reverses step {k}, which it did not record")
-            if rec is _REVERSED:
-                self.reverse_steps += 1
-                self.bar.update(1)
-            elif type(rec) is _Kept:
+            if type(rec) is _Kept:
                 self._reverse_kept(rec, keep=not a.clear_adj_deps)
             else:
                 self._reverse_step(rec)
@@ -468,8 +447,6 @@ class Sweep:
         self.bar.update(1)
 
     def _drop(self, rec: RecordedStep) -> None:
-        if rec is _REVERSED:
-            return
         if type(rec) is _Kept:
             if rec.prev is not None:
                 self.pool.release_all(rec.prev.values())
