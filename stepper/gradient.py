@@ -33,8 +33,8 @@ class GradientStats:
     nothing read, so they never ran (the adjoint replays the forward from the step's inputs).
     ``native_steps``: recomputations of a traced step run by the native step loop (one call per
     ``Forward`` action instead of Python once per step; stepper/native_loop.py).
-    ``native_reversals``: recorded steps reversed at once from their trace without a tape
-    (stepper/native_reverse.py).
+    ``native_reversals``: recorded steps reversed from their trace without a tape (recorded
+    natively, keeping only the state they start from; stepper/native_reverse.py).
     """
     steps: int
     forward_steps: int
