@@ -1,8 +1,9 @@
-"""Native reversal of a traced step: recording a step and reversing it at once, without a tape.
+"""Native reversal of a traced step: from the state it started from, without a tape.
 
-Binomial schedules end every recomputation the same way: ``Forward(n, n + 1)`` recording the step,
-then ``Reverse(n + 1, n)`` at once. Through the tape that is a StepTape, a RecordedOp per launch,
-its adjoint packed afresh and gradients set and unset on every array: about 70 us of Python a step,
+A step the executor records natively keeps only its start state (Sweep._keep_natively): every
+recording of a binomial schedule's reverse sweep, ``Forward(n, n + 1)`` then ``Reverse(n + 1, n)``
+at once, and StoreAll's. Through the tape a reversal is a StepTape, a RecordedOp per launch, its
+adjoint packed afresh and gradients set and unset on every array: about 70 us of Python a step,
 more than a 256x256 stencil's kernels. Here the step's trace (stepper/trace.py) is planned once:
 every launch's forward and adjoint arguments are packed (`packed_forward`, `packed_adjoint`) and
 what Tape.backward would do around them is written down (which new gradients a gather form
@@ -207,7 +208,7 @@ class NativeReversal:
             seed._data[...] = 1                        # 0 + 1, as Tape.backward seeds a new gradient
         for zero, entry, buf, adj, serial, _ in plan.adjoints:
             for key in zero:
-                ctypes.memset(_ptr(arrays[key]), 0, arrays[key]._data.nbytes)
+                ctypes.memset(_ptr(arrays[key]), 0, plan.nbytes[key])
             entry(buf, adj, None, 0, 0, None, serial)
         for key in plan.zero_after:
-            ctypes.memset(_ptr(arrays[key]), 0, arrays[key]._data.nbytes)
+            ctypes.memset(_ptr(arrays[key]), 0, plan.nbytes[key])

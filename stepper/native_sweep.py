@@ -151,7 +151,7 @@ class _Tables:
         index.update({("carry", n): 2 * S + F + k for k, n in enumerate(floats)})
         index.update({("scratch", n): 2 * S + 2 * F + k for k, n in enumerate(scratch)})
         index.update({("gscratch", n): 2 * S + 2 * F + len(scratch) + k for k, n in enumerate(gscratch)})
-        self.index, self.scratch, self.gscratch = index, scratch, gscratch
+        self.index, self.gscratch = index, gscratch
         rp = reverse_plan
         self.rslots = (ctypes.c_void_p * len(index))()
         self.rforward = (_Launch * max(len(rp.forward), 1))(*[_Launch(addr, buf, serial)
@@ -193,7 +193,6 @@ class NativeSweep:
         self.sweep = sweep
         self.names = list(sweep.model.states)
         self._tables: tuple | None = None          # (advance plan, reverse plan, _Tables)
-        self.stretches = 0
 
     # -- whether a stretch can start -------------------------------------------------------------------
     def ready(self) -> bool:
@@ -243,7 +242,6 @@ class NativeSweep:
                 action.from_storage, ()):
             sw.tiers.prefetch(action.from_storage, action.n)    # as Sweep._next would: the read overlaps the run
         plan.run_and_commit()
-        self.stretches += 1
         return action, True
 
 

@@ -43,7 +43,7 @@ from .interior import Bound, Clamped, Interior, Wrapped, interior_variant, tid_o
 @dataclass(frozen=True)
 class GatherAdjoint:
     """The gather form of a kernel's adjoint. Valid for a launch only when every array in `arrays`
-    has exactly the launch's extents and every divisor in `wraps` is its axis's extent (`launch`
+    has exactly the launch's extents and every bound in `extent_bounds` equals its axis's extent (`launch`
     checks; else the scatter adjoint runs).
     `scatters`: some accumulations still scatter (atomics unless serial).
 
@@ -56,7 +56,7 @@ class GatherAdjoint:
     scatters: bool
     # (axis, bound) pairs that must equal the launch's extent on that axis: the divisor of each
     # periodic index, and a clamped index's upper bound plus one
-    wraps: tuple[tuple[int, Bound], ...] = ()
+    extent_bounds: tuple[tuple[int, Bound], ...] = ()
 
 
 def gather_adjoint(adjoint: ir.Function) -> GatherAdjoint | None:
@@ -70,7 +70,7 @@ def gather_adjoint(adjoint: ir.Function) -> GatherAdjoint | None:
     sites = [s for s in ir.walk(body) if isinstance(s, ir.AccumGrad)]
     read_grads = {s.array.param.name for s in ir.walk(body) if isinstance(s, ir.ReadGrad)}
     site_offset: dict[int, tuple] = {}
-    site_wraps: dict[int, list] = {}
+    site_bounds: dict[int, list] = {}
     site_clamps: dict[int, tuple] = {}      # per axis: None, or "max" / "min" for a clamped index
     eligible: dict[str, ir.Param] = {}
     rejected: set[str] = set(read_grads)
@@ -80,7 +80,7 @@ def gather_adjoint(adjoint: ir.Function) -> GatherAdjoint | None:
         if off is None:
             rejected.add(name)
         else:
-            site_offset[id(s)], site_wraps[id(s)], site_clamps[id(s)] = off
+            site_offset[id(s)], site_bounds[id(s)], site_clamps[id(s)] = off
             eligible[name] = s.array.param
     for name in rejected:
         eligible.pop(name, None)
@@ -92,7 +92,7 @@ def gather_adjoint(adjoint: ir.Function) -> GatherAdjoint | None:
     zero = ((0, False),) * adjoint.tid_ndim
     if scatters and zero not in passes:
         passes.insert(0, zero)
-    wraps = tuple(sorted({w for s in gathered for w in site_wraps[id(s)]}, key=repr))
+    extent_bounds = tuple(sorted({b for s in gathered for b in site_bounds[id(s)]}, key=repr))
     # Thread p - c is inside the launch for every pass c when c_max <= p < extent + c_min per axis.
     ndim = adjoint.tid_ndim
     lower = [(Bound(max(0, *(c[k][0] for c in passes))),) for k in range(ndim)]
@@ -103,7 +103,7 @@ def gather_adjoint(adjoint: ir.Function) -> GatherAdjoint | None:
     interior = interior_variant(unclamped, unclamped.name, lower, upper)
     interior = dataclasses.replace(interior, function=eliminate_dead_code(interior.function))
     return GatherAdjoint(eliminate_dead_code(_build(adjoint, body, eligible, site_offset, site_clamps, passes, clamp=True)),
-                         interior, tuple(eligible), scatters, wraps)
+                         interior, tuple(eligible), scatters, extent_bounds)
 
 
 # ---- which accumulations sit at tid + constant -------------------------------------------------
@@ -114,14 +114,14 @@ def _site_offset(s: ir.AccumGrad, offsets, ndim: int):
     None."""
     if s.array.type.ndim != ndim:
         return None
-    out, wraps, clamps = [], [], []
+    out, bounds, clamps = [], [], []
     for axis, index in enumerate(s.indices):
         known = offsets.get(index.id) if isinstance(index, ir.Temp) else None
         clamp = None
         if isinstance(known, Wrapped) and known.axis == axis:
             # (p + c) % d with d the extent (checked at launch); at c = 0 it is p itself
             out.append((known.c, known.c != 0))
-            wraps.append((axis, known.divisor))
+            bounds.append((axis, known.divisor))
         elif isinstance(known, tuple) and known[0] == axis and known[1].near_start:
             out.append((known[1].const, False))
         elif isinstance(known, Clamped) and known.axis == axis and known.offset.near_start \
@@ -130,12 +130,12 @@ def _site_offset(s: ir.AccumGrad, offsets, ndim: int):
             c = known.offset.const
             out.append((c, False))
             if known.op == "min":
-                wraps.append((axis, known.bound.shifted(1)))
+                bounds.append((axis, known.bound.shifted(1)))
             clamp = known.op if (c < 0) == (known.op == "max") and c else None
         else:
             return None
         clamps.append(clamp)
-    return tuple(out), wraps, tuple(clamps)
+    return tuple(out), bounds, tuple(clamps)
 
 
 def _site_passes(offset, clamps) -> list:

@@ -114,7 +114,7 @@ def interior_variant(fn: ir.Function, name: str, lower=None, upper=None) -> Inte
     bounds = _bounds(fn.body)
     offsets = tid_offsets(fn.body, ndim, bounds)
     decided: dict[int, bool] = {}
-    unwrapped: dict[int, list] = {}        # a periodic index's Temp -> the ops computing it plainly
+    unwrapped: dict[int, list] = {}        # a periodic or clamped index's Temp -> the ops computing it plainly
     for s in ir.walk(fn.body):
         if isinstance(s, ir.Op) and s.op in _FLIP:
             decision = _decide(s, offsets, bounds)

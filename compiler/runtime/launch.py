@@ -344,18 +344,18 @@ def relaunch(kernel: Kernel, dims: tuple, args: list, deterministic: bool, tape=
 
 def _gather_fits(gather, sig, args, dims) -> bool:
     """Whether the gather form of an adjoint serves this launch: the arrays it gathers into span
-    exactly the launch's index space (the thread indices tid() gives), and the divisor of every
-    periodic index it gathers along is that axis's extent."""
+    exactly the launch's index space (the thread indices tid() gives), and each of its extent
+    bounds (a periodic index's divisor, a clamped index's upper bound plus one) is that axis's extent."""
     if gather is None:
         return False
     ndim = sig.tid_ndim
     extents = (math.prod(dims[:len(dims) - ndim + 1]), *dims[len(dims) - ndim + 1:])
     if not all(a.shape == extents for p, a in zip(sig.params, args) if p.name in gather.arrays):
         return False
-    if gather.wraps:
+    if gather.extent_bounds:
         shapes = {p.name: a.shape for p, a in zip(sig.params, args) if isinstance(a, array)}
         scalars = {p.name: a for p, a in zip(sig.params, args) if not isinstance(a, array)}
-        return all(d.evaluate(shapes, scalars, extents) == extents[axis] for axis, d in gather.wraps)
+        return all(d.evaluate(shapes, scalars, extents) == extents[axis] for axis, d in gather.extent_bounds)
     return True
 
 
