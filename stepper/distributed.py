@@ -43,7 +43,6 @@ import json
 import math
 import os
 import sys
-import time
 import traceback
 from dataclasses import dataclass, replace
 
@@ -54,6 +53,7 @@ from compiler.runtime.tape import RecordedOp, active_tape, caller_location
 
 from .disk_plan import agreed_costs
 from .errors import ModelError
+from .halo_exchange import HaloExchanges
 
 __all__ = ["Distributed", "Partition", "rank_path", "require_mpi"]
 
@@ -203,7 +203,7 @@ class Ranks:
             raise
 
 
-class Distributed(Ranks):
+class Distributed(HaloExchanges, Ranks):
     """`model` run by every rank of `comm` (default ``MPI.COMM_WORLD``) on its block of the states
     declared here; `grid`: ranks along each split leading axis (default: every rank along the first).
     See the module docstring for the pattern."""
@@ -214,8 +214,7 @@ class Distributed(Ranks):
         self.coords = tuple(int(c) for c in np.unravel_index(self.rank, self.grid))
         self.parts: dict[str, Partition] = {}
         self._tags: dict[str, int] = {}
-        self.exchanges = 0                   # halo exchanges run (forward and adjoint) by this rank
-        self.exchange_seconds = 0.0          # and the time they took, waiting for neighbours included
+        self._init_exchanges()
 
     # -- declarations ------------------------------------------------------------------------------
     def state(self, name: str, global_shape, dtype=float, *, halo: int = 0) -> Partition:
@@ -303,114 +302,6 @@ class Distributed(Ranks):
         for block, piece in pieces:
             whole[block] = piece
         return whole
-
-    # -- the halo exchange -----------------------------------------------------------------------------
-    def exchange(self, s, name: str) -> array:
-        """``s.prev.<name>`` with `halo` elements of each neighbour around it, as a new scratch buffer
-        of the step (`halo_shape`; zeros beyond the global edges). On the step's tape it is one
-        operation whose adjoint returns the halos' adjoints to their owners."""
-        part = self._part(name)
-        x = s.prev[name]
-        out = s.scratch(f"halo.{name}", part.halo_shape, part.dtype, zero=False)
-        self.exchange_into(name, x, out)
-        return out
-
-    def exchange_into(self, name: str, x: array, out: array) -> None:
-        """The exchange of `exchange` from the block `x` into `out` (`halo_shape`), differentiable on
-        a recording Tape (for tests and custom steps).
-
-        One split axis after the other, each rank sends the `halo` slabs next to its block's faces,
-        whole along every other axis (halos included), and receives its neighbours' into its own
-        halos. The later axes carry what the earlier ones received, so corners arrive too."""
-        part = self._part(name)
-        if x.shape != part.local_shape or out.shape != part.halo_shape:
-            raise ModelError(f"exchange of '{name}': expected a block of shape {part.local_shape} and an output of "
-                             f"shape {part.halo_shape}, got {x.shape} and {out.shape}")
-        tape = active_tape()
-        if tape is not None:
-            # Not a launch (op.launch is None), so stepper/trace.py never replays a step that makes
-            # it without calling the step function: recomputations exchange halos too.
-            op = RecordedOp(f"halo exchange of '{name}'", {"block": x}, {"halo": out}, {},
-                            lambda: self._backward(part, x, out), caller_location())
-            if x.requires_grad and out.requires_grad:
-                tape.record(op)
-            else:
-                tape.check_writes(op)
-        host = out.numpy()                      # a view on the CPU, a host copy of a GPU array
-        axes = range(len(self.grid) if part.halo else 0)
-        for axis in axes:                       # halos start at zero: what the global edges keep
-            for halo in self._slabs(part, axis)[1]:
-                host[halo] = 0
-        host[part.interior] = x.numpy()
-        for axis in axes:
-            faces, halos = self._slabs(part, axis)
-            lo, hi = self._neighbours(axis)
-            tag = self._tag(part, axis, backward=False)
-            self._swap([(host[faces[0]], lo, tag), (host[faces[1]], hi, tag + 1)],
-                       [(host, halos[0], lo, tag + 1), (host, halos[1], hi, tag)], add=False)
-        if out.device != "cpu":
-            out._write_host(host)
-        out._mark_written()
-
-    def _backward(self, part: Partition, x: array, out: array) -> None:
-        # The neighbours wait for this rank's halo adjoints whatever its own gradients are, so the
-        # messages go out even when there is nothing to send (zeros) or nowhere to add. The axes go
-        # in reverse: each sends its halos' adjoints (and forgets them) and adds what comes back
-        # to the faces they were copied from.
-        g = np.array(out.grad.numpy()) if out.grad is not None else np.zeros(part.halo_shape, out.numpy().dtype)
-        for axis in reversed(range(len(self.grid) if part.halo else 0)):
-            faces, halos = self._slabs(part, axis)
-            lo, hi = self._neighbours(axis)
-            tag = self._tag(part, axis, backward=True)
-            # My low halo's adjoint belongs to the rank below (its high face), and so on.
-            sends = [(np.array(g[halos[0]]), lo, tag), (np.array(g[halos[1]]), hi, tag + 1)]
-            g[halos[0]] = 0
-            g[halos[1]] = 0
-            self._swap(sends, [(g, faces[0], lo, tag + 1), (g, faces[1], hi, tag)], add=True)
-        if x.grad is not None:
-            x.grad._add_host(g[part.interior])
-
-    def _slabs(self, part: Partition, axis: int):
-        """((low face, high face), (low halo, high halo)) along `axis`, as index tuples of the
-        exchanged buffer, whole along every other axis."""
-        h, e = part.halo, part.extents[axis]
-        at = lambda start: (slice(None),) * axis + (slice(start, start + h),)
-        return (at(h), at(e)), (at(0), at(e + h))
-
-    def _tag(self, part: Partition, axis: int, backward: bool) -> int:
-        return 4 * (self._tags[part.name] * len(self.grid) + axis) + 2 * backward
-
-    def _neighbours(self, axis: int = 0):
-        """The ranks before and after this one along `axis` of the grid (PROC_NULL at the edges)."""
-        proc_null = self._MPI.PROC_NULL
-
-        def rank_at(step):
-            coords = list(self.coords)
-            coords[axis] += step
-            if not 0 <= coords[axis] < self.grid[axis]:
-                return proc_null
-            return int(np.ravel_multi_index(coords, self.grid))
-        return rank_at(-1), rank_at(+1)
-
-    def _swap(self, sends, recvs, add: bool) -> None:
-        """Post every receive and send (non-blocking), then wait for all of them. A receive
-        ``(target, index, source, tag)`` lands in a contiguous buffer first, then is copied into (or,
-        with `add`, added to) ``target[index]``."""
-        began = time.perf_counter()
-        landing = [np.empty(target[index].shape, target.dtype) for target, index, _, _ in recvs]
-        requests = [self.comm.Irecv(buf, source=src, tag=tag) for buf, (_, _, src, tag) in zip(landing, recvs)]
-        requests += [self.comm.Isend(np.ascontiguousarray(buf), dest=dst, tag=tag) for buf, dst, tag in sends]
-        self._MPI.Request.Waitall(requests)
-        proc_null = self._MPI.PROC_NULL
-        for buf, (target, index, src, _) in zip(landing, recvs):
-            if src == proc_null:
-                continue                     # nothing came: a global edge keeps its zeros
-            if add:
-                target[index] += buf
-            else:
-                target[index] = buf
-        self.exchanges += 1
-        self.exchange_seconds += time.perf_counter() - began
 
     # -- checks ------------------------------------------------------------------------------------------
     def _check_same(self, what: str, steps, schedule) -> None:

@@ -114,9 +114,10 @@ def misfit_loss(observed, shape):
     return loss
 
 
-def distributed_model(fail_on_rank=None, fail_at=5, kill=False, grid=None):
+def distributed_model(fail_on_rank=None, fail_at=5, kill=False, grid=None, overlap=False):
     """The wave on a grid of ranks: split along rows (grid None) with wave_block, or along both
-    axes of `grid` (e.g. (2, 2) or (1, 2)) with wave_grid."""
+    axes of `grid` (e.g. (2, 2) or (1, 2)) with wave_grid. `overlap`: spelled with dist.launch and
+    dist.halo, so the rows away from the faces run while the halos travel."""
     from stepper.distributed import Distributed
     model = sp.Model()
     dist = Distributed(model, grid=grid)
@@ -131,12 +132,12 @@ def distributed_model(fail_on_rank=None, fail_at=5, kill=False, grid=None):
             if kill:                                  # no Python left to say anything: as if the node died
                 os.kill(os.getpid(), signal.SIGKILL)
             raise ValueError(f"rank {dist.rank} cannot go on at step {s.n}")
-        u = dist.exchange(s, "u")
+        u, launch = (dist.halo(s, "u"), dist.launch) if overlap else (dist.exchange(s, "u"), sp.launch)
         if grid is None:
-            sp.launch(wave_block, shape, inputs=[u, s.prev.u_prev, offset, N, s.params.c, B],
-                      outputs=[s.next.u, s.next.u_prev])
+            launch(wave_block, shape, inputs=[u, s.prev.u_prev, offset, N, s.params.c, B],
+                   outputs=[s.next.u, s.next.u_prev])
         else:
-            sp.launch(wave_grid, shape, inputs=[u, s.prev.u_prev, offset, dist.offset("u", axis=1), N, M,
+            launch(wave_grid, shape, inputs=[u, s.prev.u_prev, offset, dist.offset("u", axis=1), N, M,
                                                 s.params.c, B], outputs=[s.next.u, s.next.u_prev])
     return model, dist
 
@@ -220,6 +221,7 @@ def run(outdir, grid=None):
         same = dist.comm.allgather((result.loss, result.grads["c"].numpy().tobytes()))
         saved[f"{key}_ranks_agree"] = np.array(all(s == same[0] for s in same))
     tape_recorded(dist, model, initial, observed, saved)
+    overlapped(grid, initial, loss, saved)
     saved["halos_match"] = np.array(exchanged_halos_match_the_global_array(dist))
     saved["exchange"] = np.array(check_exchange_adjoint(dist, np.random.default_rng(dist.rank)))
     # Only the last rank's predicate ever holds, after its 7th step: every rank must stop there.
@@ -233,6 +235,21 @@ def run(outdir, grid=None):
     ensemble(saved)
     if dist.rank == 0:
         np.savez(os.path.join(outdir, "result.npz"), **saved)
+
+
+def overlapped(grid, initial, loss, saved):
+    """The rollout and two gradients again, with the exchange overlapping the launch."""
+    model, dist = distributed_model(grid=grid, overlap=True)
+    final = dist.rollout(initial, STEPS)
+    saved["overlap_rollout_u"] = dist.gather(final.u)
+    saved["overlap_rollout_u_prev"] = dist.gather(final.u_prev)
+    for key, schedule in {"storeall": sp.StoreAll(STEPS), "revolve": sp.Revolve(STEPS, 3)}.items():
+        result = dist.gradient(initial, STEPS, loss=loss, schedule=schedule)
+        saved[f"overlap_{key}_loss"] = np.array(result.loss)
+        for name in ("u", "u_prev"):
+            saved[f"overlap_{key}_{name}"] = dist.gather(result.grads[name])
+        saved[f"overlap_{key}_c"] = result.grads["c"].numpy()
+    saved["overlapped"] = np.array(dist.comm.allgather((dist.overlapped, dist.exchanges)))
 
 
 MEMBERS = 5

@@ -120,6 +120,22 @@ def test_every_rank_gets_the_same_global_loss_and_parameter_gradient(job):
 
 
 @needs_mpi
+def test_launches_overlapping_their_exchange_give_the_same_bits(job):
+    """dist.launch(kernel, ..., inputs=[dist.halo(s, "u"), ...]) runs the rows away from the faces
+    while the halos travel: the rollout and gradients are those of dist.exchange + sp.launch."""
+    _, _, got = job
+    for name in ("u", "u_prev"):
+        np.testing.assert_array_equal(got[f"overlap_rollout_{name}"], got[f"rollout_{name}"])
+    for schedule in ("storeall", "revolve"):
+        for name in ("u", "u_prev", "c"):
+            np.testing.assert_array_equal(got[f"overlap_{schedule}_{name}"], got[f"storeall_{name}"])
+        assert float(got[f"overlap_{schedule}_loss"]) == float(got["storeall_loss"])
+    for launches, exchanges in got["overlapped"]:
+        # every forward step's launch ran in parts (the adjoint exchanges are not overlapped)
+        assert launches > 0 and exchanges > launches
+
+
+@needs_mpi
 def test_exchanged_halos_hold_the_neighbours_values_corners_included(job):
     assert bool(job[2]["halos_match"])
 

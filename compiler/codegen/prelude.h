@@ -71,6 +71,9 @@ struct array_t {
 struct launch_t {
     int64_t n;
     int64_t dim[4];
+    // The threads this call runs, as flat indices [first, end): the whole launch (0, n), or whole
+    // rows of its first axis when a launch runs in parts (launch_in_parts in runtime/launch.py).
+    int64_t first, end;
 };
 
 namespace sp {

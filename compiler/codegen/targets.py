@@ -28,7 +28,7 @@ from ..builtins import OPS
 from ..types import ArrayType
 from .emit import FunctionEmitter, arg_offsets, slot_size
 
-LAUNCH_HEADER_SIZE = 40      # sizeof(launch_t): n, dim[4]
+LAUNCH_HEADER_SIZE = 56      # sizeof(launch_t): n, dim[4], first, end
 
 CPU_HEADER = """#include "prelude.h"
 extern "C" { int sp_error_site = -1; long long sp_error_index[4] = {0, 0, 0, 0}; }
@@ -147,7 +147,7 @@ CPU = Target(
 
 # Deterministic (serial) launches on the GPU use one block of one thread: the grid-stride loop then
 # visits the threads in index order, like the CPU's serial flag.
-_GRID_STRIDE = ("for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < L.n; "
+_GRID_STRIDE = ("for (int64_t t = L.first + (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < L.end; "
                 "t += (int64_t)blockDim.x * gridDim.x)")
 
 CUDA = Target(
@@ -195,9 +195,12 @@ def _index_space(ndim: int) -> dict:
     extents (the first index spans any launch dimensions beyond the kernel's), a CPU loop nest, the
     flat index for the tape, and the CUDA decomposition of a grid-stride index."""
     rest = " * ".join(f"L.dim[{k}]" for k in range(1, ndim)) or "1"
-    extents = [f"    const int32_t e0 = (int32_t)(L.n / ({rest}));"]
+    extents = [f"    const int32_t e0 = (int32_t)(L.n / ({rest}));",
+               # the rows of the first axis this call runs (all of them but in a launch run in parts)
+               f"    const int32_t r0 = (int32_t)(L.first / ({rest})), r1 = (int32_t)(L.end / ({rest}));"]
     extents += [f"    const int32_t e{k} = (int32_t)L.dim[{k}];" for k in range(1, ndim)]
-    loops = "".join(f"{'    ' * (k + 1)}for (int32_t i{k} = 0; i{k} < e{k}; ++i{k}) {{\n" for k in range(ndim))
+    loops = "".join(f"{'    ' * (k + 1)}for (int32_t i{k} = {_start(k)}; i{k} < {_stop(k)}; ++i{k}) {{\n"
+                    for k in range(ndim))
     closing = "".join(f"{'    ' * (k + 1)}}}\n" for k in reversed(range(ndim)))
     flat = "(int64_t)i0"
     for k in range(1, ndim):
@@ -212,6 +215,14 @@ def _index_space(ndim: int) -> dict:
             # recover its indices per element: 3.7x slower on a 256 x 256 streaming kernel).
             "collapse": f"collapse({ndim - 1}) " if ndim > 2 else "", "decompose": "\n".join(decompose),
             "tids": ", ".join(f"i{k}" if k < ndim else "0" for k in range(4))}
+
+
+def _start(axis: int) -> str:
+    return "r0" if axis == 0 else "0"
+
+
+def _stop(axis: int) -> str:
+    return "r1" if axis == 0 else f"e{axis}"
 
 
 def native_definitions(functions) -> str:
@@ -325,12 +336,12 @@ def _logged_loop(ndim: int, threshold: int, body: str, private, result: str, red
     inner = "\n".join("                " + line for line in body.split("\n"))
     return f"""#ifdef _OPENMP
     if (serial == 2 && L.n >= {threshold}) {{
-        const int64_t chunks = (L.n + sp::ADD_CHUNK - 1) / sp::ADD_CHUNK;
+        const int64_t chunks = (L.end - L.first + sp::ADD_CHUNK - 1) / sp::ADD_CHUNK;
         std::vector<sp::add_log> logs(chunks);
         #pragma omp parallel for schedule(static) firstprivate({', '.join(private)}){' reduction(|:overflow)' if reduction else ''}
         for (int64_t c = 0; c < chunks; ++c) {{
             sp::adds_log = &logs[c];
-            const int64_t first = c * sp::ADD_CHUNK, end = first + sp::ADD_CHUNK < L.n ? first + sp::ADD_CHUNK : L.n;
+            const int64_t first = L.first + c * sp::ADD_CHUNK, end = first + sp::ADD_CHUNK < L.end ? first + sp::ADD_CHUNK : L.end;
             for (int64_t t = first; t < end; ++t) {{
 {space["decompose"].replace("        ", "                ")}
 {inner}
@@ -380,17 +391,20 @@ def _interior_nest(ndim: int, edge: str, middle: str, interior, private, prelude
     box = _interior_box(ndim, interior)
     k = ndim - 1
     pad = "    " * (k + 1)
-    runs = [f"{pad}for (int32_t i{k} = 0; i{k} < a; ++i{k}) {edge}",
+    runs = [f"{pad}for (int32_t i{k} = {_start(k)}; i{k} < a; ++i{k}) {edge}",
             f"{pad}for (int32_t i{k} = a; i{k} < b; ++i{k}) {middle}",
-            f"{pad}for (int32_t i{k} = b; i{k} < e{k}; ++i{k}) {edge}"]
+            f"{pad}for (int32_t i{k} = b; i{k} < {_stop(k)}; ++i{k}) {edge}"]
     if k == 0:
-        # one index: the middle run alone is shared out among threads
-        lines = ["    {", f"    {prelude}" if prelude else "", "    const int32_t a = (int32_t)lo0, b = (int32_t)hi0;",
+        # one index: the middle run alone is shared out among threads; the box is cut to the rows run
+        lines = ["    {", f"    {prelude}" if prelude else "",
+                 "    const int32_t a = (int32_t)(lo0 < r0 ? r0 : lo0 > r1 ? r1 : lo0), "
+                 "b = (int32_t)(hi0 < a ? a : hi0 > r1 ? r1 : hi0);",
                  runs[0], "    " + _share(private + (("tp",) if prelude else ()), threshold).format(collapse=""),
                  runs[1], runs[2], "    }"]
         return "\n".join(box + [line for line in lines if line]) + "\n"
     mid = " && ".join(f"lo{a} <= i{a} && i{a} < hi{a}" for a in range(k))
-    outer = "".join(f"{'    ' * (a + 1)}for (int32_t i{a} = 0; i{a} < e{a}; ++i{a}) {{\n" for a in range(k))
+    outer = "".join(f"{'    ' * (a + 1)}for (int32_t i{a} = {_start(a)}; i{a} < {_stop(a)}; ++i{a}) {{\n"
+                    for a in range(k))
     closing = "".join(f"{'    ' * (a + 1)}}}\n" for a in reversed(range(k)))
     inner = ([f"{pad}{prelude}"] if prelude else []) + [
         f"{pad}const bool mid = {mid};",

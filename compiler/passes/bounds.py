@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from .. import ir
 from .interior import tid_offsets
 
-__all__ = ["TidIndexed", "tid_indexed"]
+__all__ = ["TidIndexed", "row_reach", "tid_indexed"]
 
 
 @dataclass(frozen=True)
@@ -60,3 +60,23 @@ def check_extents(kernel_name: str, needs: tuple[TidIndexed, ...], args, dims: t
                     f"least {dims[need.tid_axis] + need.offset} there; launch over the array's extent or pass "
                     "a larger array")
     return None
+
+
+def row_reach(forward: ir.Function, name: str) -> tuple[int, int] | None:
+    """(lo, hi) such that every access of array parameter `name` in `forward` (loads, stores and
+    atomics anywhere: under branches and in loops too) is at row ``tid()[0] + c`` of its first
+    axis with ``lo <= c <= hi``, so thread i touches rows i + lo .. i + hi and no others; None when
+    some access is indexed otherwise there, or `name` is not accessed at all. A halo exchange uses it
+    to tell which threads read only a block's own rows (stepper/distributed.py)."""
+    offsets = tid_offsets(forward.body, forward.tid_ndim)
+    reach = None
+    for s in ir.walk(forward.body):
+        if not isinstance(s, (ir.Load, ir.Store, ir.Atomic)) or s.array.adjoint or s.array.param.name != name:
+            continue
+        index = s.indices[0] if s.indices else None
+        known = offsets.get(index.id) if isinstance(index, ir.Temp) else None
+        if not (isinstance(known, tuple) and known[0] == 0 and not known[1].terms):
+            return None
+        c = known[1].const
+        reach = (c, c) if reach is None else (min(reach[0], c), max(reach[1], c))
+    return reach

@@ -22,7 +22,7 @@ from .array import array
 from .graph import CapturedLaunch, capturing
 from .tape import RecordedOp, active_tape, caller_location, settle, untaped_deterministic, zero_fresh
 
-_HEADER = "q4q"
+_HEADER = "q4qqq"           # launch_t: n, dim[4], first, end
 _ONES = (1, 1, 1, 1)
 _MAX_THREADS = 2**31
 _SCALAR_FORMATS = {"float32": "f4x", "float64": "d", "int32": "i4x", "int64": "q", "bool": "?7x"}
@@ -135,6 +135,14 @@ def _dims(kernel: Kernel, dim, tid_ndim: int) -> tuple[int, ...]:
     return tuple(int(d) for d in dims)
 
 
+def _header(dims: tuple, rows: tuple | None = None) -> list:
+    """launch_t's values for a launch over `dims` that runs every thread, or only the threads of
+    `rows` = (first, end) of its first axis."""
+    n = math.prod(dims)
+    first, end = (0, n) if rows is None else (rows[0] * n // dims[0], rows[1] * n // dims[0])
+    return [n, *dims, *_ONES[len(dims):], first, end]
+
+
 def _array_values(a: array | None, like: array | None = None) -> list:
     if a is None:
         shape = list(like.shape) if like is not None else []
@@ -164,7 +172,8 @@ def _check_argument(kernel, p, value, device):
     where = f"launch of kernel '{kernel.__name__}': argument '{p.name}'"
     if isinstance(p.type, ArrayType):
         if not isinstance(value, array):
-            raise LaunchError(f"{where} expects {p.type}, got {type(value).__name__}; wrap data with stepper.array(...)")
+            hint = getattr(value, "launch_hint", "wrap data with stepper.array(...)")
+            raise LaunchError(f"{where} expects {p.type}, got {type(value).__name__}; {hint}")
         if value.dtype != p.type.dtype or value.ndim != p.type.ndim:
             raise LaunchError(f"{where} expects {p.type}, got an array of {value.dtype} with {value.ndim} dimension(s)")
         if value.device != device:
@@ -193,6 +202,35 @@ def launch(kernel: Kernel, dim, inputs=(), outputs=(), device=None, debug: bool 
     `deterministic=True` runs the threads serially in index order, so float atomics accumulate in the
     same order every run; by default it follows the recording Tape's `deterministic` setting.
     """
+    _launch(kernel, dim, inputs, outputs, device, debug, deterministic, None)
+
+
+def launch_in_parts(kernel: Kernel, dim, inputs=(), outputs=(), *, first_rows: tuple, between,
+                    deterministic: bool | None = None) -> bool:
+    """`launch`, in parts: the threads of rows ``first_rows = (a, b)`` of tid()'s first axis run
+    first, then ``between()`` is called, then the other rows run. For work that overlaps the
+    launch: say, the rows that read only a block's own elements run while its halos travel, and
+    `between` waits for them (stepper/distributed.py). A recording Tape records one launch (the
+    same adjoint, and the same bits: the threads are those of one launch, each run once).
+
+    A kernel with atomics (whose sums depend on the order of threads), a launch of more axes than
+    the kernel's tid() unpacks, or one inside capture() runs whole after `between()` instead;
+    returns whether the launch ran in parts."""
+    sig = _signature(kernel)
+    dims = _dims(kernel, dim, sig.tid_ndim)
+    a, b = first_rows
+    if not (type(a) is int and type(b) is int and 0 <= a <= b <= (dims[0] if dims else 0)):
+        raise LaunchError(f"launch of kernel '{kernel.__name__}' in parts: first_rows must be (a, b) with "
+                          f"0 <= a <= b <= {dims[0] if dims else 0} (rows of tid()'s first axis), got {first_rows!r}")
+    if sig.has_atomics or len(dims) != sig.tid_ndim or capturing() is not None:
+        between()
+        _launch(kernel, dims, inputs, outputs, None, False, deterministic, None)
+        return False
+    _launch(kernel, dims, inputs, outputs, None, False, deterministic, ((a, b), between))
+    return True
+
+
+def _launch(kernel: Kernel, dim, inputs, outputs, device, debug: bool, deterministic, parts) -> None:
     if not isinstance(kernel, Kernel):
         raise LaunchError(f"launch() expects a @kernel, got {type(kernel).__name__}")
     compiled = kernel.compiled()
@@ -209,7 +247,7 @@ def launch(kernel: Kernel, dim, inputs=(), outputs=(), device=None, debug: bool 
         device = str(device)
     if device != "cpu":
         device = _gpu(device)
-    values = [math.prod(dims), *dims, *_ONES[len(dims):]]
+    values = _header(dims)
     for p, expect, a in zip(sig.params, sig.expect, args):
         # the common cases first, checked without building messages
         kind = type(a)
@@ -240,6 +278,10 @@ def launch(kernel: Kernel, dim, inputs=(), outputs=(), device=None, debug: bool 
     if tape is not None:
         _record(tape, kernel, compiled, sig, args, dims, buffer, debug, deterministic, device)
     serial = _forward_serial(sig, args, deterministic)
+    if parts is not None:
+        _run_in_parts(kernel, compiled, sig, dims, values, parts, serial, device)
+        _mark_written(sig, args, tape)
+        return
     if device != "cpu":
         cuda_launch.forward(kernel, compiled, buffer, values[0], debug, bool(serial), device, graph)
         if graph is not None:
@@ -255,6 +297,24 @@ def launch(kernel: Kernel, dim, inputs=(), outputs=(), device=None, debug: bool 
     if debug:
         raise_if_out_of_bounds(module, kernel)
     _mark_written(sig, args, tape)
+
+
+def _run_in_parts(kernel, compiled, sig, dims, values, parts, serial, device) -> None:
+    """launch_in_parts' runs: rows (a, b), then `between()`, then rows before a and from b on."""
+    (a, b), between = parts
+    entry = None if device != "cpu" else kernel.entry(False).function(sig.forward_name, adjoint=False)
+    for rows in ((a, b), None, (0, a), (b, dims[0])):
+        if rows is None:
+            between()
+            continue
+        if rows[0] == rows[1]:
+            continue
+        header = _header(dims, rows)
+        buffer = sig.packer.pack(*header, *values[len(header):])
+        if entry is None:
+            cuda_launch.forward(kernel, compiled, buffer, header[-1] - header[-2], False, bool(serial), device)
+        else:
+            entry(buffer, serial)
 
 
 def _gpu(device: str) -> str:
@@ -318,7 +378,7 @@ def relaunch(kernel: Kernel, dims: tuple, args: list, deterministic: bool, tape=
     compiled = kernel.compiled()
     sig = _signature(kernel)
     device = "cpu"
-    values = [math.prod(dims), *dims, *_ONES[len(dims):]]
+    values = _header(dims)
     for p, expect, a in zip(sig.params, sig.expect, args):
         if type(a) is array:
             device = a._device
@@ -382,7 +442,7 @@ def _adjoint_setup(compiled, sig, args, dims, serial, fresh):
     whose arguments carry their gradients in ``.grad``; zero-fills the pending `fresh` gradients
     that it does not overwrite whole (see _fresh_mask)."""
     gather = compiled.gather if _gather_fits(compiled.gather, sig, args, dims) else None
-    values = [_fresh_mask(fresh, sig, args, gather.arrays if gather else ()) if fresh else 0, 0, 0, 0, 0]
+    values = [_fresh_mask(fresh, sig, args, gather.arrays if gather else ()) if fresh else 0, 0, 0, 0, 0, 0, 0]
     for p, a in zip(sig.params, args):
         if isinstance(p.type, ArrayType):
             values += _array_values(a.grad if a.requires_grad else None, like=a)
@@ -454,7 +514,7 @@ def packed_forward(kernel: Kernel, dims: tuple, args: list, deterministic: bool)
     ``void f(const char* buffer, int serial)`` itself, patching array pointers between calls."""
     import ctypes
     sig = _signature(kernel)
-    values = [math.prod(dims), *dims, *_ONES[len(dims):]]
+    values = _header(dims)
     offsets, fmt = [], "<" + _HEADER
     for p, expect, a in zip(sig.params, sig.expect, args):
         offsets.append(struct.calcsize(fmt) if isinstance(p.type, ArrayType) else None)
