@@ -44,7 +44,7 @@ def misfit(u: G, observed: G, out: sp.array(dtype=float)):
     sp.atomic_add(out, 0, 0.5 * d * d)
 
 
-def build(size):
+def build(size, overlap=True):
     model = sp.Model()
     dist = Distributed(model)
     dist.state("u", (size, size), float, halo=1)
@@ -53,9 +53,15 @@ def build(size):
 
     @model.step
     def step(s):
-        u = dist.exchange(s, "u")         # s.prev.u with a neighbour's row above and below
-        sp.launch(wave_step, block, inputs=[u, s.prev.u_prev, offset, size, 0.25, 1e-3],
-                  outputs=[s.next.u, s.next.u_prev])
+        if overlap:
+            # s.prev.u with a neighbour's row above and below; the rows that need neither run
+            # while those two rows travel
+            dist.launch(wave_step, block, inputs=[dist.halo(s, "u"), s.prev.u_prev, offset, size, 0.25, 1e-3],
+                        outputs=[s.next.u, s.next.u_prev])
+        else:                             # the same, the exchange complete before the launch
+            u = dist.exchange(s, "u")
+            sp.launch(wave_step, block, inputs=[u, s.prev.u_prev, offset, size, 0.25, 1e-3],
+                      outputs=[s.next.u, s.next.u_prev])
     return model, dist
 
 

@@ -20,11 +20,14 @@ the local block and its global offsets, so one kernel serves 1 rank and N ranks:
         u = dist.exchange(s, "u")                  # (rows + 2, n): row i of s.prev.u is row i + 1
         sp.launch(wave_step, dist.local_shape("u"), inputs=[u, s.prev.u_prev, dist.offset("u"), n, ...],
                   outputs=[s.next.u, s.next.u_prev])
+        # or, the rows that read no halo running while the halos travel (same bits):
+        # dist.launch(wave_step, ..., inputs=[dist.halo(s, "u"), s.prev.u_prev, ...], outputs=[...])
 
     result = dist.gradient(dist.scatter({"u": u0, "u_prev": u0}), steps, loss=..., schedule=...)
 
 With ``grid=(2, 2)`` the exchanged buffer is ``(rows + 2, cols + 2)``, element (i, j) of the block is
-(i + 1, j + 1) there, and ``dist.offset("u", axis=1)`` is the block's first global column.
+(i + 1, j + 1) there, and ``dist.offset("u", axis=1)`` is the block's first global column. The
+exchange itself, and launches that overlap it, are in halo_exchange.py.
 
 Every rank runs the same schedule (schedules are deterministic), so the exchanges of every rank
 meet. A loss is each rank's own part (built from its block); ``dist.gradient`` seeds every rank's

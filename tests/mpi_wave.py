@@ -108,22 +108,22 @@ def serial_model():
 
 def misfit_loss(observed, shape):
     def loss(state):
-        out = sp.zeros(1, dtype=F, requires_grad=True)
+        out = sp.zeros(1, dtype=F, requires_grad=True, device=state.u.device)
         sp.launch(misfit, shape, inputs=[state.u, observed], outputs=[out])
         return out
     return loss
 
 
-def distributed_model(fail_on_rank=None, fail_at=5, kill=False, grid=None, overlap=False):
+def distributed_model(fail_on_rank=None, fail_at=5, kill=False, grid=None, overlap=False, device="cpu"):
     """The wave on a grid of ranks: split along rows (grid None) with wave_block, or along both
     axes of `grid` (e.g. (2, 2) or (1, 2)) with wave_grid. `overlap`: spelled with dist.launch and
     dist.halo, so the rows away from the faces run while the halos travel."""
     from stepper.distributed import Distributed
-    model = sp.Model()
+    model = sp.Model(device)
     dist = Distributed(model, grid=grid)
     dist.state("u", (N, M), F, halo=1)
     dist.state("u_prev", (N, M), F)
-    model.param("c", sp.array([0.25], dtype=F))
+    model.param("c", sp.array([0.25], dtype=F, device=device))
     shape, offset = dist.local_shape("u"), dist.offset("u")
 
     @model.step
@@ -283,6 +283,24 @@ def ensemble(saved):
     saved["ensemble_members_per_rank"] = np.array(ens.comm.allgather(len(shared.members)))
 
 
+def on_gpu(outdir):
+    """The rollout and a Revolve gradient with the blocks on a GPU (the CUDA simulator in CI): the
+    exchange goes through host copies, and dist.launch runs whole launches after it."""
+    model, dist = distributed_model(overlap=True, device="cuda")
+    initial = dist.scatter(initial_global())
+    observed = dist.scatter({"u": observed_global()})["u"]
+    final = dist.rollout(initial, STEPS)
+    result = dist.gradient(initial, STEPS, loss=misfit_loss(observed, dist.local_shape("u")),
+                           schedule=sp.Revolve(STEPS, 3))
+    saved = {"rollout_u": dist.gather(final.u), "loss": np.array(result.loss),
+             "device": np.array(final.u.device), "overlapped": np.array(dist.overlapped)}
+    for name in ("u", "u_prev"):
+        saved[f"grad_{name}"] = dist.gather(result.grads[name])
+    saved["grad_c"] = result.grads["c"].numpy()
+    if dist.rank == 0:
+        np.savez(os.path.join(outdir, "gpu.npz"), **saved)
+
+
 def raise_on_rank_1(kill=False):
     model, dist = distributed_model(fail_on_rank=1, kill=kill)
     initial = dist.scatter(initial_global())
@@ -379,6 +397,8 @@ if __name__ == "__main__":
         checkpoint_then_raise(out, kill=mode == "checkpoint-kill")
     elif mode == "resume":
         resume(out)
+    elif mode == "gpu":
+        on_gpu(out)
     elif mode == "priced":
         priced_apart(out)
     else:
