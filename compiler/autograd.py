@@ -480,7 +480,7 @@ def loop_tape_words(kernel: Kernel, dim, inputs=(), outputs=(), device=None) -> 
     pass measures before ``tape.backward`` allocates ``max(words) * threads`` of them. Each iteration of
     a dynamic loop saves the carried values its reverse sweep needs (one word per scalar, more for
     vectors); all zero when no loop carries such a value (``kernel.compiled().needs_tape`` False)."""
-    from .runtime.launch import _array_values, _check_argument, _dims, _signature, _zero_values   # same packing as launch
+    from .runtime.launch import _array_values, _check_argument, _dims, _header, _signature, _zero_values   # same packing as launch
     compiled = kernel.compiled()
     sig = _signature(kernel)
     args = list(inputs) + list(outputs)
@@ -492,8 +492,8 @@ def loop_tape_words(kernel: Kernel, dim, inputs=(), outputs=(), device=None) -> 
     if not compiled.needs_tape or n == 0:
         return counts
     device = str(device or next((a.device for a in args if isinstance(a, array)), "cpu"))
-    values = [n, *dims, *([1] * (4 - len(dims)))]
-    adjoint_values = [0] * 5
+    values = _header(dims)
+    adjoint_values = [0] * len(values)
     for p, a in zip(sig.params, args):
         values += _check_argument(kernel, p, a, device)
         adjoint_values += (_array_values(None, like=a) if isinstance(a, array)

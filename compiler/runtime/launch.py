@@ -24,6 +24,7 @@ from .tape import RecordedOp, active_tape, caller_location, settle, untaped_dete
 
 _HEADER = "q4qqq"           # launch_t: n, dim[4], first, end
 _ONES = (1, 1, 1, 1)
+_UNREAD = (0,) * 6
 _MAX_THREADS = 2**31
 _SCALAR_FORMATS = {"float32": "f4x", "float64": "d", "int32": "i4x", "int64": "q", "bool": "?7x"}
 _PYTHON_KINDS = {"float32": (float, int), "float64": (float, int), "int32": (int,), "int64": (int,), "bool": (bool,)}
@@ -442,7 +443,8 @@ def _adjoint_setup(compiled, sig, args, dims, serial, fresh):
     whose arguments carry their gradients in ``.grad``; zero-fills the pending `fresh` gradients
     that it does not overwrite whole (see _fresh_mask)."""
     gather = compiled.gather if _gather_fits(compiled.gather, sig, args, dims) else None
-    values = [_fresh_mask(fresh, sig, args, gather.arrays if gather else ()) if fresh else 0, 0, 0, 0, 0, 0, 0]
+    # the gradient buffer's launch_t: its first word is the fresh mask, the others go unread
+    values = [_fresh_mask(fresh, sig, args, gather.arrays if gather else ()) if fresh else 0, *_UNREAD]
     for p, a in zip(sig.params, args):
         if isinstance(p.type, ArrayType):
             values += _array_values(a.grad if a.requires_grad else None, like=a)
