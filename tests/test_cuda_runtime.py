@@ -12,7 +12,7 @@ import pytest
 
 import compiler as sp
 from compiler.backends import cuda_launch
-from compiler.runtime.launch import _signature
+from compiler.runtime.launch import _header, _signature
 from compiler.types import ArrayType
 
 pytestmark = pytest.mark.cuda
@@ -39,7 +39,7 @@ def _pack(kernel, n, args):
     """The packed buffer of a 1-d launch; arrays are DeviceBuffers of float32 (or None: no grad)."""
     from compiler.runtime.cuda_array import DeviceBuffer
     sig = _signature(kernel)
-    values = [n, n, 1, 1, 1]
+    values = _header((n,))
     for p, a in zip(sig.params, args):
         if isinstance(p.type, ArrayType):
             ptr = a.ptr if isinstance(a, DeviceBuffer) else 0
@@ -79,7 +79,7 @@ def test_debug_launch_reports_the_out_of_bounds_line():
     xb, yb = DeviceBuffer.from_host(np.ones(4, np.float32)), DeviceBuffer(16)
     sig = _signature(_affine)
     values = list(sig.packer.unpack(_pack(_affine, 4, [1.0, xb, yb])))
-    values[0:2] = [8, 8]                         # 8 threads over 4-element arrays
+    values[:len(_header((8,)))] = _header((8,))        # 8 threads over 4-element arrays
     with pytest.raises(IndexError, match=r"test_cuda_runtime.py:\d+: kernel '_affine' indexed array '\w' out of bounds"):
         cuda_launch.forward(_affine, _affine.compiled(), sig.packer.pack(*values), 8, True, False, "cuda:0")
 
