@@ -14,12 +14,17 @@ launch_in_parts): the rows of the launch that read only the block's own rows, kn
 kernel's indices (compiler.passes.bounds.row_reach: row ``tid()[0] + c``, c from lo to hi), run while
 the first axis's halos travel; then the exchange completes and the rows next to the faces run. The
 buffer, the launch's results and its tape record are those of `exchange` plus `sp.launch`, bit for
-bit. Where the kernel's rows cannot be told apart (another index on the first axis) or the arrays
-are on a GPU (their exchange goes through host copies, ready only when complete), it is exactly
+bit. Where the kernel's rows cannot be told apart (another index on the first axis) it is exactly
 that: the exchange, then the launch. ``dist.overlapped`` counts the launches that ran in parts.
 
 On a tape an exchange is one operation whose adjoint sends the halos' adjoints back to their
 owners, who add them to their faces, axis by axis in the reverse order (not overlapped).
+
+Blocks on a GPU split by rows (one split axis) move only what crosses ranks through the host: the
+block is copied into the exchanged buffer on the device, the face rows go down and the halo rows
+come up (the adjoint likewise, its sums made as on the CPU). Over a grid of ranks a GPU block's
+exchange goes through a host copy of the whole buffer (no CUDA-aware MPI), complete before any
+of the launch runs.
 """
 from __future__ import annotations
 
@@ -29,6 +34,7 @@ import numpy as np
 
 from compiler import array, launch
 from compiler.passes.bounds import row_reach
+from compiler.runtime.copy_kernels import add_into
 from compiler.runtime.launch import launch_in_parts
 from compiler.runtime.tape import RecordedOp, active_tape, caller_location
 
@@ -98,7 +104,7 @@ class HaloExchanges:
             out = args[k] = self._halo_buffer(h.state, h.name)
             finishes.append(self._begin_exchange(h.name, h.state.prev[h.name], out))
             part, reach = self.parts[h.name], self._row_reach(kernel, k)
-            if out.device != "cpu" or reach is None:
+            if reach is None:
                 core = (0, 0)                # nothing runs before the exchange is complete
             else:
                 # thread i reads exchanged rows i + lo .. i + hi; the block's own are halo .. halo + extent - 1
@@ -126,7 +132,7 @@ class HaloExchanges:
 
     def _begin_exchange(self, name: str, x: array, out: array):
         """Start the exchange of `exchange_into`: every axis but the first done, the first's messages
-        posted. Returns the function that completes it (on a GPU, a no-op: done already)."""
+        posted. Returns the function that completes it (a no-op where it is complete already)."""
         part = self._part(name)
         if x.shape != part.local_shape or out.shape != part.halo_shape:
             raise ModelError(f"exchange of '{name}': expected a block of shape {part.local_shape} and an output of "
@@ -141,6 +147,8 @@ class HaloExchanges:
                 tape.record(op)
             else:
                 tape.check_writes(op)
+        if out.device != "cpu" and len(self.grid) == 1:
+            return self._begin_on_device(part, x, out)
         host = out.numpy()                      # a view on the CPU, a host copy of a GPU array
         axes = self._axes(part)
         for axis in axes:                       # halos start at zero: what the global edges keep
@@ -167,6 +175,58 @@ class HaloExchanges:
         out._write_host(host)
         return lambda: None
 
+    def _begin_on_device(self, part, x: array, out: array):
+        """`_begin_exchange` of a GPU block split by rows: the block is copied into the middle of
+        `out` on the device, and only the face rows go down to the host and the halo rows up."""
+        h, rows = part.halo, part.extents[0]
+        block, halos = x._data, out._data            # DeviceMemory
+        row = block.nbytes // rows                   # bytes of one row, whole along the other axes
+        halos.copy_bytes_from(block, h * row, 0, rows * row)
+        out._mark_written()
+        if not h:
+            return lambda: None
+        faces = [_rows_to_host(block, first, h) for first in (0, rows - h)]
+        landed = np.zeros((2 * h,) + block.shape[1:], block.dtype)      # zeros stay at the global edges
+        lo, hi = self._neighbours(0)
+        tag = self._tag(part, 0, backward=False)
+        pending = self._post([(faces[0], lo, tag), (faces[1], hi, tag + 1)],
+                             [(landed, slice(0, h), lo, tag + 1), (landed, slice(h, 2 * h), hi, tag)])
+
+        def complete():
+            self._complete(pending, add=False)
+            halos.buffer.copy_from_host(landed[:h], halos.offset)
+            halos.buffer.copy_from_host(landed[h:], halos.offset + (rows + h) * row)
+        return complete
+
+    def _backward_on_device(self, part, x: array, out: array) -> None:
+        """`_backward` of a GPU block split by rows, moving only halo and face rows through the
+        host. The sums are the host path's: each face's adjoint plus what the neighbour sends,
+        then added to the block's gradient (on the device)."""
+        h, rows = part.halo, part.extents[0]
+        g = out.grad._data if out.grad is not None else None
+        if not h:
+            if x.grad is not None and g is not None:
+                add_into(x.grad, out.grad)
+            return
+        row = out._data.nbytes // (rows + 2 * h)
+        shape = (h,) + out._data.shape[1:]
+        sends = [_rows_to_host(g, first, h) if g is not None else np.zeros(shape, out._data.dtype)
+                 for first in (0, rows + h)]
+        faces = [np.zeros(shape, out._data.dtype) for _ in range(2)]
+        lo, hi = self._neighbours(0)
+        tag = self._tag(part, 0, backward=True)
+        received = self._post([(sends[0], lo, tag), (sends[1], hi, tag + 1)],
+                              [(faces[0], slice(None), lo, tag + 1), (faces[1], slice(None), hi, tag)])
+        self._complete(received, add=False)
+        if x.grad is None or g is None:
+            return
+        for face, first, neighbour in zip(faces, (h, rows), (lo, hi)):     # the exchanged buffer's face rows
+            if neighbour != self._MPI.PROC_NULL:
+                g.buffer.copy_from_host(_rows_to_host(g, first, h) + face, g.offset + first * row)
+        interior = array._wrap(type(g)(g.buffer, (rows,) + g.shape[1:], g.dtype, g.offset + h * row),
+                               out.grad._dtype, device=out.grad.device)
+        add_into(x.grad, interior)
+
     def _axes(self, part) -> list:
         """The split axes in the order the forward exchanges them: the first last (see the module docstring)."""
         return list(range(1, len(self.grid))) + [0] if part.halo else []
@@ -176,6 +236,8 @@ class HaloExchanges:
         # messages go out even when there is nothing to send (zeros) or nowhere to add. The axes go
         # in reverse: each sends its halos' adjoints (and forgets them) and adds what comes back
         # to the faces they were copied from.
+        if out.device != "cpu" and len(self.grid) == 1:
+            return self._backward_on_device(part, x, out)
         g = np.array(out.grad.numpy()) if out.grad is not None else np.zeros(part.halo_shape, out.numpy().dtype)
         for axis in reversed(self._axes(part)):
             faces, halos = self._slabs(part, axis)
@@ -236,3 +298,9 @@ class HaloExchanges:
                 target[index] = buf
         self.exchanges += 1
         self.exchange_seconds += time.perf_counter() - began
+
+
+def _rows_to_host(memory, first: int, count: int) -> np.ndarray:
+    """Rows first .. first + count - 1 of a C-contiguous `DeviceMemory`, copied to a new ndarray."""
+    row = memory.nbytes // memory.shape[0]
+    return memory.buffer.copy_to_host(np.empty((count,) + memory.shape[1:], memory.dtype), memory.offset + first * row)

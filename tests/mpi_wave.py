@@ -283,20 +283,22 @@ def ensemble(saved):
     saved["ensemble_members_per_rank"] = np.array(ens.comm.allgather(len(shared.members)))
 
 
-def on_gpu(outdir):
-    """The rollout and a Revolve gradient with the blocks on a GPU (the CUDA simulator in CI): the
-    exchange goes through host copies, and dist.launch runs whole launches after it."""
-    model, dist = distributed_model(overlap=True, device="cuda")
-    initial = dist.scatter(initial_global())
-    observed = dist.scatter({"u": observed_global()})["u"]
-    final = dist.rollout(initial, STEPS)
-    result = dist.gradient(initial, STEPS, loss=misfit_loss(observed, dist.local_shape("u")),
-                           schedule=sp.Revolve(STEPS, 3))
-    saved = {"rollout_u": dist.gather(final.u), "loss": np.array(result.loss),
-             "device": np.array(final.u.device), "overlapped": np.array(dist.overlapped)}
-    for name in ("u", "u_prev"):
-        saved[f"grad_{name}"] = dist.gather(result.grads[name])
-    saved["grad_c"] = result.grads["c"].numpy()
+def on_gpu(outdir, grid=None):
+    """The rollout and a Revolve gradient with the blocks on a GPU (the CUDA simulator in CI): split
+    by rows, only face and halo rows cross through the host; over a grid, whole host copies."""
+    saved = {}
+    for device in ("cuda", "cpu"):                   # the same run on the CPU: the bits to match
+        model, dist = distributed_model(overlap=True, device=device, grid=grid)
+        initial = dist.scatter(initial_global())
+        observed = dist.scatter({"u": observed_global()})["u"]
+        final = dist.rollout(initial, STEPS)
+        result = dist.gradient(initial, STEPS, loss=misfit_loss(observed, dist.local_shape("u")),
+                               schedule=sp.Revolve(STEPS, 3))
+        saved.update({f"{device}_rollout_u": dist.gather(final.u), f"{device}_loss": np.array(result.loss),
+                      f"{device}_device": np.array(final.u.device), f"{device}_overlapped": np.array(dist.overlapped),
+                      f"{device}_grad_c": result.grads["c"].numpy()})
+        for name in ("u", "u_prev"):
+            saved[f"{device}_grad_{name}"] = dist.gather(result.grads[name])
     if dist.rank == 0:
         np.savez(os.path.join(outdir, "gpu.npz"), **saved)
 
@@ -398,7 +400,7 @@ if __name__ == "__main__":
     elif mode == "resume":
         resume(out)
     elif mode == "gpu":
-        on_gpu(out)
+        on_gpu(out, tuple(int(k) for k in sys.argv[3].split("x")) if len(sys.argv) > 3 else None)
     elif mode == "priced":
         priced_apart(out)
     else:

@@ -3,12 +3,13 @@ any other: recorded with its adjoint (``adj_src += adj_dest``, in gather form: p
 deterministic), replayable from a step's trace, run by the native step loops and CUDA graphs.
 
 One small kernel module per element type holds a copy kernel for each rank (1 to 4), built on the
-first copy of that type and cached on disk like every kernel module.
+first copy of that type and cached on disk like every kernel module, and `add_into`'s kernel: an
+elementwise sum where the arrays live (on a GPU, without moving them through the host).
 """
 from ..kernel import Kernel, KernelModule
 from ..types import ArrayType
 
-__all__ = ["copy_kernel", "launched_copy"]
+__all__ = ["add_into", "copy_kernel", "launched_copy"]
 
 _KERNELS: dict = {}
 
@@ -24,13 +25,21 @@ def launched_copy(dest, src, dest_offset: int, src_offset: int, count: int) -> b
     return True
 
 
+def add_into(dest, src) -> None:
+    """``dest += src`` elementwise (two contiguous arrays of one dtype, size and device), as a
+    launch that no Tape records: memory arithmetic, like array._add_host, for gradients."""
+    from .launch import relaunch
+    copy_kernel(dest.dtype, 1)
+    relaunch(_KERNELS[(dest.dtype, "add")], (dest.size,), [dest.reshape(-1), src.reshape(-1)], deterministic=False)
+
+
 def copy_kernel(dtype, ndim: int) -> Kernel:
     """The kernel ``dest[index] = src[index]`` over arrays of `dtype` and rank `ndim`."""
     key = (dtype, ndim)
     if key not in _KERNELS:
         module = KernelModule(f"compiler.copy.{dtype}")
-        for rank, fn in enumerate(_copies(ArrayType(dtype, 1), ArrayType(dtype, 2), ArrayType(dtype, 3),
-                                          ArrayType(dtype, 4)), start=1):
+        *copies, add = _copies(ArrayType(dtype, 1), ArrayType(dtype, 2), ArrayType(dtype, 3), ArrayType(dtype, 4))
+        for rank, fn in [*enumerate(copies, start=1), ("add", add)]:
             kernel = Kernel(fn, module)
             module.add(kernel)
             _KERNELS[(dtype, rank)] = kernel
@@ -38,8 +47,8 @@ def copy_kernel(dtype, ndim: int) -> Kernel:
 
 
 def _copies(A1, A2, A3, A4):
-    """The four copy kernels' functions, typed by this element type's arrays (this module does not
-    postpone annotations, so the kernel frontend takes them as evaluated here)."""
+    """The four copy kernels' functions and add_into's, typed by this element type's arrays (this
+    module does not postpone annotations, so the kernel frontend takes them as evaluated here)."""
     from .. import tid
 
     def copy(src: A1, dest: A1):
@@ -58,6 +67,10 @@ def _copies(A1, A2, A3, A4):
         i, j, k, m = tid()
         dest[i, j, k, m] = src[i, j, k, m]
 
+    def add(dest: A1, src: A1):
+        i = tid()
+        dest[i] = dest[i] + src[i]
+
     for fn in (copy2, copy3, copy4):
         fn.__name__ = "copy"       # messages name the kernel 'copy' whatever its rank
-    return copy, copy2, copy3, copy4
+    return copy, copy2, copy3, copy4, add
