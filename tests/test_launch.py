@@ -359,3 +359,25 @@ def test_a_kernel_made_in_a_factory_is_typed_by_its_evaluated_annotations(dtype,
     y = sp.zeros(2, dtype=dtype, device=device)
     sp.launch(kernel, 2, inputs=[x], outputs=[y])
     np.testing.assert_array_equal(y.numpy(), [2.0, 5.0])
+
+
+def test_a_factory_kernel_under_postponed_annotations_says_why_its_type_is_unknown(tmp_path, monkeypatch):
+    """Under ``from __future__ import annotations`` a factory's local type is only text; the error
+    names the annotation, the import and the two ways out instead of a bare 'unknown name'."""
+    (tmp_path / "postponed_factory.py").write_text(
+        "from __future__ import annotations\n"
+        "import stepper as sp\n\n\n"
+        "def make(dtype):\n"
+        "    A = sp.array(dtype=dtype)\n\n"
+        "    @sp.kernel\n"
+        "    def scale(x: A, y: A):\n"
+        "        i = sp.tid()\n"
+        "        y[i] = 2.0 * x[i]\n"
+        "    return scale\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import postponed_factory
+    kernel = postponed_factory.make(sp.float64)
+    with pytest.raises(sp.CompileError, match=r"postponed_factory.py:9:.*the annotation names 'A', which this kernel "
+                                              r"cannot see: its module postpones annotations") as info:
+        sp.launch(kernel, 2, inputs=[sp.zeros(2, dtype=sp.float64)], outputs=[sp.zeros(2, dtype=sp.float64)])
+    assert "remove that import from this module" in str(info.value)

@@ -79,10 +79,24 @@ class Frontend(ExpressionLowering, CallLowering):
                 self.error(a, f"argument '{a.arg}' needs a type annotation",
                            "e.g. x: stepper.array(dtype=float) or k: float")
             value = evaluated.get(a.arg)
+            if isinstance(value, str):
+                self._check_postponed(a.annotation)
             typed = value if isinstance(value, ArrayType) else None if value is None or isinstance(value, str) \
                 else self._dtype(a.annotation, value)
             params.append(ir.Param(a.arg, typed or self.annotation(a.annotation), k))
         return params
+
+    def _check_postponed(self, node) -> None:
+        """An annotation Python left as a string (``from __future__ import annotations``) is read
+        here in the kernel's namespace: its module's globals and what the body itself uses from
+        enclosing functions. A factory's local type is neither; say so rather than 'unknown name'."""
+        for name in ast.walk(node):
+            if isinstance(name, ast.Name) and name.id not in self.scope.namespace and not hasattr(py_builtins, name.id):
+                self.error(name, f"the annotation names '{name.id}', which this kernel cannot see: its module "
+                                 "postpones annotations (from __future__ import annotations), so they are read "
+                                 "as text in the module's globals, not in the function that made the kernel",
+                           "remove that import from this module (annotations are then evaluated where the kernel "
+                           "is defined), or define the type at module level")
 
     def annotation(self, node):
         if isinstance(node, ast.Call) and self._resolve_attr(node.func, quiet=True) in (array_class, ArrayType):
