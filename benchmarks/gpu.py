@@ -8,6 +8,7 @@ Writes a Markdown table (default benchmarks/results/gpu.md) with:
 - saxpy bandwidth against the device's own copy bandwidth (cuMemcpyDtoD of the same bytes);
 - the cost of one `launch` (tiny kernel, queued back to back) and of one launch replayed from a
   `capture()` graph;
+- a deterministic loss over 1M floats (chunked partials, the CPU's bits) against atomics;
 - the 256^2 and 2048^2 nonlinear wave (benchmarks/peer_impls/problem.py): our Revolve gradient
   against JAX's nested remat on the same GPU, and our forward rollout against a CuPy raw-kernel loop;
 - our own alternatives side by side: recomputations as CUDA graphs against launch by launch, and
@@ -101,6 +102,30 @@ def launch_overhead(rows: list, rounds: int, count: int = 1000) -> None:
     rows.append(("launch of a 32-thread kernel", "us per launch", summary(t["launch"], 1e6 / count),
                  "graph replay", summary(t["graph"], 1e6 / count),
                  summary([a / b for a, b in zip(t["launch"], t["graph"])])))
+
+
+def deterministic_loss(rows: list, n: int, rounds: int, count: int = 20) -> None:
+    """A loss kernel adding n float32 values into one element: deterministic (a GPU thread per
+    chunk of 4,096, partials added in chunk order: the CPU's bits) against atomics in any order."""
+    import stepper as sp
+
+    @sp.kernel
+    def sum_squares(x: sp.array(dtype=float), out: sp.array(dtype=float)):
+        i = sp.tid()
+        sp.atomic_add(out, 0, x[i] * x[i])
+
+    x, out = sp.ones(n, device="cuda"), sp.zeros(1, device="cuda")
+
+    def runs(deterministic: bool):
+        def run():
+            for _ in range(count):
+                sp.launch(sum_squares, n, inputs=[x], outputs=[out], deterministic=deterministic)
+        return run
+    runs(True)(), runs(False)()
+    t = interleaved({"chunked": runs(True), "atomics": runs(False)}, rounds)
+    rows.append((f"deterministic loss, {n:,} floats", "us per launch", summary(t["chunked"], 1e6 / count),
+                 "atomics (any order)", summary(t["atomics"], 1e6 / count),
+                 summary([a / b for a, b in zip(t["chunked"], t["atomics"])])))
 
 
 def _wave_model(n: int):
@@ -242,6 +267,7 @@ def main(argv=None) -> int:
     rows: list = []
     bandwidth(rows, 1 << 12 if args.quick else 1 << 26, rounds)
     launch_overhead(rows, rounds, 20 if args.quick else 1000)
+    deterministic_loss(rows, 1 << 15 if args.quick else 1 << 20, rounds, 2 if args.quick else 20)
     for n, steps, snapshots in ([(16, 20, 4)] if args.quick else [(256, 10_000, 100), (2048, 1_000, 30)]):
         wave(rows, n, steps, snapshots, rounds)
     with tempfile.TemporaryDirectory() as scratch:

@@ -2,9 +2,11 @@
 
 A deterministic launch of a kernel that only adds into what it accumulates, a few elements
 (a loss, a shared parameter's gradient), runs in chunks of ADD_CHUNK threads: each chunk sums its
-consecutive adds to one element in thread order, and the chunks' partial sums are added in chunk
-order (add_log in compiler/codegen/prelude.h). `chunked` below is that order, in numpy; it depends
-on the launch size only, so every thread count gives the same bits. Scatters over many elements,
+adds per element in thread order (the first add starts the element's partial), and the chunks'
+partials are added to the elements in chunk order (add_log in compiler/codegen/prelude.h). `chunked` below is that order, in numpy; it depends
+on the launch size only, so every thread count gives the same bits, and a GPU the CPU's (a GPU thread
+per chunk, the partials in device memory: the tests taking `device` run on the CUDA simulator in
+CI, its threads shuffled). Below the parallel threshold both run serially. Scatters over many elements,
 and kernels where deferring an add could change what a thread sees, keep the serial run, whose
 order is ``np.add.at``'s (index order).
 """
@@ -69,24 +71,32 @@ def reads_back(x: F32, out: F32, seen: F32):
     seen[i] = out[0]                        # reads what it accumulates: must stay serial
 
 
+@sp.kernel
+def scale_in_loop(x: F32, c: F32, y: F32):
+    i = sp.tid()
+    total = float(0.0)
+    for k in range(2):
+        total = total + c[0] * x[i] * float(k + 1)      # the adjoint keeps a loop tape
+    y[i] = total
+
+
 def _data(seed=0):
     rng = np.random.default_rng(seed)
     return (rng.standard_normal(N).astype(np.float32), rng.integers(0, 7, N).astype(np.int32),
             rng.integers(0, N, N).astype(np.int32))
 
 
-def chunked(targets, values, size):
-    """The sums a logged launch makes: per chunk, consecutive adds to one element summed in order
-    into a partial; the partials added to the elements in chunk order."""
+def chunked(targets, values, size, per_thread=1):
+    """The sums a logged launch makes: per chunk (of CHUNK threads, each making `per_thread` of
+    the adds, in order), each element's adds summed in order into a partial; the partials added to
+    the elements in chunk order."""
     out = np.zeros(size, values.dtype)
-    for start in range(0, len(values), CHUNK):
-        partials = []
-        for t, v in zip(targets[start:start + CHUNK], values[start:start + CHUNK]):
-            if partials and partials[-1][0] == t:
-                partials[-1][1] = partials[-1][1] + v
-            else:
-                partials.append([t, v])
-        for t, v in partials:
+    step = CHUNK * per_thread
+    for start in range(0, len(values), step):
+        partials = {}
+        for t, v in zip(targets[start:start + step], values[start:start + step]):
+            partials[t] = partials[t] + v if t in partials else v
+        for t, v in partials.items():
             out[t] = out[t] + v
     return out
 
@@ -178,3 +188,39 @@ def test_the_same_bits_on_1_2_and_5_threads():
         assert done.returncode == 0, done.stderr[-3000:]
         runs[threads] = json.loads(done.stdout.strip().splitlines()[-1])
     assert runs[1] == runs[2] == runs[5]
+
+
+@pytest.mark.parametrize("n", [N, 1_000], ids=["chunked", "below-threshold-serial"])
+def test_a_loss_and_a_histogram_get_the_same_bits_on_every_device(device, n):
+    x, bins, _ = _data(7)
+    x, bins = x[:n], bins[:n]
+    out, hist, counts = (sp.zeros(1, dtype=sp.float32, device=device), sp.zeros(7, dtype=sp.float32, device=device),
+                         sp.zeros(7, dtype=sp.int32, device=device))
+    sp.launch(sum_squares, n, inputs=[sp.array(x, device=device)], outputs=[out], deterministic=True)
+    sp.launch(histogram, n, inputs=[sp.array(x, device=device), sp.array(bins, device=device)], outputs=[hist, counts],
+              deterministic=True)
+    if n == N:
+        expected_loss, expected_hist = chunked(np.zeros(n, int), x * x, 1), chunked(bins, x, 7)
+    else:                                   # one thread in index order
+        expected_loss, expected_hist = np.cumsum(x * x, dtype=np.float32)[-1:], np.zeros(7, np.float32)
+        np.add.at(expected_hist, bins, x)
+    np.testing.assert_array_equal(out.numpy(), expected_loss)
+    np.testing.assert_array_equal(hist.numpy(), expected_hist)
+    np.testing.assert_array_equal(counts.numpy(), np.bincount(bins, minlength=7))
+
+
+@pytest.mark.parametrize("kernel", [scale, scale_in_loop], ids=["gather-adjoint", "loop-tape-adjoint"])
+def test_a_shared_parameters_gradient_gets_the_same_bits_on_every_device(device, kernel):
+    x, _, _ = _data(8)
+    c = sp.array(np.array([0.75], np.float32), requires_grad=True, device=device)
+    y = sp.zeros(N, dtype=sp.float32, requires_grad=True, device=device)
+    seed = np.random.default_rng(9).standard_normal(N).astype(np.float32)
+    tape = sp.Tape(deterministic=True)
+    with tape:
+        sp.launch(kernel, N, inputs=[sp.array(x, device=device), c], outputs=[y])
+    tape.backward(grads={y: sp.array(seed, device=device)})
+    if kernel is scale:
+        adds = seed * x
+    else:                                   # thread i adds its iterations' parts, the last iteration first
+        adds = np.stack([(seed * np.float32(k)) * x for k in (2, 1)], axis=1).reshape(-1)
+    assert c.grad.numpy()[0] == chunked(np.zeros(len(adds), int), adds, 1, per_thread=len(adds) // N)[0]

@@ -13,6 +13,11 @@ a GPU. Tested on the CUDA simulator (backends/cudasim); see the README for what 
 - Serial launches (deterministic mode, for kernels whose result depends on thread order: forwards
   with atomics, adjoints that scatter) run one block of one thread, so float atomics accumulate in
   thread-index order, as on the CPU; slow, and meant for exact comparisons only.
+- Deterministic launches that add into a few elements (serial flag 2: a loss, a shared parameter's
+  gradient) run a GPU thread per chunk of ADD_CHUNK threads, each summing its chunk's adds per
+  element into partials in device memory, and `sp_apply_adds` then adds the partials in chunk
+  order: the CPU's chunked sums, bit for bit (sp::add_slot in prelude.h). Below the CPU entry's
+  parallel threshold the CPU runs such a launch serially, and so does the GPU.
 - The adjoint's loop tape is measured first (count_only pass; the maximum words per thread lands in
   the device global `sp_tape_words`), then taken from a per-device buffer that only grows (never
   freed per launch: cuMemFree synchronises), interleaved (word w of thread t at `w * n + t`) so
@@ -23,9 +28,10 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import struct
 import weakref
 
-from ..codegen.targets import CUDA_BLOCK_SIZE
+from ..codegen.targets import ADD_CHUNK, ADD_SLOT_SIZE, CUDA_BLOCK_SIZE, LAUNCH_HEADER_SIZE, parallel_threshold
 from ..errors import raise_if_out_of_bounds
 from ..runtime.cuda_array import DeviceBuffer
 from ..runtime.device import get_device
@@ -43,11 +49,45 @@ def _sm_count(ordinal: int) -> int:
     return int(cuda_driver._check(driver.cuDeviceGetAttribute(attr, dev), "cuDeviceGetAttribute"))
 
 
-def _grid(n: int, serial: bool, ordinal: int) -> tuple[int, int]:
+def _grid(n: int, serial: int, ordinal: int) -> tuple[int, int]:
+    if serial == 2:               # logging its adds: exactly one GPU thread per chunk (sp::thread_range)
+        chunks = -(-n // ADD_CHUNK)
+        return -(-chunks // CUDA_BLOCK_SIZE), CUDA_BLOCK_SIZE
     if serial:
         return 1, 1
     blocks = (n + CUDA_BLOCK_SIZE - 1) // CUDA_BLOCK_SIZE
     return max(1, min(blocks, _sm_count(ordinal) * BLOCKS_PER_SM)), CUDA_BLOCK_SIZE
+
+
+def _logging(serial: int, n: int, function) -> int:
+    """The serial flag a GPU launch of `function` over `n` threads runs with: flag 2 (log the adds)
+    only where the CPU entry logs them too, at or above its parallel threshold; below it the CPU
+    runs the launch serially, in thread order, and so does the GPU (flag 1)."""
+    return 1 if serial == 2 and n < parallel_threshold(function) else serial
+
+
+_ADD_TABLES: dict[int, list[DeviceBuffer]] = {}
+
+
+def _with_add_tables(buffer: bytes, n: int, add_slots: int, ordinal: int) -> tuple[bytes, int, int]:
+    """`buffer` with its launch_t pointing at device memory for the partials of a launch that logs
+    its adds (`add_slots` elements at most per chunk), and (that memory, the chunk count). The
+    memory grows by at least half when too small; launches are ordered on one stream, so one
+    buffer serves them all, and an outgrown one is kept, not freed: a captured CUDA graph may
+    still point at it."""
+    chunks = -(-n // ADD_CHUNK)
+    nbytes = chunks * 8 + chunks * add_slots * ADD_SLOT_SIZE
+    held = _ADD_TABLES.setdefault(ordinal, [])
+    if not held or held[-1].nbytes < nbytes:
+        held.append(DeviceBuffer(max(nbytes, int(held[-1].nbytes * 1.5) if held else 0), ordinal))
+    tables = held[-1].ptr
+    at = LAUNCH_HEADER_SIZE - 16                     # launch_t's adds, add_slots: its last two words
+    return buffer[:at] + struct.pack("<qq", tables, add_slots) + buffer[at + 16:], tables, chunks
+
+
+def _apply_adds(kernel, loaded, tables: int, chunks: int, add_slots: int, ordinal: int, stream) -> None:
+    _run(kernel, loaded.function("sp_apply_adds", adjoint=True), 1, 1,
+         [ctypes.c_void_p(tables), ctypes.c_int64(chunks), ctypes.c_int64(add_slots)], ordinal, stream)
 
 
 def _by_value(buffer: bytes):
@@ -101,18 +141,25 @@ def _after(kernel, loaded, debug: bool) -> None:
         raise_if_out_of_bounds(_ErrorView(loaded), kernel)
 
 
-def forward(kernel, compiled, buffer: bytes, n: int, debug: bool, serial: bool, device: str, graph=None) -> None:
+def forward(kernel, compiled, buffer: bytes, n: int, debug: bool, serial: int, device: str, graph=None,
+            add_slots: int = 0) -> None:
     """Run the forward entry of `kernel` over `n` threads on `device` (asynchronous unless debug);
-    inside `capture()`, record it into the graph's CUDA graph instead."""
+    inside `capture()`, record it into the graph's CUDA graph instead. `serial` is the CPU entry's
+    flag (launch.py's _serial_flag); with flag 2, `add_slots` bounds the elements it adds into."""
     dev = get_device(device)
     cuda_driver.primary_context(dev.ordinal)
     loaded = cuda_module(kernel.module, debug, dev)
     if n == 0:
         return
+    serial = _logging(serial, n, compiled.forward)
     grid, block = _grid(n, serial, dev.ordinal)
     stream = graph.cuda_stream(str(dev)) if graph is not None else None
+    if serial == 2:
+        buffer, tables, chunks = _with_add_tables(buffer, n, add_slots, dev.ordinal)
     _run(kernel, loaded.function(compiled.forward.name, adjoint=False), grid, block, [_by_value(buffer)],
          dev.ordinal, stream)
+    if serial == 2:
+        _apply_adds(kernel, loaded, tables, chunks, add_slots, dev.ordinal, stream)
     _after(kernel, loaded, debug)
 
 
@@ -135,30 +182,37 @@ def _tape_memory(ordinal: int, nbytes: int, kernel, compiled, capacity: int, n: 
     return tape
 
 
-def adjoint(kernel, compiled, function, buffer: bytes, adj_buffer: bytes, n: int, debug: bool, serial: bool,
-            device: str) -> None:
+def adjoint(kernel, compiled, function, buffer: bytes, adj_buffer: bytes, n: int, debug: bool, serial: int,
+            device: str, add_slots: int = 0) -> None:
     """Run the adjoint entry `function` (the adjoint or its gather form) of `kernel`: gradients
-    accumulate into the arrays in `adj_buffer`."""
+    accumulate into the arrays in `adj_buffer`. `serial` and `add_slots` as for `forward`."""
     dev = get_device(device)
     cuda_driver.primary_context(dev.ordinal)
     loaded = cuda_module(kernel.module, debug, dev)
     if n == 0:
         return
     fn = loaded.function(function.name, adjoint=True)
+    serial = _logging(serial, n, function)
     grid, block = _grid(n, serial, dev.ordinal)
     args, adj = _by_value(buffer), _by_value(adj_buffer)
     tape, capacity = 0, 0
     needs_tape = compiled.needs_tape and function is compiled.adjoint
-    if needs_tape:
+    if needs_tape:      # the counting pass adds nothing: it runs without logging, in any order
         loaded.write("sp_tape_words", ctypes.c_ulonglong(0))
-        _run(kernel, fn, grid, block, [args, adj, ctypes.c_void_p(0), ctypes.c_int64(0), ctypes.c_int(1),
-                                       ctypes.c_void_p(0)], dev.ordinal)
+        count_grid, count_block = _grid(n, 0, dev.ordinal)
+        _run(kernel, fn, count_grid, count_block, [args, adj, ctypes.c_void_p(0), ctypes.c_int64(0), ctypes.c_int(1),
+                                                   ctypes.c_void_p(0)], dev.ordinal)
         capacity = loaded.read("sp_tape_words", ctypes.c_ulonglong).value     # waits for the counting pass
         if capacity:
             tape = _tape_memory(dev.ordinal, capacity * n * 8, kernel, compiled, capacity, n).ptr
         loaded.write("sp_tape_overflow", ctypes.c_int(0))
+    if serial == 2:
+        logging, tables, chunks = _with_add_tables(buffer, n, add_slots, dev.ordinal)
+        args = _by_value(logging)
     _run(kernel, fn, grid, block, [args, adj, ctypes.c_void_p(tape), ctypes.c_int64(capacity), ctypes.c_int(0),
                                    ctypes.c_void_p(0)], dev.ordinal)
+    if serial == 2:
+        _apply_adds(kernel, loaded, tables, chunks, add_slots, dev.ordinal, None)
     _after(kernel, loaded, debug)
     if needs_tape and loaded.read("sp_tape_overflow", ctypes.c_int).value:
         raise RuntimeError(f"internal error: the adjoint of kernel '{kernel.__name__}' overflowed its measured "

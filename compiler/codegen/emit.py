@@ -166,7 +166,8 @@ class FunctionEmitter:
 
     def s_Atomic(self, s):
         idx = ", ".join(self.x(i) for i in s.indices)
-        call = f"sp::atomic_{s.kind}_at(sp::address({self.ref(s.array)}, {idx}), {self.x(s.value)});"
+        launch = ", L" if s.kind in ("add", "sub") else ""         # adds a launch may log (prelude.h)
+        call = f"sp::atomic_{s.kind}_at(sp::address({self.ref(s.array)}, {idx}), {self.x(s.value)}{launch});"
         self.checked(s.array, s.indices, s.loc, (f"{s.out.name} = " if s.out is not None else "") + call)
 
     def s_AccumGrad(self, s):
@@ -177,7 +178,7 @@ class FunctionEmitter:
                       f"(tp.fresh >> {s.fresh_bit}) & 1);")
             return
         serial = "1" if s.exclusive else "tp.serial"
-        self.line(f"if (GRADS || {grad}.data) sp::accum_grad(sp::address({grad}, {idx}), {self.x(s.value)}, {serial});")
+        self.line(f"if (GRADS || {grad}.data) sp::accum_grad(sp::address({grad}, {idx}), {self.x(s.value)}, {serial}, L);")
 
     def s_ReadGrad(self, s):
         idx = ", ".join(self.x(i) for i in s.indices)

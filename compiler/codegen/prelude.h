@@ -74,6 +74,10 @@ struct launch_t {
     // The threads this call runs, as flat indices [first, end): the whole launch (0, n), or whole
     // rows of its first axis when a launch runs in parts (launch_in_parts in runtime/launch.py).
     int64_t first, end;
+    // A GPU launch that logs its adds (serial flag 2): each chunk's partials, in device memory (see
+    // add_table below); null everywhere else.
+    void* adds;
+    int64_t add_slots;
 };
 
 namespace sp {
@@ -286,6 +290,10 @@ template <typename T, typename... I> SP_FUNC bool in_bounds(const array_t<T>& a,
     return true; }
 template <typename T, typename... I> SP_FUNC T load(const array_t<T>& a, I... idx) { return *address(a, idx...); }
 
+// Deterministic launches that add into a few elements sum in chunks of this many threads (add_log
+// on the CPU, add_slot on a GPU).
+constexpr int64_t ADD_CHUNK = 4096;
+
 // Scalar atomics return the old value.
 #ifdef SP_CUDA
 SP_FUNC float atomic_add_at(float* p, float v) { return atomicAdd(p, v); }
@@ -301,6 +309,47 @@ template <typename T, typename U, typename F> SP_FUNC T atomic_cas_loop(T* p, T 
     do { assumed = old; T cur; SP_MEMCPY(&cur, &assumed, sizeof(T)); T nv = f(cur, v); U nu; SP_MEMCPY(&nu, &nv, sizeof(T));
          old = atomicCAS(u, assumed, nu); } while (old != assumed);
     T r; SP_MEMCPY(&r, &old, sizeof(T)); return r; }
+// A GPU launch that logs its adds (launch_t::adds set; serial flag 2) runs one GPU thread per chunk
+// of ADD_CHUNK threads, in order, and keeps the chunk's partials as add_log does on the CPU, in
+// device memory: every chunk's count of partials (int64_t), then add_slots add_slots per chunk.
+// sp_apply_adds then adds them to the elements chunk after chunk: the CPU's sums, bit for bit.
+struct add_slot { void* p; double d; float f; int32_t is_double; };
+SP_FUNC float& partial_of(add_slot& s, float*) { return s.f; }
+SP_FUNC double& partial_of(add_slot& s, double*) { return s.d; }
+SP_FUNC int64_t add_chunks(const launch_t& L) { return (L.end - L.first + ADD_CHUNK - 1) / ADD_CHUNK; }
+SP_FUNC add_slot* chunk_slots(const launch_t& L, int64_t chunk) {
+    return (add_slot*)((int64_t*)L.adds + add_chunks(L)) + chunk * L.add_slots; }
+template <typename T> SP_FUNC T logged_add(const launch_t& L, T* p, T v) {
+    const int64_t chunk = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    int64_t& count = ((int64_t*)L.adds)[chunk];
+    add_slot* slots = chunk_slots(L, chunk);
+    for (int64_t k = count - 1; k >= 0; --k)
+        if (slots[k].p == (void*)p) { T& part = partial_of(slots[k], p); part = part + v; return T(); }
+    slots[count] = add_slot{(void*)p, 0.0, 0.0f, sizeof(T) == 8};   // at most add_slots elements: the host counts them
+    partial_of(slots[count], p) = v;
+    ++count;
+    return T();                                            // no caller of a logged launch uses the result
+}
+SP_FUNC float atomic_add_at(float* p, float v, const launch_t& L) { return L.adds ? logged_add(L, p, v) : atomic_add_at(p, v); }
+SP_FUNC double atomic_add_at(double* p, double v, const launch_t& L) { return L.adds ? logged_add(L, p, v) : atomic_add_at(p, v); }
+// The flat thread indices one GPU thread runs: a grid-stride walk over [first, end), or one chunk
+// in order for a launch that logs its adds.
+struct thread_range {
+    int64_t first, end, step;
+    SP_FUNC explicit thread_range(const launch_t& L) {
+        const int64_t g = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+        if (L.adds) {
+            first = L.first + g * ADD_CHUNK;
+            end = first + ADD_CHUNK < L.end ? first + ADD_CHUNK : L.end;
+            step = 1;
+            if (first < L.end) ((int64_t*)L.adds)[g] = 0;
+        } else {
+            first = L.first + g;
+            end = L.end;
+            step = (int64_t)blockDim.x * gridDim.x;
+        }
+    }
+};
 #else
 template <typename T> SP_FUNC T atomic_add_at(T* p, T v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
 template <typename T, typename U, typename F> SP_FUNC T atomic_cas_loop(T* p, T v, F f) {
@@ -308,22 +357,24 @@ template <typename T, typename U, typename F> SP_FUNC T atomic_cas_loop(T* p, T 
     do { std::memcpy(&cur, &old, sizeof(T)); T nv = f(cur, v); std::memcpy(&nu, &nv, sizeof(T)); }
     while (!__atomic_compare_exchange_n(u, &old, nu, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
     return cur; }
-// Deterministic launches that add into a few elements (a loss, a shared parameter's gradient) run
-// in parallel: the index space is cut into chunks of ADD_CHUNK threads (a fixed size, not one per
-// OpenMP thread), each chunk runs its threads in order and logs its float adds, summing consecutive
-// adds to one element into one partial, and the entry applies the chunks' logs in chunk order. The
-// order of every sum is fixed by the launch size alone: the same bits on any thread count.
-constexpr int64_t ADD_CHUNK = 4096;
+// Deterministic launches that add into a few elements run in parallel (a loss, a shared
+// parameter's gradient): the index space is cut into chunks of ADD_CHUNK threads (a fixed size, not
+// one per OpenMP thread or GPU block); each chunk runs its threads in order and sums its float adds
+// per element into a partial (the first add to an element starts it), and the partials are added to
+// the elements chunk after chunk. The order of every sum is fixed by the launch size alone: the same
+// bits on any thread count, and on a GPU (add_table below keeps the same partials in device memory).
 struct add_log {
     std::vector<std::pair<float*, float>> f32;
     std::vector<std::pair<double*, double>> f64;
     template <typename T> static void add_to(std::vector<std::pair<T*, T>>& log, T* p, T v) {
-        if (!log.empty() && log.back().first == p) log.back().second = log.back().second + v;
-        else log.emplace_back(p, v);
+        if (!log.empty() && log.back().first == p) { log.back().second = log.back().second + v; return; }
+        for (auto& e : log)              // a few elements: the partials are few
+            if (e.first == p) { e.second = e.second + v; return; }
+        log.emplace_back(p, v);
     }
     void add(float* p, float v) { add_to(f32, p, v); }
     void add(double* p, double v) { add_to(f64, p, v); }
-    void apply() const {          // a float address is never a double one: the two lists commute
+    void apply() const {          // one partial per element: the order within a chunk does not matter
         for (const auto& e : f32) *e.first = *e.first + e.second;
         for (const auto& e : f64) *e.first = *e.first + e.second;
     }
@@ -334,6 +385,7 @@ template <typename T> SP_FUNC T logged_or_atomic_add(T* p, T v) {
     return atomic_cas_loop<T, std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>>(p, v, [](T a, T b) { return a + b; }); }
 SP_FUNC float atomic_add_at(float* p, float v) { return logged_or_atomic_add(p, v); }
 SP_FUNC double atomic_add_at(double* p, double v) { return logged_or_atomic_add(p, v); }
+template <typename T> SP_FUNC T atomic_add_at(T* p, T v, const launch_t&) { return atomic_add_at(p, v); }
 template <typename T> SP_FUNC T atomic_min_at(T* p, T v) { return atomic_cas_loop<T, T>(p, v, [](T a, T b) { return b < a ? b : a; }); }
 template <typename T> SP_FUNC T atomic_max_at(T* p, T v) { return atomic_cas_loop<T, T>(p, v, [](T a, T b) { return a < b ? b : a; }); }
 #endif
@@ -341,11 +393,17 @@ SP_FUNC float atomic_min_at(float* p, float v) { return atomic_cas_loop<float, u
 SP_FUNC float atomic_max_at(float* p, float v) { return atomic_cas_loop<float, uint32_t>(p, v, [](float a, float b) { return a < b ? b : a; }); }
 SP_FUNC double atomic_min_at(double* p, double v) { return atomic_cas_loop<double, uint64_t>(p, v, [](double a, double b) { return b < a ? b : a; }); }
 SP_FUNC double atomic_max_at(double* p, double v) { return atomic_cas_loop<double, uint64_t>(p, v, [](double a, double b) { return a < b ? b : a; }); }
-template <int N, typename T> SP_FUNC vec_t<N, T> atomic_add_at(vec_t<N, T>* p, const vec_t<N, T>& v) {
-    vec_t<N, T> old; for (int i = 0; i < N; ++i) old[i] = atomic_add_at(&p->c[i], v[i]); return old; }
-template <int R, int C, typename T> SP_FUNC mat_t<R, C, T> atomic_add_at(mat_t<R, C, T>* p, const mat_t<R, C, T>& v) {
-    mat_t<R, C, T> old; for (int i = 0; i < R; ++i) old[i] = atomic_add_at(&p->r[i], v[i]); return old; }
-template <typename T> SP_FUNC T atomic_sub_at(T* p, const T& v) { return atomic_add_at(p, neg(v)); }
+#ifdef SP_CUDA
+SP_FUNC int32_t atomic_add_at(int32_t* p, int32_t v, const launch_t&) { return atomic_add_at(p, v); }   // exact in any order
+SP_FUNC int64_t atomic_add_at(int64_t* p, int64_t v, const launch_t&) { return atomic_add_at(p, v); }
+#endif
+// Adds take the launch: a GPU launch that logs its adds keeps them in its chunk's partials.
+template <int N, typename T> SP_FUNC vec_t<N, T> atomic_add_at(vec_t<N, T>* p, const vec_t<N, T>& v, const launch_t& L) {
+    vec_t<N, T> old; for (int i = 0; i < N; ++i) old[i] = atomic_add_at(&p->c[i], v[i], L); return old; }
+template <int R, int C, typename T> SP_FUNC mat_t<R, C, T> atomic_add_at(mat_t<R, C, T>* p, const mat_t<R, C, T>& v,
+                                                                        const launch_t& L) {
+    mat_t<R, C, T> old; for (int i = 0; i < R; ++i) old[i] = atomic_add_at(&p->r[i], v[i], L); return old; }
+template <typename T> SP_FUNC T atomic_sub_at(T* p, const T& v, const launch_t& L) { return atomic_add_at(p, neg(v), L); }
 
 // Gradient arrays may be absent (data == nullptr) for arguments that do not require grad.
 // GRADS: the launcher passed a gradient for every array, so no access needs the null check (the
@@ -367,8 +425,8 @@ struct tape_t {
 };
 // Adjoints scatter into gradient arrays: atomically, or with a plain add when threads run serially
 // (the compare-and-swap loop costs far more than the add, and the order is then fixed anyway).
-template <typename T> SP_FUNC void accum_grad(T* p, const T& v, int serial) {
-    if (serial) *p = add(*p, v); else atomic_add_at(p, v); }
+template <typename T> SP_FUNC void accum_grad(T* p, const T& v, int serial, const launch_t& L) {
+    if (serial) *p = add(*p, v); else atomic_add_at(p, v, L); }
 // A gather form's one write per gradient element: into fresh memory it stores 0 + v (the bits of
 // adding v to a zeroed gradient) without reading what is there, so nobody zero-fills it first.
 template <typename T> SP_FUNC void gather_grad(T* p, const T& v, int64_t fresh) {

@@ -28,7 +28,9 @@ from ..builtins import OPS
 from ..types import ArrayType
 from .emit import FunctionEmitter, arg_offsets, slot_size
 
-LAUNCH_HEADER_SIZE = 56      # sizeof(launch_t): n, dim[4], first, end
+LAUNCH_HEADER_SIZE = 72      # sizeof(launch_t): n, dim[4], first, end, adds, add_slots
+ADD_CHUNK = 4096             # threads per chunk of a launch that logs its adds (prelude.h's ADD_CHUNK)
+ADD_SLOT_SIZE = 24           # sizeof(sp::add_slot): one element's partial on a GPU
 
 CPU_HEADER = """#include "prelude.h"
 extern "C" { int sp_error_site = -1; long long sp_error_index[4] = {0, 0, 0, 0}; }
@@ -51,6 +53,18 @@ static __device__ void report_out_of_bounds(int site, int64_t i, int64_t j, int6
     if (atomicCAS(&sp_error_site, -1, site) == -1) {
         sp_error_index[0] = i; sp_error_index[1] = j; sp_error_index[2] = k; sp_error_index[3] = l;
     }
+}
+// After a launch that logged its adds (sp::add_slot): its chunks' partials added to their elements
+// in chunk order, by one thread.
+extern "C" __global__ void sp_apply_adds(const int64_t* counts, int64_t chunks, int64_t slots) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    const sp::add_slot* all = (const sp::add_slot*)(counts + chunks);
+    for (int64_t c = 0; c < chunks; ++c)
+        for (int64_t k = 0; k < counts[c]; ++k) {
+            const sp::add_slot& e = all[c * slots + k];
+            if (e.is_double) *(double*)e.p = *(double*)e.p + e.d;
+            else *(float*)e.p = *(float*)e.p + e.f;
+        }
 }
 """
 
@@ -146,9 +160,9 @@ CPU = Target(
 )
 
 # Deterministic (serial) launches on the GPU use one block of one thread: the grid-stride loop then
-# visits the threads in index order, like the CPU's serial flag.
-_GRID_STRIDE = ("for (int64_t t = L.first + (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < L.end; "
-                "t += (int64_t)blockDim.x * gridDim.x)")
+# visits the threads in index order, like the CPU's serial flag. A launch that logs its adds (serial
+# flag 2) runs a GPU thread per chunk instead (sp::thread_range in prelude.h).
+_GRID_STRIDE = "const sp::thread_range R_(L);\n    for (int64_t t = R_.first; t < R_.end; t += R_.step)"
 
 CUDA = Target(
     header=CUDA_HEADER,

@@ -22,9 +22,10 @@ from .array import array
 from .graph import CapturedLaunch, capturing
 from .tape import RecordedOp, active_tape, caller_location, settle, untaped_deterministic, zero_fresh
 
-_HEADER = "q4qqq"           # launch_t: n, dim[4], first, end
+_HEADER = "q4qqqqq"         # launch_t: n, dim[4], first, end, adds, add_slots
 _ONES = (1, 1, 1, 1)
-_UNREAD = (0,) * 6
+_NO_ADD_TABLES = (0, 0)      # launch_t's adds, add_slots: set only by a GPU launch that logs its adds
+_UNREAD = (0,) * 8
 _MAX_THREADS = 2**31
 _SCALAR_FORMATS = {"float32": "f4x", "float64": "d", "int32": "i4x", "int64": "q", "bool": "?7x"}
 _PYTHON_KINDS = {"float32": (float, int), "float64": (float, int), "int32": (int,), "int64": (int,), "bool": (bool,)}
@@ -104,6 +105,16 @@ def _serial_flag(deterministic: bool, logs_adds: bool, targets=()) -> int:
     return 2 if logs_adds and all(math.prod(a.shape) <= FEW_ELEMENTS for a in targets) else 1
 
 
+def _add_slots(serial: int, args) -> int:
+    """For a launch that logs its adds (flag 2) on a GPU: a bound on the elements it adds into,
+    which each chunk keeps a partial for. Every array it accumulates into (or into whose gradient)
+    has at most FEW_ELEMENTS elements, so all such arguments, counted in scalars, bound them."""
+    if serial != 2:
+        return 0
+    return sum(math.prod(a.shape) * math.prod(a.dtype.inner_shape) for a in args
+               if isinstance(a, array) and math.prod(a.shape) <= FEW_ELEMENTS)
+
+
 def _forward_serial(sig, args, deterministic: bool) -> int:
     """The forward entry's `serial` argument (see _serial_flag): only atomics depend on thread order."""
     return _serial_flag(deterministic and sig.has_atomics, sig.forward_logs_adds, (args[k] for _, k in sig.accumulates))
@@ -140,8 +151,14 @@ def _header(dims: tuple, rows: tuple | None = None) -> list:
     """launch_t's values for a launch over `dims` that runs every thread, or only the threads of
     `rows` = (first, end) of its first axis."""
     n = math.prod(dims)
-    first, end = (0, n) if rows is None else (rows[0] * n // dims[0], rows[1] * n // dims[0])
-    return [n, *dims, *_ONES[len(dims):], first, end]
+    first, end = _thread_range(dims, rows)
+    return [n, *dims, *_ONES[len(dims):], first, end, *_NO_ADD_TABLES]
+
+
+def _thread_range(dims: tuple, rows: tuple | None) -> tuple[int, int]:
+    """The flat thread indices [first, end) of `rows` of the first axis (all threads for None)."""
+    n = math.prod(dims)
+    return (0, n) if rows is None else (rows[0] * n // dims[0], rows[1] * n // dims[0])
 
 
 def _array_values(a: array | None, like: array | None = None) -> list:
@@ -284,7 +301,7 @@ def _launch(kernel: Kernel, dim, inputs, outputs, device, debug: bool, determini
         _mark_written(sig, args, tape)
         return
     if device != "cpu":
-        cuda_launch.forward(kernel, compiled, buffer, values[0], debug, bool(serial), device, graph)
+        cuda_launch.forward(kernel, compiled, buffer, values[0], debug, serial, device, graph, _add_slots(serial, args))
         if graph is not None:
             graph.note_writes(tuple(args[k] for k in sig.written), device)
         _mark_written(sig, args, tape)
@@ -313,7 +330,8 @@ def _run_in_parts(kernel, compiled, sig, dims, values, parts, serial, device) ->
         header = _header(dims, rows)
         buffer = sig.packer.pack(*header, *values[len(header):])
         if entry is None:
-            cuda_launch.forward(kernel, compiled, buffer, header[-1] - header[-2], False, bool(serial), device)
+            first, end = _thread_range(dims, rows)
+            cuda_launch.forward(kernel, compiled, buffer, end - first, False, serial, device)   # no atomics: flag 0 or 1
         else:
             entry(buffer, serial)
 
@@ -395,7 +413,8 @@ def relaunch(kernel: Kernel, dims: tuple, args: list, deterministic: bool, tape=
         settle()
         serial = _forward_serial(sig, args, deterministic)
         if device != "cpu":
-            cuda_launch.forward(kernel, compiled, buffer, values[0], False, bool(serial), device, graph)
+            cuda_launch.forward(kernel, compiled, buffer, values[0], False, serial, device, graph,
+                                _add_slots(serial, args))
         elif graph is not None:
             raise RuntimeError("relaunch(graph=...) captures GPU launches only")
         else:
@@ -484,7 +503,8 @@ def _run_adjoint(kernel, compiled, sig, args, dims, buffer, debug, serial, fresh
     device = next((a.device for a in args if isinstance(a, array)), "cpu")
     adjoint, adj_buffer, serial = _adjoint_setup(compiled, sig, args, dims, serial, fresh)
     if device != "cpu":
-        cuda_launch.adjoint(kernel, compiled, adjoint, buffer, adj_buffer, math.prod(dims), debug, bool(serial), device)
+        cuda_launch.adjoint(kernel, compiled, adjoint, buffer, adj_buffer, math.prod(dims), debug, serial, device,
+                            _add_slots(serial, args))
         return
     module = kernel.entry(debug)
     fn = module.function(adjoint.name, adjoint=True)
