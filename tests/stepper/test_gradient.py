@@ -108,3 +108,46 @@ def test_an_online_run_that_until_stops_early_is_as_long_as_until_says(device):
     assert result.loss == reference.loss
     for name in ("x", "v", "k", "c"):
         np.testing.assert_array_equal(result.grads[name].numpy(), reference.grads[name].numpy())
+
+
+F32 = sp.array(dtype=sp.float32)
+MEMBERS = 40_000                  # above the CPU's parallel threshold: deterministic adds are chunked
+
+
+@sp.kernel
+def damped_members(x: F32, v: F32, k: F32, x_next: F32, v_next: F32):
+    i = sp.tid()
+    a = -k[0] * x[i] - 0.1 * v[i]             # k: one parameter every member reads
+    v_next[i] = v[i] + 0.01 * a
+    x_next[i] = x[i] + 0.01 * v_next[i]
+
+
+@sp.kernel
+def half_sum_squares32(x: F32, out: F32):
+    i = sp.tid()
+    sp.atomic_add(out, 0, 0.5 * x[i] * x[i])
+
+
+def test_a_many_member_gradient_gets_the_cpus_bits_on_every_device(device):
+    """A running loss over 40,000 members and a parameter all of them read: the deterministic adds
+    into the loss and into k's gradient run chunked, and a GPU gets the CPU's bits (float32, where
+    any other order of the sums would show)."""
+    def run(where):
+        model = sp.Model(device=where)
+        model.state("x", MEMBERS, sp.float32)
+        model.state("v", MEMBERS, sp.float32)
+        model.param("k", sp.array([2.0], dtype=sp.float32, device=where))
+        model.step(lambda s: sp.launch(damped_members, MEMBERS, inputs=[s.prev.x, s.prev.v, s.params.k],
+                                       outputs=[s.next.x, s.next.v]))
+
+        def running(s):
+            out = s.scratch("energy", 1, sp.float32)
+            sp.launch(half_sum_squares32, MEMBERS, inputs=[s.next.x], outputs=[out])
+            return out
+        rng = np.random.default_rng(12)
+        initial = {name: sp.array(rng.standard_normal(MEMBERS).astype(np.float32), device=where) for name in "xv"}
+        return model.gradient(initial, 6, running_loss=running, schedule=sp.Revolve(6, 2))
+    here, cpu = run(device), run("cpu")
+    assert here.loss == cpu.loss
+    for name in ("x", "v", "k"):
+        np.testing.assert_array_equal(here.grads[name].numpy(), cpu.grads[name].numpy())
