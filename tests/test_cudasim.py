@@ -191,6 +191,35 @@ def test_capture_replays_as_one_cuda_graph_launch():
     assert z.version == version + 1
 
 
+def test_device_memory_asked_for_while_capturing_is_refused_unless_relaxed(monkeypatch):
+    """cuMemAlloc is not observed by a capture: a real driver refuses it in the capturing thread.
+    The memory for a deterministic launch's partials, first asked for inside capture(), is
+    allocated in relaxed mode, once, and every replay adds the same sums again."""
+    from compiler.backends.cudasim import driver
+    cuda_driver.primary_context(0)
+    stream = cuda_driver._check(driver.cuStreamCreate(1), "cuStreamCreate")
+    driver.cuStreamBeginCapture(stream, driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+    try:
+        assert driver.cuMemAlloc(64)[0] == driver.CUresult.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+        with cuda_driver.relaxed_capture():
+            ptr = cuda_driver._check(driver.cuMemAlloc(64), "cuMemAlloc")
+    finally:
+        driver.cuStreamEndCapture(stream)
+        driver.cuStreamDestroy(stream)
+    driver.cuMemFree(ptr)
+
+    monkeypatch.setattr(cuda_launch, "_ADD_TABLES", {})        # nothing allocated yet on this device
+    n = 40_000
+    x = sp.array(np.linspace(-1, 1, n, dtype=np.float32), device="cuda")
+    captured, launched = sp.zeros(1, device="cuda"), sp.zeros(1, device="cuda")
+    with sp.capture() as graph:
+        sp.launch(total, n, inputs=[x], outputs=[captured], deterministic=True)
+    graph.replay()
+    for _ in range(2):
+        sp.launch(total, n, inputs=[x], outputs=[launched], deterministic=True)
+    np.testing.assert_array_equal(captured.numpy(), launched.numpy())
+
+
 def test_a_graph_holds_one_device():
     x = sp.zeros(4)
     y = sp.zeros(4, device="cuda")

@@ -224,3 +224,20 @@ def test_a_shared_parameters_gradient_gets_the_same_bits_on_every_device(device,
     else:                                   # thread i adds its iterations' parts, the last iteration first
         adds = np.stack([(seed * np.float32(k)) * x for k in (2, 1)], axis=1).reshape(-1)
     assert c.grad.numpy()[0] == chunked(np.zeros(len(adds), int), adds, 1, per_thread=len(adds) // N)[0]
+
+
+def test_a_captured_deterministic_loss_replays_what_launches_add(device):
+    """Inside capture() (a CUDA graph on a GPU) the chunked launch and the launch that adds its
+    partials are both captured: the capture's run and two replays add what three launches add."""
+    x, _, _ = _data(10)
+    xs = sp.array(x, device=device)
+    launched, captured = sp.zeros(1, dtype=sp.float32, device=device), sp.zeros(1, dtype=sp.float32, device=device)
+    for k in range(3):
+        sp.launch(sum_squares, N, inputs=[xs], outputs=[launched], deterministic=True)
+        if k == 0:
+            assert launched.numpy()[0] == chunked(np.zeros(N, int), x * x, 1)[0]
+    with sp.capture() as graph:
+        sp.launch(sum_squares, N, inputs=[xs], outputs=[captured], deterministic=True)
+    graph.replay()
+    graph.replay()
+    np.testing.assert_array_equal(captured.numpy(), launched.numpy())

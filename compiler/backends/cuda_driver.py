@@ -13,6 +13,7 @@ context, which is made current on the calling thread.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import threading
@@ -159,6 +160,19 @@ def check_toolkit(driver: tuple[int, int], nvrtc: tuple[int, int]) -> None:
             f"NVRTC {nvrtc[0]}.{nvrtc[1]} builds kernels for CUDA {nvrtc[0]}, but the NVIDIA driver supports CUDA "
             f"{driver[0]}.{driver[1]} only, so it could not load them. Install the NVRTC of the driver's CUDA "
             f"(pip install 'nvidia-cuda-nvrtc-cu{driver[0]}' 'cuda-python=={driver[0]}.*') or update the driver.")
+
+
+@contextlib.contextmanager
+def relaxed_capture():
+    """Lets the calling thread make calls a stream capture does not observe (cuMemAlloc) while it
+    captures: memory that every replay of the graph uses, allocated once, outside the graph."""
+    driver = _driver()
+    previous = _check(driver.cuThreadExchangeStreamCaptureMode(
+        driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED), "cuThreadExchangeStreamCaptureMode")
+    try:
+        yield
+    finally:
+        _check(driver.cuThreadExchangeStreamCaptureMode(previous), "cuThreadExchangeStreamCaptureMode")
 
 
 def synchronize(device: int = 0) -> None:

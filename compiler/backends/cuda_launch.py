@@ -74,12 +74,14 @@ def _with_add_tables(buffer: bytes, n: int, add_slots: int, ordinal: int) -> tup
     its adds (`add_slots` elements at most per chunk), and (that memory, the chunk count). The
     memory grows by at least half when too small; launches are ordered on one stream, so one
     buffer serves them all, and an outgrown one is kept, not freed: a captured CUDA graph may
-    still point at it."""
+    still point at it (and a capture may be what asks for it: the allocation is one a capture
+    does not observe, made in relaxed mode)."""
     chunks = -(-n // ADD_CHUNK)
     nbytes = chunks * 8 + chunks * add_slots * ADD_SLOT_SIZE
     held = _ADD_TABLES.setdefault(ordinal, [])
     if not held or held[-1].nbytes < nbytes:
-        held.append(DeviceBuffer(max(nbytes, int(held[-1].nbytes * 1.5) if held else 0), ordinal))
+        with cuda_driver.relaxed_capture():
+            held.append(DeviceBuffer(max(nbytes, int(held[-1].nbytes * 1.5) if held else 0), ordinal))
     tables = held[-1].ptr
     at = LAUNCH_HEADER_SIZE - 16                     # launch_t's adds, add_slots: its last two words
     return buffer[:at] + struct.pack("<qq", tables, add_slots) + buffer[at + 16:], tables, chunks

@@ -14,6 +14,9 @@ a real driver would, so that the bugs a first GPU run would show surface here in
   and every later call returns CUDA_ERROR_LAUNCH_FAILED, as on a GPU;
 - during stream capture, launches on the capturing stream are recorded, and a synchronous call
   on the legacy stream is an error while a blocking stream captures (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
+  cuMemAlloc is an unsafe call while the calling thread captures (or any thread captures in global
+  mode) unless the thread swapped its mode to relaxed (cuThreadExchangeStreamCaptureMode):
+  CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
 - work on a non-blocking stream runs late: it waits until someone waits for it (an event or stream
   synchronize, a stream that waits on its event, a context synchronize, a free), so memory reused
   before such a wait shows up as wrong data, as it would on a busy GPU; a query of an event
@@ -58,6 +61,7 @@ class CUresult(enum.IntEnum):
     CUDA_ERROR_NOT_FOUND = 500
     CUDA_ERROR_NOT_READY = 600
     CUDA_ERROR_LAUNCH_FAILED = 719
+    CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900
     CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901
     CUDA_ERROR_STREAM_CAPTURE_IMPLICIT = 906
 
@@ -90,6 +94,7 @@ _DESCRIPTIONS = {
     CUresult.CUDA_ERROR_NOT_FOUND: "named symbol not found",
     CUresult.CUDA_ERROR_NOT_READY: "device not ready",
     CUresult.CUDA_ERROR_LAUNCH_FAILED: "unspecified launch failure",
+    CUresult.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: "operation not permitted when stream is capturing",
     CUresult.CUDA_ERROR_STREAM_CAPTURE_INVALIDATED: "operation failed due to a previous error during capture",
     CUresult.CUDA_ERROR_STREAM_CAPTURE_IMPLICIT: "operation would make the legacy stream depend on a capturing "
                                                  "blocking stream",
@@ -132,6 +137,8 @@ class CUstream:
     def __init__(self, value=0, flags=0):
         self.value, self.flags = int(value), int(flags)
         self.capture: CUgraph | None = None
+        self.capture_mode = CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL
+        self.capture_thread = 0
         self.context: CUcontext | None = None
         self.queued: collections.deque = collections.deque()     # work a non-blocking stream runs late
 
@@ -239,6 +246,30 @@ def _no_capture_on_legacy() -> None:
         raise _Fail(CUresult.CUDA_ERROR_STREAM_CAPTURE_IMPLICIT)
 
 
+_thread_mode = threading.local()       # each thread's capture interaction mode (default: global)
+
+
+def _no_unsafe_call_during_capture() -> None:
+    """An unsafe call (one a capture does not observe, such as cuMemAlloc) while the calling thread
+    captures, or any thread captures in global mode, unless this thread's mode is relaxed."""
+    mode = getattr(_thread_mode, "mode", CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL)
+    if mode == CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED:
+        return
+    me = threading.get_ident()
+    for s in _streams.values():
+        if s.capture is not None and s.capture_mode != CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED and (
+                s.capture_thread == me or s.capture_mode == CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL
+                and mode == CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL):
+            raise _Fail(CUresult.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)
+
+
+@_api
+def cuThreadExchangeStreamCaptureMode(mode):
+    previous = getattr(_thread_mode, "mode", CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL)
+    _thread_mode.mode = CUstreamCaptureMode(int(mode))
+    return previous
+
+
 def _run_or_capture(stream, node) -> None:
     s = _stream(stream)
     if s is not None and s.capture is not None:
@@ -330,6 +361,7 @@ def cuCtxSynchronize():
 @_api
 def cuMemAlloc(nbytes):
     ctx = _context()
+    _no_unsafe_call_during_capture()
     nbytes = int(nbytes)
     if nbytes <= 0:
         raise _Fail(CUresult.CUDA_ERROR_INVALID_VALUE)

@@ -7,8 +7,10 @@ when something waits for it; a capturing stream records it into a `CUgraph`; the
 """
 from __future__ import annotations
 
-from .driver import (_OK, CUevent, CUgraph, CUgraphExec, CUresult, CUstream, _api, _catch_up, _context, _Fail,
-                     _no_capture_on_legacy, _run_or_capture, _stream, _streams, recent_launches)
+import threading
+
+from .driver import (_OK, CUevent, CUgraph, CUgraphExec, CUresult, CUstream, CUstreamCaptureMode, _api, _catch_up,
+                     _context, _Fail, _no_capture_on_legacy, _run_or_capture, _stream, _streams, recent_launches)
 
 __all__ = [
     "cuStreamCreate", "cuStreamDestroy", "cuStreamSynchronize", "cuEventCreate", "cuEventRecord",
@@ -106,6 +108,7 @@ def cuStreamBeginCapture(stream, mode):
     if s is None or s.capture is not None:     # the legacy stream cannot be captured
         raise _Fail(CUresult.CUDA_ERROR_INVALID_VALUE)
     s.capture = CUgraph()
+    s.capture_mode, s.capture_thread = CUstreamCaptureMode(int(mode)), threading.get_ident()
 
 
 @_api
