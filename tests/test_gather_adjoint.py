@@ -303,3 +303,57 @@ def test_a_clamp_short_of_the_edge_keeps_the_scatter(device):
     assert not _gather_fits(clamped_wave.compiled().gather, _signature(clamped_wave), args, (6, 6))
     np.testing.assert_allclose(clamped_gradients((6, 6), w, u, up, 3, device=device)[0], clamped_reference(u, w, 3),
                                rtol=2e-6, atol=2e-6)
+
+
+D2 = sp.array(dtype=sp.float64, ndim=2)
+
+
+@sp.kernel
+def halo_wave(u: D2, up: D2, u_next: D2):
+    """A block of rows read from an array with one halo row above and below (as a rank of a
+    decomposed grid reads it): row i of the block is row i + 1 of `u`."""
+    i, j = sp.tid()
+    m = u.shape[1]
+    x = u[i + 1, j]
+    value = 2.0 * x - up[i, j] - 0.1 * x * x * x
+    if j > 0 and j < m - 1:
+        value += 0.25 * (u[i, j] + u[i + 2, j] + u[i + 1, j - 1] + u[i + 1, j + 1] - 4.0 * x)
+    u_next[i, j] = value
+
+
+@pytest.mark.parametrize("shape", [(9, 7), (40, 33)])
+def test_a_block_read_with_halo_rows_gathers_over_the_wider_array(shape, device):
+    """u is two rows wider than the launch: the gather form runs over u's rows (threads beyond the
+    launch gather what the edge threads scattered into the halo rows) and writes up's gradient
+    only where up has rows. Against the float64 transpose; the same bits on one thread and many."""
+    n, m = shape
+    rng = np.random.default_rng(3)
+    u0, up0, w = rng.standard_normal((n + 2, m)), rng.standard_normal((n, m)), rng.standard_normal((n, m))
+    args = [sp.array(u0, dtype=sp.float64), sp.array(up0, dtype=sp.float64), sp.zeros((n, m), dtype=sp.float64)]
+    assert _gather_fits(halo_wave.compiled().gather, _signature(halo_wave), args, shape) == (n + 2, m)
+
+    def gradients(deterministic):
+        u = sp.array(u0, dtype=sp.float64, requires_grad=True, device=device)
+        up = sp.array(up0, dtype=sp.float64, requires_grad=True, device=device)
+        out = sp.zeros((n, m), dtype=sp.float64, requires_grad=True, device=device)
+        tape = sp.Tape(deterministic=deterministic)
+        with tape:
+            sp.launch(halo_wave, shape, inputs=[u, up], outputs=[out])
+        tape.backward(grads={out: sp.array(w, dtype=sp.float64, device=device)})
+        return u.grad.numpy(), up.grad.numpy()
+    gu, gup = gradients(True)
+    x = u0[1:-1]
+    expected = np.zeros((n + 2, m))
+    expected[1:-1] += (2.0 - 0.3 * x * x) * w
+    inner = np.zeros((n, m))
+    inner[:, 1:-1] = 0.25 * w[:, 1:-1]
+    expected[1:-1] -= 4.0 * inner
+    expected[:-2] += inner                 # u[i, j]
+    expected[2:] += inner                  # u[i + 2, j]
+    expected[1:-1, :-2] += inner[:, 1:m - 1]     # u[i + 1, j - 1]
+    expected[1:-1, 2:] += inner[:, 1:m - 1]      # u[i + 1, j + 1]
+    np.testing.assert_allclose(gu, expected, rtol=1e-13, atol=1e-13)
+    np.testing.assert_array_equal(gup, -w)
+    ga, gb = gradients(False)
+    np.testing.assert_array_equal(ga, gu)
+    np.testing.assert_array_equal(gb, gup)

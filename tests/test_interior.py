@@ -191,3 +191,30 @@ def test_clamped_indices_lose_their_clamp_in_the_middle(shape, device):
     expected = (a[np.maximum(i - 1, 0), j] + a[i, np.minimum(j + 2, m - 1)] + a[np.minimum(n - 1, i + 1), np.maximum(0, j - 2)]
                 + a[i, np.minimum(j, 1)])
     np.testing.assert_array_equal(out.numpy(), expected)
+
+
+@sp.kernel
+def global_rows(offset: int, n: int, out: I1):
+    i = sp.tid()
+    gi = i + offset                # a block of a decomposed axis: its rows' global index
+    f = 0
+    if gi > 0:
+        f += 1
+    if gi < n - 1:
+        f += 2
+    if gi >= 1 and gi <= n - 2:
+        f += 4
+    out[i] = f
+
+
+@pytest.mark.parametrize("block, offset, n", [(50, 0, 100), (50, 50, 100), (30, 20, 100), (4, 0, 4)])
+def test_a_global_index_guard_leaves_the_middle_of_every_block(block, offset, n, device):
+    """`i + offset > 0` bounds the middle from below (a guard holds there), `i + offset < n - 1`
+    from above: the box covers every block's rows but the grid's own first and last, on every rank."""
+    interior = interior_variant(global_rows.compiled().forward, "global_rows_interior")
+    scalar = lambda c, *names: Bound(c, tuple((k, ("scalar", name)) for k, name in names))   # noqa: E731
+    assert scalar(1, (-1, "offset")) in interior.lower[0] and scalar(-1, (1, "n"), (-1, "offset")) in interior.upper[0]
+    out = sp.zeros(block, dtype=int, device=device)
+    sp.launch(global_rows, block, inputs=[offset, n], outputs=[out])
+    gi = np.arange(block) + offset
+    np.testing.assert_array_equal(out.numpy(), (gi > 0) * 1 + (gi < n - 1) * 2 + ((gi >= 1) & (gi <= n - 2)) * 4)

@@ -82,6 +82,19 @@ struct launch_t {
 
 namespace sp {
 
+// An adjoint's launch: the forward's, or where the gradient buffer's header carries dims (a gather
+// form over arrays wider than the launch, compiler/passes/gather.py), that wider index space.
+SP_FUNC launch_t widened(const launch_t& forward, const launch_t& adjoint_header) {
+    launch_t L = forward;
+    if (adjoint_header.dim[0]) {
+        L.n = 1;
+        for (int k = 0; k < 4; ++k) { L.dim[k] = adjoint_header.dim[k]; L.n *= L.dim[k]; }
+        L.first = 0;
+        L.end = L.n;
+    }
+    return L;
+}
+
 // ---- elementwise helpers over vectors and matrices -------------------------------------------
 #define SP_MAP2(NAME, EXPR)                                                                          \
     template <int N, typename T>                                                                     \

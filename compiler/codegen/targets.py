@@ -106,7 +106,7 @@ class Target:
 # the gradients' (same layout) and the loop tape.
 _CPU_ADJOINT_HEAD = """extern "C" int {name}(const char* buf, const char* adj_args, uint64_t* tape, int64_t capacity, int count_only,
                       int64_t* counts, int serial) {{
-    const launch_t L = *(const launch_t*)buf;
+    const launch_t L = sp::widened(*(const launch_t*)buf, *(const launch_t*)adj_args);
     const {name}_args_t A = *(const {name}_args_t*)(buf + sizeof(launch_t));
     const {name}_args_t G = *(const {name}_args_t*)(adj_args + sizeof(launch_t));
     const int64_t fresh = *(const int64_t*)adj_args;    // the adjoint buffer's header: the fresh mask
@@ -115,7 +115,7 @@ _CUDA_ADJOINT_HEAD = """struct __align__(8) {name}_buf_t {{ char bytes[{size}]; 
 extern "C" __global__ void __launch_bounds__({block}, {min_blocks}) {name}(const __grid_constant__ {name}_buf_t buf,
         const __grid_constant__ {name}_buf_t adj_buf, uint64_t* tape, int64_t capacity, int count_only,
         int64_t* counts) {{
-    const launch_t& L = *(const launch_t*)buf.bytes;
+    const launch_t L = sp::widened(*(const launch_t*)buf.bytes, *(const launch_t*)adj_buf.bytes);
     const {name}_args_t& A = *(const {name}_args_t*)(buf.bytes + sizeof(launch_t));
     const {name}_args_t& G = *(const {name}_args_t*)(adj_buf.bytes + sizeof(launch_t));
     const int64_t fresh = *(const int64_t*)adj_buf.bytes;    // the adjoint buffer's header: the fresh mask

@@ -42,10 +42,14 @@ from .interior import Bound, Clamped, Interior, Wrapped, interior_variant, tid_o
 
 @dataclass(frozen=True)
 class GatherAdjoint:
-    """The gather form of a kernel's adjoint. Valid for a launch only when every array in `arrays`
-    has exactly the launch's extents and every bound in `extent_bounds` equals its axis's extent (`launch`
-    checks; else the scatter adjoint runs).
-    `scatters`: some accumulations still scatter (atomics unless serial).
+    """The gather form of a kernel's adjoint. Valid for a launch only when `extent_source` (one of
+    `arrays`) has exactly the launch's extents, every other array in `arrays` at least those, and
+    every bound in `extent_bounds` equals its axis's extent (`launch` checks; else the scatter
+    adjoint runs). An array wider than the launch (a block with halo rows, read at ``i + 1``)
+    widens the index space the gather form runs over: its threads beyond the launch gather what
+    the launch's threads put there (their own pass, at offset 0, is never inside), and each
+    gradient is written only where its array has the element.
+    `scatters`: some accumulations still scatter (atomics unless serial); such a form never widens.
 
     `function` serves every thread; `interior` the threads in the middle of the launch, where no
     pass's thread p - c leaves it (so no index is clamped and loads stay unit-stride) and boundary
@@ -54,6 +58,7 @@ class GatherAdjoint:
     interior: Interior
     arrays: tuple[str, ...]
     scatters: bool
+    extent_source: str = ""
     # (axis, bound) pairs that must equal the launch's extent on that axis: the divisor of each
     # periodic index, and a clamped index's upper bound plus one
     extent_bounds: tuple[tuple[int, Bound], ...] = ()
@@ -93,17 +98,22 @@ def gather_adjoint(adjoint: ir.Function) -> GatherAdjoint | None:
     if scatters and zero not in passes:
         passes.insert(0, zero)
     extent_bounds = tuple(sorted({b for s in gathered for b in site_bounds[id(s)]}, key=repr))
+    # The launch's extents, read off an array gathered at the thread's own index where there is
+    # one (the launch checks that it spans the launch exactly; others may be wider).
+    source = next((name for name in eligible if all(site_offset[id(s)] == zero for s in gathered
+                                                     if s.array.param.name == name)), next(iter(eligible)))
     # Thread p - c is inside the launch for every pass c when c_max <= p < extent + c_min per axis.
     ndim = adjoint.tid_ndim
     lower = [(Bound(max(0, *(c[k][0] for c in passes))),) for k in range(ndim)]
-    upper = [(Bound(min(0, *(c[k][0] for c in passes)), ((1, ("extent", k)),)),) for k in range(ndim)]
+    upper = [(Bound(min(0, *(c[k][0] for c in passes)), ((1, ("dim", source, k)),)),) for k in range(ndim)]
     # Each pass copies the whole adjoint and keeps what reaches its offset: drop the rest here, not
     # in the C++ compiler (half the C++ lines of a stencil module).
-    unclamped = eliminate_dead_code(_build(adjoint, body, eligible, site_offset, site_clamps, passes, clamp=False))
+    build = lambda clamp: eliminate_dead_code(_build(adjoint, body, eligible, source, site_offset, site_clamps,  # noqa: E731
+                                                     passes, clamp))
+    unclamped = build(False)
     interior = interior_variant(unclamped, unclamped.name, lower, upper)
     interior = dataclasses.replace(interior, function=eliminate_dead_code(interior.function))
-    return GatherAdjoint(eliminate_dead_code(_build(adjoint, body, eligible, site_offset, site_clamps, passes, clamp=True)),
-                         interior, tuple(eligible), scatters, extent_bounds)
+    return GatherAdjoint(build(True), interior, tuple(eligible), scatters, source, extent_bounds)
 
 
 # ---- which accumulations sit at tid + constant -------------------------------------------------
@@ -147,17 +157,15 @@ def _site_passes(offset, clamps) -> list:
 
 
 # ---- building the gather function ----------------------------------------------------------------
-def _build(adjoint: ir.Function, body, eligible: dict[str, ir.Param], site_offset, site_clamps, passes,
-           clamp: bool) -> ir.Function:
+def _build(adjoint: ir.Function, body, eligible: dict[str, ir.Param], source: str, site_offset, site_clamps,
+           passes, clamp: bool) -> ir.Function:
     loc = adjoint.loc
     ndim = adjoint.tid_ndim
     out: list = []
     p = [ir.Temp(int32) for _ in range(ndim)]
     out += [ir.ThreadIndex(p[k], k, loc) for k in range(ndim)]
-    # Every eligible array has the launch's extents (checked at launch): read them off the first.
-    extent = [ir.Temp(int32) for _ in range(ndim)]
-    first = ir.ArrayRef(next(iter(eligible.values())))
-    out += [ir.ArrayDim(extent[k], first, k, loc) for k in range(ndim)]
+    extent = [ir.Temp(int32) for _ in range(ndim)]          # the launch's (see gather_adjoint)
+    out += [ir.ArrayDim(extent[k], ir.ArrayRef(eligible[source]), k, loc) for k in range(ndim)]
     totals = {name: ir.Var("gathered_" + name, param.type.dtype) for name, param in eligible.items()}
     out += [ir.Assign(v, ir.Const(-0.0, v.type), loc) for v in totals.values()]
     zero = ((0, False),) * ndim
@@ -166,12 +174,24 @@ def _build(adjoint: ir.Function, body, eligible: dict[str, ir.Param], site_offse
                      loc=loc)
     # One write per element of each gathered gradient: where the launch says the gradient is new
     # memory (its bit of the fresh mask, bit k for parameter k), it stores instead of adding.
+    # Only where the array has element p: a wider index space (see GatherAdjoint) runs threads
+    # beyond a narrower array. The interior variant settles the test.
     bits = {param.name: k for k, param in enumerate(adjoint.params) if k < 63}
     for name, total in totals.items():
         value = ir.Temp(total.type)
-        out.append(ir.ReadVar(value, total, loc))
-        out.append(ir.AccumGrad(ir.ArrayRef(eligible[name], adjoint=True), tuple(p), value, loc, exclusive=True,
-                                fresh_bit=bits.get(name)))
+        write = (ir.ReadVar(value, total, loc),
+                 ir.AccumGrad(ir.ArrayRef(eligible[name], adjoint=True), tuple(p), value, loc, exclusive=True,
+                              fresh_bit=bits.get(name)))
+        has = None
+        for k in range(ndim):
+            dim, below = ir.Temp(int32), ir.Temp(bool_)
+            out += [ir.ArrayDim(dim, ir.ArrayRef(eligible[name]), k, loc), ir.Op(below, "lt", (p[k], dim), loc)]
+            if has is not None:
+                both = ir.Temp(bool_)
+                out.append(ir.Op(both, "and", (has, below), loc))
+                below = both
+            has = below
+        out.append(ir.If(has, write, (), loc))
     name = adjoint.name.replace("_adjoint", "") + ("_gather" if clamp else "_gather_interior")
     return ir.Function(name, adjoint.params, tuple(out), loc, ndim)
 
@@ -184,9 +204,10 @@ def _pass(body, c, p, extent, totals, site_offset, site_clamps, keep_scatter: bo
     out: list = []
     t, inside = [], None
     for k, (pk, (ck, periodic)) in enumerate(zip(p, c)):
-        if ck == 0:
+        if ck == 0 and not clamp:
             t.append(pk)
             continue
+        # (clamped, even at offset 0: in a wider index space thread p itself may not exist)
         if not clamp or periodic:
             shifted, tk = ir.Temp(int32), ir.Temp(int32)
             out.append(ir.Op(shifted if periodic and clamp else tk, "sub", (pk, ir.Const(ck, int32)), loc))

@@ -6,7 +6,8 @@ of a row the branch always goes the same way. This pass finds every comparison b
 index plus an offset and a bound, where offsets and bounds are integers the launch fixes (constants,
 array extents, integer scalar arguments, the launch's own extents, and sums, differences and
 integer multiples of these), and decides it for the threads in the middle of the launch: a bound
-made of constants alone sits near the start of the axis (the middle lies above it), any other bound
+made of constants alone sits near the start of the axis (the middle lies above it), and so does one
+of integer arguments alone that the index must exceed (``i + offset > 0``); any other bound sits
 near the end (the middle lies below it). Periodic indices, ``(i + 1) % n`` or ``(i + n - 1) % n``
 with n fixed by the launch, are ``i + 1`` and ``i - 1`` in the middle, and so are clamped indices,
 ``max(i - 1, 0)`` and ``min(i + 1, n - 1)``.
@@ -286,7 +287,10 @@ def _decide(s: ir.Op, offsets, bounds):
     # `index < at` and `index >= at` switch at `at`; `index <= at`, `index > at`, `==`, `!=` at at + 1
     # (for ==/!= the middle just avoids `at` itself: above it or below it).
     split = at if op in ("lt", "ge") else at.shifted(1)
-    if at.near_start:                    # the middle lies above the bound
+    # Constants alone sit near the start of the axis, extents near its end. A bound of integer
+    # arguments alone could be either (a block's global offset: `i + offset > 0` on a decomposed
+    # grid); a guard is taken to hold in the middle, so `index > at` guards the start.
+    if at.near_start or op in ("gt", "ge") and all(t[0] == "scalar" for _, t in at.terms):
         value = op in ("gt", "ge", "ne")
         return axis, value, split, None
     value = op in ("lt", "le", "ne")     # the middle lies below it

@@ -422,21 +422,31 @@ def relaunch(kernel: Kernel, dims: tuple, args: list, deterministic: bool, tape=
     _mark_written(sig, args, tape)
 
 
-def _gather_fits(gather, sig, args, dims) -> bool:
-    """Whether the gather form of an adjoint serves this launch: the arrays it gathers into span
-    exactly the launch's index space (the thread indices tid() gives), and each of its extent
-    bounds (a periodic index's divisor, a clamped index's upper bound plus one) is that axis's extent."""
+def _gather_fits(gather, sig, args, dims) -> tuple | None:
+    """The index space the gather form of an adjoint runs over for this launch, or None where the
+    form does not serve it. It serves where its extent source (an array it gathers into at the
+    thread's own index) spans exactly the launch's index space (the thread indices tid() gives),
+    every other array it gathers into spans at least that, and each of its extent bounds (a
+    periodic index's divisor, a clamped index's upper bound plus one) is that axis's extent. An
+    array wider than the launch widens the space (see compiler/passes/gather.py); a form that
+    still scatters, has extent bounds, or a launch with extra axes does not widen."""
     if gather is None:
-        return False
+        return None
     ndim = sig.tid_ndim
     extents = (math.prod(dims[:len(dims) - ndim + 1]), *dims[len(dims) - ndim + 1:])
-    if not all(a.shape == extents for p, a in zip(sig.params, args) if p.name in gather.arrays):
-        return False
+    shapes = {p.name: a.shape for p, a in zip(sig.params, args) if p.name in gather.arrays}
+    if shapes[gather.extent_source] != extents or any(
+            len(s) != ndim or any(x < e for x, e in zip(s, extents)) for s in shapes.values()):
+        return None
+    space = tuple(max(s[k] for s in shapes.values()) for k in range(ndim))
+    if space != extents and (gather.scatters or gather.extent_bounds or len(dims) != ndim):
+        return None
     if gather.extent_bounds:
         shapes = {p.name: a.shape for p, a in zip(sig.params, args) if isinstance(a, array)}
         scalars = {p.name: a for p, a in zip(sig.params, args) if not isinstance(a, array)}
-        return all(d.evaluate(shapes, scalars, extents) == extents[axis] for axis, d in gather.extent_bounds)
-    return True
+        if not all(d.evaluate(shapes, scalars, extents) == extents[axis] for axis, d in gather.extent_bounds):
+            return None
+    return space
 
 
 def _fresh_mask(fresh: dict, sig, args, gathered) -> int:
@@ -458,12 +468,16 @@ def _fresh_mask(fresh: dict, sig, args, gathered) -> int:
 
 
 def _adjoint_setup(compiled, sig, args, dims, serial, fresh):
-    """(the adjoint IR function to run, its packed gradient buffer, its serial flag) for a launch
-    whose arguments carry their gradients in ``.grad``; zero-fills the pending `fresh` gradients
-    that it does not overwrite whole (see _fresh_mask)."""
-    gather = compiled.gather if _gather_fits(compiled.gather, sig, args, dims) else None
-    # the gradient buffer's launch_t: its first word is the fresh mask, the others go unread
-    values = [_fresh_mask(fresh, sig, args, gather.arrays if gather else ()) if fresh else 0, *_UNREAD]
+    """(the adjoint IR function to run, its packed gradient buffer, its serial flag, the threads it
+    runs) for a launch whose arguments carry their gradients in ``.grad``; zero-fills the pending
+    `fresh` gradients that it does not overwrite whole (see _fresh_mask)."""
+    space = _gather_fits(compiled.gather, sig, args, dims)
+    gather = compiled.gather if space is not None else None
+    # The gradient buffer's launch_t: its first word is the fresh mask, its dims a gather form's
+    # wider index space (sp::widen in prelude.h; zeros: the launch's own), the rest unread.
+    wide = space is not None and len(space) == len(dims) and space != tuple(dims)
+    values = [_fresh_mask(fresh, sig, args, gather.arrays if gather else ()) if fresh else 0,
+              *((*space, *_ONES[len(space):], 0, 0, 0, 0) if wide else _UNREAD)]
     for p, a in zip(sig.params, args):
         if isinstance(p.type, ArrayType):
             values += _array_values(a.grad if a.requires_grad else None, like=a)
@@ -476,7 +490,7 @@ def _adjoint_setup(compiled, sig, args, dims, serial, fresh):
         adjoint, serial = gather.function, serial and gather.scatters
     gathered = gather.arrays if gather is not None else ()
     serial = _serial_flag(serial, sig.adjoint_logs_adds, (args[k] for n, k in sig.read_arrays if n not in gathered))
-    return adjoint, adj_buffer, serial
+    return adjoint, adj_buffer, serial, math.prod(space if wide else dims)
 
 
 def packed_adjoint(kernel: Kernel, dims: tuple, args: list, deterministic: bool, fresh: dict):
@@ -492,7 +506,7 @@ def packed_adjoint(kernel: Kernel, dims: tuple, args: list, deterministic: bool,
     if compiled.needs_tape:
         raise ValueError(f"kernel '{kernel.__name__}': its adjoint keeps a loop tape")
     sig = _signature(kernel)
-    adjoint, adj_buffer, serial = _adjoint_setup(compiled, sig, args, dims, deterministic, fresh)
+    adjoint, adj_buffer, serial, _ = _adjoint_setup(compiled, sig, args, dims, deterministic, fresh)
     entry = kernel.entry(False).function(adjoint.name, adjoint=True)
     return ctypes.cast(entry, ctypes.c_void_p).value, adj_buffer, serial
 
@@ -501,9 +515,9 @@ def _run_adjoint(kernel, compiled, sig, args, dims, buffer, debug, serial, fresh
     if compiled.adjoint is None:
         return
     device = next((a.device for a in args if isinstance(a, array)), "cpu")
-    adjoint, adj_buffer, serial = _adjoint_setup(compiled, sig, args, dims, serial, fresh)
+    adjoint, adj_buffer, serial, threads = _adjoint_setup(compiled, sig, args, dims, serial, fresh)
     if device != "cpu":
-        cuda_launch.adjoint(kernel, compiled, adjoint, buffer, adj_buffer, math.prod(dims), debug, serial, device,
+        cuda_launch.adjoint(kernel, compiled, adjoint, buffer, adj_buffer, threads, debug, serial, device,
                             _add_slots(serial, args))
         return
     module = kernel.entry(debug)
