@@ -45,7 +45,7 @@ def misfit(u: G, observed: G, out: sp.array(dtype=float)):
 
 
 def build(size, overlap=True):
-    model = sp.Model()
+    model = sp.Model(zero_buffers=False)        # wave_step writes every element of s.next
     dist = Distributed(model)
     dist.state("u", (size, size), float, halo=1)
     dist.state("u_prev", (size, size), float)
