@@ -331,6 +331,9 @@ def test_a_block_read_with_halo_rows_gathers_over_the_wider_array(shape, device)
     u0, up0, w = rng.standard_normal((n + 2, m)), rng.standard_normal((n, m)), rng.standard_normal((n, m))
     args = [sp.array(u0, dtype=sp.float64), sp.array(up0, dtype=sp.float64), sp.zeros((n, m), dtype=sp.float64)]
     assert _gather_fits(halo_wave.compiled().gather, _signature(halo_wave), args, shape) == (n + 2, m)
+    # rows are read at offsets 0, 1, 2 (they may widen), columns at -1, 0, 1 (they may not), and a
+    # centred stencil's form never widens: it is the plain form, with no clamps for threads beyond
+    assert halo_wave.compiled().gather.widens == (True, False) and wave.compiled().gather.widens == (False, False)
 
     def gradients(deterministic):
         u = sp.array(u0, dtype=sp.float64, requires_grad=True, device=device)

@@ -49,6 +49,8 @@ class GatherAdjoint:
     widens the index space the gather form runs over: its threads beyond the launch gather what
     the launch's threads put there (their own pass, at offset 0, is never inside), and each
     gradient is written only where its array has the element.
+    An axis widens only where some array is read there at offsets that are all >= 0 and not all 0
+    (the block's rows shifted by a halo): elsewhere the form is the plain one, with no cost.
     `scatters`: some accumulations still scatter (atomics unless serial); such a form never widens.
 
     `function` serves every thread; `interior` the threads in the middle of the launch, where no
@@ -59,6 +61,7 @@ class GatherAdjoint:
     arrays: tuple[str, ...]
     scatters: bool
     extent_source: str = ""
+    widens: tuple[bool, ...] = ()          # per axis: whether an array may be wider than the launch
     # (axis, bound) pairs that must equal the launch's extent on that axis: the divisor of each
     # periodic index, and a clamped index's upper bound plus one
     extent_bounds: tuple[tuple[int, Bound], ...] = ()
@@ -108,12 +111,16 @@ def gather_adjoint(adjoint: ir.Function) -> GatherAdjoint | None:
     upper = [(Bound(min(0, *(c[k][0] for c in passes)), ((1, ("dim", source, k)),)),) for k in range(ndim)]
     # Each pass copies the whole adjoint and keeps what reaches its offset: drop the rest here, not
     # in the C++ compiler (half the C++ lines of a stencil module).
-    build = lambda clamp: eliminate_dead_code(_build(adjoint, body, eligible, source, site_offset, site_clamps,  # noqa: E731
-                                                     passes, clamp))
+    shifts = {name: [[site_offset[id(s)][k][0] for s in gathered if s.array.param.name == name] for k in range(ndim)]
+              for name in eligible}
+    widens = tuple(not scatters and not extent_bounds and
+                   any(min(offsets[k]) >= 0 and max(offsets[k]) > 0 for offsets in shifts.values()) for k in range(ndim))
+    build = lambda clamp: eliminate_dead_code(_build(adjoint, body, eligible, source, widens, site_offset,  # noqa: E731
+                                                     site_clamps, passes, clamp))
     unclamped = build(False)
     interior = interior_variant(unclamped, unclamped.name, lower, upper)
     interior = dataclasses.replace(interior, function=eliminate_dead_code(interior.function))
-    return GatherAdjoint(build(True), interior, tuple(eligible), scatters, source, extent_bounds)
+    return GatherAdjoint(build(True), interior, tuple(eligible), scatters, source, widens, extent_bounds)
 
 
 # ---- which accumulations sit at tid + constant -------------------------------------------------
@@ -157,8 +164,8 @@ def _site_passes(offset, clamps) -> list:
 
 
 # ---- building the gather function ----------------------------------------------------------------
-def _build(adjoint: ir.Function, body, eligible: dict[str, ir.Param], source: str, site_offset, site_clamps,
-           passes, clamp: bool) -> ir.Function:
+def _build(adjoint: ir.Function, body, eligible: dict[str, ir.Param], source: str, widens, site_offset,
+           site_clamps, passes, clamp: bool) -> ir.Function:
     loc = adjoint.loc
     ndim = adjoint.tid_ndim
     out: list = []
@@ -169,8 +176,17 @@ def _build(adjoint: ir.Function, body, eligible: dict[str, ir.Param], source: st
     totals = {name: ir.Var("gathered_" + name, param.type.dtype) for name, param in eligible.items()}
     out += [ir.Assign(v, ir.Const(-0.0, v.type), loc) for v in totals.values()]
     zero = ((0, False),) * ndim
+    own = []             # per widening axis: thread p clamped into the launch, and whether it is in it
+    for k in range(ndim):
+        if not (clamp and widens[k]):
+            own.append(None)
+            continue
+        last, pk, ok = ir.Temp(int32), ir.Temp(int32), ir.Temp(bool_)
+        out += [ir.Op(last, "sub", (extent[k], ir.Const(1, int32)), loc), ir.Op(pk, "min", (p[k], last), loc),
+                ir.Op(ok, "lt", (p[k], extent[k]), loc)]
+        own.append((pk, ok))
     for c in passes:
-        out += _pass(body, c, p, extent, totals, site_offset, site_clamps, keep_scatter=c == zero, clamp=clamp,
+        out += _pass(body, c, p, extent, own, totals, site_offset, site_clamps, keep_scatter=c == zero, clamp=clamp,
                      loc=loc)
     # One write per element of each gathered gradient: where the launch says the gradient is new
     # memory (its bit of the fresh mask, bit k for parameter k), it stores instead of adding.
@@ -183,7 +199,7 @@ def _build(adjoint: ir.Function, body, eligible: dict[str, ir.Param], source: st
                  ir.AccumGrad(ir.ArrayRef(eligible[name], adjoint=True), tuple(p), value, loc, exclusive=True,
                               fresh_bit=bits.get(name)))
         has = None
-        for k in range(ndim):
+        for k in (k for k in range(ndim) if widens[k]):
             dim, below = ir.Temp(int32), ir.Temp(bool_)
             out += [ir.ArrayDim(dim, ir.ArrayRef(eligible[name]), k, loc), ir.Op(below, "lt", (p[k], dim), loc)]
             if has is not None:
@@ -191,12 +207,12 @@ def _build(adjoint: ir.Function, body, eligible: dict[str, ir.Param], source: st
                 out.append(ir.Op(both, "and", (has, below), loc))
                 below = both
             has = below
-        out.append(ir.If(has, write, (), loc))
+        out += list(write) if has is None else [ir.If(has, write, (), loc)]
     name = adjoint.name.replace("_adjoint", "") + ("_gather" if clamp else "_gather_interior")
     return ir.Function(name, adjoint.params, tuple(out), loc, ndim)
 
 
-def _pass(body, c, p, extent, totals, site_offset, site_clamps, keep_scatter: bool, clamp: bool, loc) -> list:
+def _pass(body, c, p, extent, own, totals, site_offset, site_clamps, keep_scatter: bool, clamp: bool, loc) -> list:
     """Thread p's share of the pass at offset c (per axis: the offset, and whether it wraps around
     the axis): the adjoint of thread p - c (clamped into the launch, or wrapped around a periodic
     axis), its accumulations at offset c summed into fresh locals, added to `totals` only when
@@ -204,10 +220,20 @@ def _pass(body, c, p, extent, totals, site_offset, site_clamps, keep_scatter: bo
     out: list = []
     t, inside = [], None
     for k, (pk, (ck, periodic)) in enumerate(zip(p, c)):
-        if ck == 0 and not clamp:
+        if ck == 0 and own[k] is None:
             t.append(pk)
             continue
-        # (clamped, even at offset 0: in a wider index space thread p itself may not exist)
+        if ck == 0:
+            # thread p itself, which a wider index space (see GatherAdjoint) may run beyond the
+            # launch: clamped to its last thread there, and not inside (worked out once, in _build)
+            tk, ok = own[k]
+            if inside is not None:
+                both = ir.Temp(bool_)
+                out.append(ir.Op(both, "and", (inside, ok), loc))
+                ok = both
+            inside = ok
+            t.append(tk)
+            continue
         if not clamp or periodic:
             shifted, tk = ir.Temp(int32), ir.Temp(int32)
             out.append(ir.Op(shifted if periodic and clamp else tk, "sub", (pk, ir.Const(ck, int32)), loc))

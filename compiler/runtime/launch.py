@@ -428,8 +428,8 @@ def _gather_fits(gather, sig, args, dims) -> tuple | None:
     thread's own index) spans exactly the launch's index space (the thread indices tid() gives),
     every other array it gathers into spans at least that, and each of its extent bounds (a
     periodic index's divisor, a clamped index's upper bound plus one) is that axis's extent. An
-    array wider than the launch widens the space (see compiler/passes/gather.py); a form that
-    still scatters, has extent bounds, or a launch with extra axes does not widen."""
+    array wider than the launch widens the space along the axes the form allows it
+    (`GatherAdjoint.widens`, see compiler/passes/gather.py), not for a launch with extra axes."""
     if gather is None:
         return None
     ndim = sig.tid_ndim
@@ -439,7 +439,8 @@ def _gather_fits(gather, sig, args, dims) -> tuple | None:
             len(s) != ndim or any(x < e for x, e in zip(s, extents)) for s in shapes.values()):
         return None
     space = tuple(max(s[k] for s in shapes.values()) for k in range(ndim))
-    if space != extents and (gather.scatters or gather.extent_bounds or len(dims) != ndim):
+    if space != extents and (len(dims) != ndim or any(w > e and not gather.widens[k]
+                                                      for k, (w, e) in enumerate(zip(space, extents)))):
         return None
     if gather.extent_bounds:
         shapes = {p.name: a.shape for p, a in zip(sig.params, args) if isinstance(a, array)}
