@@ -223,33 +223,27 @@ def _pass(body, c, p, extent, own, totals, site_offset, site_clamps, keep_scatte
         if ck == 0 and own[k] is None:
             t.append(pk)
             continue
-        if ck == 0:
-            # thread p itself, which a wider index space (see GatherAdjoint) may run beyond the
-            # launch: clamped to its last thread there, and not inside (worked out once, in _build)
-            tk, ok = own[k]
-            if inside is not None:
-                both = ir.Temp(bool_)
-                out.append(ir.Op(both, "and", (inside, ok), loc))
-                ok = both
-            inside = ok
-            t.append(tk)
-            continue
-        if not clamp or periodic:
+        if ck and (not clamp or periodic):
             shifted, tk = ir.Temp(int32), ir.Temp(int32)
             out.append(ir.Op(shifted if periodic and clamp else tk, "sub", (pk, ir.Const(ck, int32)), loc))
             if periodic and clamp:
                 out.append(ir.Op(tk, "mod", (shifted, extent[k]), loc))    # Python's %: never negative
             t.append(tk)
             continue
-        shifted, low, last, tk = ir.Temp(int32), ir.Temp(int32), ir.Temp(int32), ir.Temp(int32)
-        ok_low, ok_high, ok = ir.Temp(bool_), ir.Temp(bool_), ir.Temp(bool_)
-        out += [ir.Op(shifted, "sub", (pk, ir.Const(ck, int32)), loc),
-                ir.Op(last, "sub", (extent[k], ir.Const(1, int32)), loc),
-                ir.Op(low, "max", (shifted, ir.Const(0, int32)), loc),
-                ir.Op(tk, "min", (low, last), loc),
-                ir.Op(ok_low, "ge", (shifted, ir.Const(0, int32)), loc),
-                ir.Op(ok_high, "lt", (shifted, extent[k]), loc),
-                ir.Op(ok, "and", (ok_low, ok_high), loc)]
+        if ck == 0:
+            # thread p itself, which a wider index space (see GatherAdjoint) may run beyond the
+            # launch: clamped to its last thread there, and not inside (worked out once, in _build)
+            tk, ok = own[k]
+        else:
+            shifted, low, last, tk = ir.Temp(int32), ir.Temp(int32), ir.Temp(int32), ir.Temp(int32)
+            ok_low, ok_high, ok = ir.Temp(bool_), ir.Temp(bool_), ir.Temp(bool_)
+            out += [ir.Op(shifted, "sub", (pk, ir.Const(ck, int32)), loc),
+                    ir.Op(last, "sub", (extent[k], ir.Const(1, int32)), loc),
+                    ir.Op(low, "max", (shifted, ir.Const(0, int32)), loc),
+                    ir.Op(tk, "min", (low, last), loc),
+                    ir.Op(ok_low, "ge", (shifted, ir.Const(0, int32)), loc),
+                    ir.Op(ok_high, "lt", (shifted, extent[k]), loc),
+                    ir.Op(ok, "and", (ok_low, ok_high), loc)]
         if inside is not None:
             both = ir.Temp(bool_)
             out.append(ir.Op(both, "and", (inside, ok), loc))
