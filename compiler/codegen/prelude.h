@@ -75,7 +75,7 @@ struct launch_t {
     // rows of its first axis when a launch runs in parts (launch_in_parts in runtime/launch.py).
     int64_t first, end;
     // A GPU launch that logs its adds (serial flag 2): each chunk's partials, in device memory (see
-    // add_table below); null everywhere else.
+    // sp::add_slot); null everywhere else.
     void* adds;
     int64_t add_slots;
 };
@@ -324,7 +324,7 @@ template <typename T, typename U, typename F> SP_FUNC T atomic_cas_loop(T* p, T 
     T r; SP_MEMCPY(&r, &old, sizeof(T)); return r; }
 // A GPU launch that logs its adds (launch_t::adds set; serial flag 2) runs one GPU thread per chunk
 // of ADD_CHUNK threads, in order, and keeps the chunk's partials as add_log does on the CPU, in
-// device memory: every chunk's count of partials (int64_t), then add_slots add_slots per chunk.
+// device memory: every chunk's count of partials (int64_t), then L.add_slots add_slots per chunk.
 // sp_apply_adds then adds them to the elements chunk after chunk: the CPU's sums, bit for bit.
 struct add_slot { void* p; double d; float f; int32_t is_double; };
 SP_FUNC float& partial_of(add_slot& s, float*) { return s.f; }
@@ -375,7 +375,7 @@ template <typename T, typename U, typename F> SP_FUNC T atomic_cas_loop(T* p, T 
 // one per OpenMP thread or GPU block); each chunk runs its threads in order and sums its float adds
 // per element into a partial (the first add to an element starts it), and the partials are added to
 // the elements chunk after chunk. The order of every sum is fixed by the launch size alone: the same
-// bits on any thread count, and on a GPU (add_table below keeps the same partials in device memory).
+// bits on any thread count, and on a GPU (add_slot above keeps the same partials in device memory).
 struct add_log {
     std::vector<std::pair<float*, float>> f32;
     std::vector<std::pair<double*, double>> f64;
