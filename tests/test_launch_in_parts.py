@@ -117,6 +117,22 @@ def test_a_kernel_with_atomics_runs_whole_after_the_callback(device):
     assert total.numpy()[0] == float(np.sum(np.arange(12.0) ** 2))
 
 
+def test_a_launch_a_tape_holds_waits_whole_after_the_callback():
+    """A recorded step whose outputs nothing reads holds its launches and drops them unrun (the
+    stepper's Tape.defer_launches): in parts it would run regardless. It completes the callback
+    (the exchange must finish either way) and is held whole, like any launch of that tape."""
+    u, out = _inputs("cpu")
+    tape = sp.Tape(deterministic=True)
+    tape.defer_launches()
+    seen = []
+    with tape:
+        ran = launch_in_parts(stencil, out.shape, inputs=[u, 0.5], outputs=[out], first_rows=(1, 8),
+                              between=lambda: seen.append(True))
+        assert not ran and seen == [True] and len(tape.ops) == 1
+        assert tape.drop_deferred() == 1                  # held, and dropped unrun
+    assert not out.numpy().any()
+
+
 def test_rows_outside_the_launch_are_a_clear_error():
     u, out = _inputs("cpu")
     for bad in [(-1, 3), (2, 10), (5, 4), (1.0, 3)]:

@@ -232,15 +232,19 @@ def launch_in_parts(kernel: Kernel, dim, inputs=(), outputs=(), *, first_rows: t
     same adjoint, and the same bits: the threads are those of one launch, each run once).
 
     A kernel with atomics (whose sums depend on the order of threads), a launch of more axes than
-    the kernel's tid() unpacks, or one inside capture() runs whole after `between()` instead;
-    returns whether the launch ran in parts."""
+    the kernel's tid() unpacks, one inside capture(), or a CPU launch that a Tape holds for later
+    (a recorded step whose outputs nothing reads: the stepper drops it unrun, see
+    Tape.defer_launches) runs whole after `between()` instead; returns whether it ran in parts."""
     sig = _signature(kernel)
     dims = _dims(kernel, dim, sig.tid_ndim)
     a, b = first_rows
     if not (type(a) is int and type(b) is int and 0 <= a <= b <= (dims[0] if dims else 0)):
         raise LaunchError(f"launch of kernel '{kernel.__name__}' in parts: first_rows must be (a, b) with "
                           f"0 <= a <= b <= {dims[0] if dims else 0} (rows of tid()'s first axis), got {first_rows!r}")
-    if sig.has_atomics or len(dims) != sig.tid_ndim or capturing() is not None:
+    tape = active_tape()
+    held = tape is not None and tape.defers and all(a.device == "cpu" for a in (*inputs, *outputs)
+                                                        if isinstance(a, array))
+    if sig.has_atomics or len(dims) != sig.tid_ndim or capturing() is not None or held:
         between()
         _launch(kernel, dims, inputs, outputs, None, False, deterministic, None)
         return False

@@ -225,6 +225,11 @@ class Tape:
             self._deferred = []
             _local.held = getattr(_local, "held", 0) + 1
 
+    @property
+    def defers(self) -> bool:
+        """Whether this tape holds its CPU launches for later (see defer_launches)."""
+        return self._deferred is not None
+
     def hold(self, run: Callable[[], None]) -> bool:
         """Keep `run` (a launch) for later if this tape defers launches; False if it does not."""
         if self._deferred is None:
