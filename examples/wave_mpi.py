@@ -1,6 +1,6 @@
 """The 2-D wave inverse problem of wave_inverse.py on a grid split over MPI ranks.
 
-    mpiexec -n 2 python examples/wave_mpi.py [--size 64] [--steps 2000] [--iterations 4]
+    mpiexec -n 2 python examples/wave_mpi.py [--size 48] [--steps 2000] [--iterations 4]
 
 Each rank owns a block of rows of the grid (plus one halo row from each neighbour, exchanged every
 step) and runs the same two-level schedule: a few snapshots in RAM, the rest in an HDF5 file of its
@@ -9,6 +9,12 @@ for any stencil: it reads the exchanged buffer one row down (local row i is row 
 decides the global boundary with its block's global offset. The loss is each rank's misfit on its
 rows; `Distributed.gradient` adds them up, and the conjugate-gradient dot products are sums over
 ranks too. Every rank computes the same iterates; rank 0 prints.
+
+The conjugate-gradient step is exact for a quadratic misfit and has no line search: it needs the
+misfit near quadratic along a whole step. At 48 x 48 and 2,000 steps it is (misfit 22 -> 0.33 in
+four iterations, 19% error in the recovered displacement on 2 ranks); at 64 x 64 and 2,000 steps
+the third step overshoots into the cubic term's reach and the run diverges. A real inversion wants
+a line search (or `sp.value_and_grad` with scipy's L-BFGS-B, see diffusivity_inverse.py).
 """
 import argparse
 import os
@@ -73,7 +79,7 @@ def bump(size, cx, cy, width, height=1.0):
     return field.astype(np.float32)
 
 
-def main(size=64, steps=2000, iterations=4, ram=8, disk=24, workdir=None):
+def main(size=48, steps=2000, iterations=4, ram=8, disk=24, workdir=None):
     model, dist = build(size)
     say = print if dist.rank == 0 else (lambda *a, **k: None)
     truth = bump(size, 0.35, 0.6, 0.08) + 0.6 * bump(size, 0.7, 0.3, 0.05)
@@ -137,7 +143,7 @@ class _nothing:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size", type=int, default=64)
+    parser.add_argument("--size", type=int, default=48)
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--iterations", type=int, default=4)
     parser.add_argument("--ram", type=int, default=8)
