@@ -447,7 +447,7 @@ class _Stretch:
         scratch = {name: pool.acquire(shape, dtype, zero=False) for name, shape, dtype, _ in trace.scratch}
         gscratch = {name: pool.acquire_like(scratch[name], zero=False) for name in tables.gscratch}
         try:
-            S, F = len(self.names), len(self.floats)
+            S = len(self.names)
             for k, name in enumerate(tables.advance_scratch):
                 tables.advance_slots[2 * S + k] = _ptr(scratch[name])
             for group, arrays in (("scratch", scratch), ("gscratch", gscratch)):

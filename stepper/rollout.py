@@ -22,8 +22,6 @@ import json
 import time
 from dataclasses import dataclass
 
-import numpy as np
-
 from checkpoint.storage.checkpoint_dir import CheckpointDirectory
 from compiler.runtime.tape import active_tape
 

@@ -34,8 +34,6 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-import numpy as np
-
 from ..errors import OverwriteError
 
 if TYPE_CHECKING:       # annotations only: arrays use the Tape at run time, never the other way round
