@@ -60,8 +60,8 @@ class GatherAdjoint:
     interior: Interior
     arrays: tuple[str, ...]
     scatters: bool
-    extent_source: str = ""
-    widens: tuple[bool, ...] = ()          # per axis: whether an array may be wider than the launch
+    extent_source: str
+    widens: tuple[bool, ...]               # per axis: whether an array may be wider than the launch
     # (axis, bound) pairs that must equal the launch's extent on that axis: the divisor of each
     # periodic index, and a clamped index's upper bound plus one
     extent_bounds: tuple[tuple[int, Bound], ...] = ()
@@ -202,11 +202,7 @@ def _build(adjoint: ir.Function, body, eligible: dict[str, ir.Param], source: st
         for k in (k for k in range(ndim) if widens[k]):
             dim, below = ir.Temp(int32), ir.Temp(bool_)
             out += [ir.ArrayDim(dim, ir.ArrayRef(eligible[name]), k, loc), ir.Op(below, "lt", (p[k], dim), loc)]
-            if has is not None:
-                both = ir.Temp(bool_)
-                out.append(ir.Op(both, "and", (has, below), loc))
-                below = both
-            has = below
+            has = _conjoin(out, has, below, loc)
         out += list(write) if has is None else [ir.If(has, write, (), loc)]
     name = adjoint.name.replace("_adjoint", "") + ("_gather" if clamp else "_gather_interior")
     return ir.Function(name, adjoint.params, tuple(out), loc, ndim)
@@ -244,11 +240,7 @@ def _pass(body, c, p, extent, own, totals, site_offset, site_clamps, keep_scatte
                     ir.Op(ok_low, "ge", (shifted, ir.Const(0, int32)), loc),
                     ir.Op(ok_high, "lt", (shifted, extent[k]), loc),
                     ir.Op(ok, "and", (ok_low, ok_high), loc)]
-        if inside is not None:
-            both = ir.Temp(bool_)
-            out.append(ir.Op(both, "and", (inside, ok), loc))
-            ok = both
-        inside = ok
+        inside = _conjoin(out, inside, ok, loc)
         t.append(tk)
     partial = {name: ir.Var(f"{v.hint}_{_label(c)}", v.type) for name, v in totals.items()}
     out += [ir.Assign(v, ir.Const(-0.0, v.type), loc) for v in partial.values()]
@@ -262,6 +254,15 @@ def _pass(body, c, p, extent, own, totals, site_offset, site_clamps, keep_scatte
             part = kept
         out += [ir.ReadVar(cur, total, loc), ir.Op(new, "add", (cur, part), loc), ir.Assign(total, new, loc)]
     return out
+
+
+def _conjoin(out: list, test, cond, loc):
+    """`test and cond` (`cond` where there is no test yet), its op appended to `out`."""
+    if test is None:
+        return cond
+    both = ir.Temp(bool_)
+    out.append(ir.Op(both, "and", (test, cond), loc))
+    return both
 
 
 def _label(c) -> str:
@@ -298,11 +299,7 @@ class _Copier(ir.Rewriter):
                 edge = ir.Temp(int32)
                 out.append(ir.Op(edge, "sub", (self.extent[k], ir.Const(1, int32)), s.loc))
             out.append(ir.Op(at, "eq", (self.p[k], edge), s.loc))
-            if test is not None:
-                both = ir.Temp(bool_)
-                out.append(ir.Op(both, "and", (test, at), s.loc))
-                at = both
-            test = at
+            test = _conjoin(out, test, at, s.loc)
         return out, test
 
     def stmt(self, s) -> list:
