@@ -26,7 +26,7 @@ from compiler import array
 from .errors import ModelError, NonFiniteError
 from .graph_loop import GraphLoops
 from .native_loop import NativeLoops
-from .native_reverse import NativeReversal
+from .native_reverse import Kept, NativeReversal
 from .native_sweep import NativeSweep
 from .state import State, write_values
 from .step_context import RecordedStep, StepRunner, StepTape, check_scalar_loss
@@ -35,13 +35,6 @@ from .versions import BufferPool, set_grad
 __all__ = ["Sweep", "check_finite_state"]
 
 _RAM, _DISK, _WORK, _NONE = StorageType.RAM, StorageType.DISK, StorageType.WORK, StorageType.NONE
-class _Kept:
-    """A step recorded natively (Sweep._keep_natively): the state it started from and its trace,
-    from which its reversal replays it (stepper/native_reverse.py); nothing else is kept."""
-    __slots__ = ("prev", "trace")
-
-    def __init__(self, prev: State, trace):
-        self.prev, self.trace = prev, trace
 
 
 def check_finite_state(state: State, step: int | None) -> None:
@@ -129,7 +122,12 @@ class Sweep:
                 raise ModelError("the schedule ended before EndReverse")
             if isinstance(action, EndReverse):
                 break
-            if type(action) is not Reverse and self.stretch.ready():
+            kept = type(action) is Reverse and type(self.recorded.get(action.n1 - 1)) is Kept
+            if kept and action.n1 - action.n0 > 1 and not self.stretch.ready():
+                # its first step here plans the native reversal; a stretch can take the rest
+                self._ahead.appendleft(Reverse(action.n1 - 1, action.n0, action.clear_adj_deps))
+                action = Reverse(action.n1, action.n1 - 1, action.clear_adj_deps)
+            elif (type(action) is not Reverse or kept) and self.stretch.ready():
                 # as much of the sweep as runs natively, in one call (stepper/native_sweep.py)
                 action, took = self.stretch.run(action)
                 if took:
@@ -175,6 +173,12 @@ class Sweep:
                 self.tiers.prefetch(nxt.from_storage, nxt.n)   # the read overlaps this action
         return action
 
+    def _peek(self):
+        """The action `_next` returns next (None at the end), left queued."""
+        if not self._ahead:
+            self._pull()
+        return self._ahead[0] if self._ahead else None
+
     def _pull(self):
         try:
             action = next(self._actions)
@@ -185,7 +189,7 @@ class Sweep:
     def _run(self, action) -> None:
         kind = type(action)
         if kind is Forward:
-            self._forward(action)
+            self._forward(self._with_next_records(action) if action.write_adj_deps else action)
         elif kind is Reverse:
             self._reverse(action)
         elif kind is Copy or kind is Move:
@@ -215,13 +219,19 @@ class Sweep:
         ahead = self._ahead[0] if self._ahead else None
         dead_last = record and type(ahead) is Reverse and ahead.n1 == n1 and n1 - 1 < self.seen
         n = a.n0
-        # Steps that ran before go native where traced; steps that did not, where the step is also
-        # trusted (StepRunner.trusted) and nothing needs each of them (a running loss, a check).
-        native_end = n1 if self._runner.trusted and self._runner.running_loss is None and not self.check_finite \
-            else min(n1, self.seen)
-        if not record and not self.online and self.native_loops and native_end - n > 0:
-            n = self._advance_native(n, native_end)
         while n < n1:
+            # Steps that ran before go native where traced; steps that did not, where the step is
+            # also trusted (StepRunner.trusted: after its first steps, so asked again each time) and
+            # nothing needs each of them (a running loss, a check).
+            runner = self._runner
+            native_end = n1 if runner.trusted and runner.running_loss is None and not self.check_finite \
+                else min(n1, self.seen)
+            if native_end - n > 0 and self.native_loops and not self.online:
+                reached = self._keep_run(n, native_end - (dead_last and native_end == n1)) if record \
+                    else self._advance_native(n, native_end)
+                if reached > n:
+                    n = reached
+                    continue
             last_dead = dead_last and n == n1 - 1
             if not (record and (last_dead or n < native_end) and self._keep_natively(n, last_dead)):
                 self._step(n, record, last_dead)
@@ -249,6 +259,46 @@ class Sweep:
         self.bar.update(n1 - n)
         return n1
 
+    def _with_next_records(self, a: Forward) -> Forward:
+        """StoreAll records step by step, an action each: `a` and the recordings queued right after
+        it as one Forward (their tags are added here), so that `_forward` keeps them in one native
+        call. Only actions the run has room for are taken: a mistake in one is still its error."""
+        if self.online or a.write_ics:
+            return a
+        n1, storage = a.n1, a.storage
+        while True:
+            nxt = self._peek()
+            if not (type(nxt) is Forward and nxt.write_adj_deps and not nxt.write_ics and nxt.n0 == n1
+                    and nxt.storage is storage and (self.steps is None or nxt.n1 <= self.steps)):
+                break
+            self._ahead.popleft()
+            if storage in (_RAM, _DISK):
+                self.deps[storage].add(nxt.n0)
+            n1 = nxt.n1
+        return a if n1 == a.n1 else Forward(a.n0, n1, False, True, storage)
+
+    def _keep_run(self, n: int, n1: int) -> int:
+        """Record steps n .. n1-1 (run before, or trusted) natively in one call, each keeping the
+        state it starts from as `_keep_natively` does; return the step reached (n where they must
+        be recorded one by one: fewer than two steps, or no native path)."""
+        trace = self._runner.trace
+        if n1 - n < 2 or not self._runner.replays_recording() or not self.reversal.applies(trace):
+            return n
+        start = time.perf_counter()
+        states = self.native.advance_keeping(trace, self.work, n1 - n)
+        if states is None:
+            return n
+        for k, prev in enumerate((self.work, *states[:-1]), n):
+            self.recorded[k] = Kept(prev, trace)     # the live state's hold on prev passes to it
+        self.work = states[-1]
+        self.pos = n1
+        self.seen = max(self.seen, n1)
+        self.forward_steps += n1 - n
+        self.recorded_steps += n1 - n
+        self.forward_seconds += time.perf_counter() - start
+        self.bar.update(n1 - n)
+        return n1
+
     def _keep_natively(self, n: int, outputs_dead: bool) -> bool:
         """Record step n (run before, or trusted) natively: keep the state it starts from, from
         which its reversal (native_reverse.py) replays its launches, so no tape, scratch or s.next
@@ -269,7 +319,7 @@ class Sweep:
             if nxt is None:
                 self.pool.release_all(prev.values())
                 return False
-        self.recorded[n] = _Kept(prev, trace)
+        self.recorded[n] = Kept(prev, trace)
         self.work = nxt
         self.pos = n + 1
         self.seen = max(self.seen, n + 1)
@@ -388,7 +438,7 @@ class Sweep:
             rec = self.recorded.get(k)
             if rec is None:
                 raise ModelError(f"the schedule reverses step {k}, which it did not record")
-            if type(rec) is _Kept:
+            if type(rec) is Kept:
                 self._reverse_kept(rec, keep=not a.clear_adj_deps)
             else:
                 self._reverse_step(rec)
@@ -434,7 +484,7 @@ class Sweep:
         self.adjoint_seconds += time.perf_counter() - start
         self.bar.update(1)
 
-    def _reverse_kept(self, rec: _Kept, keep: bool) -> None:
+    def _reverse_kept(self, rec: Kept, keep: bool) -> None:
         start = time.perf_counter()
         prev = rec.prev
         if keep:                                 # the record stays: `reverse` takes a hold of its own
@@ -447,7 +497,7 @@ class Sweep:
         self.bar.update(1)
 
     def _drop(self, rec: RecordedStep) -> None:
-        if type(rec) is _Kept:
+        if type(rec) is Kept:
             if rec.prev is not None:
                 self.pool.release_all(rec.prev.values())
             return

@@ -16,6 +16,9 @@ step (nothing records them). What the Python path zero-fills on each take (s.nex
 `zero_buffers`, scratch asked with zero) the driver zero-fills before each step, so every launch
 sees the same inputs as a replay from Python and the state comes out with the same bits: same entry
 points, same packed arguments, same serial flags, same order.
+
+A run of recordings kept for the reverse sweep (StoreAll's forward sweep) is one call too
+(`advance_keeping`): no ring there, each step writes versions of its own, which it keeps.
 """
 from __future__ import annotations
 
@@ -63,6 +66,21 @@ extern "C" void sp_advance(int64_t steps, const sp_launch* launches, int64_t n_l
         }
     }
 }
+
+// Runs `steps` steps, step k from versions[k] into versions[k + 1] (n_states buffers each, in state
+// order): steps that each keep their result (records kept for the reverse sweep).
+extern "C" void sp_advance_each(int64_t steps, const sp_launch* launches, int64_t n_launches,
+                                const sp_patch* patches, int64_t n_patches, void** slots,
+                                const sp_state* states, int64_t n_states, const sp_zero* zeros, int64_t n_zeros,
+                                void* const* versions) {
+    for (int64_t k = 0; k < steps; ++k) {
+        for (int64_t s = 0; s < n_states; ++s) {
+            slots[states[s].prev] = versions[k * n_states + s];
+            slots[states[s].next] = versions[(k + 1) * n_states + s];
+        }
+        sp_advance(1, launches, n_launches, patches, n_patches, slots, states, n_states, zeros, n_zeros);
+    }
+}
 """
 
 
@@ -85,16 +103,19 @@ class _Zero(ctypes.Structure):
 _driver = None
 
 
-def _advance_function():
-    """The driver's entry point, built (or loaded from the kernel cache) on first use."""
+def _driver_functions():
+    """The driver's entry points (sp_advance, sp_advance_each), built (or loaded from the kernel
+    cache) on first use."""
     global _driver
     if _driver is None:
-        fn = load_cpu_library(build_cpu_library(_DRIVER, "stepper_native_loop")).sp_advance
-        fn.argtypes = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
-                       ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64]
+        library = load_cpu_library(build_cpu_library(_DRIVER, "stepper_native_loop"))
+        tables = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
+                  ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64]
         # (the tables go in as addresses: plain ints convert fastest)
-        fn.restype = None
-        _driver = fn
+        for fn, extra in ((library.sp_advance, []), (library.sp_advance_each, [ctypes.c_void_p])):
+            fn.argtypes = tables + extra
+            fn.restype = None
+        _driver = (library.sp_advance, library.sp_advance_each)
     return _driver
 
 
@@ -166,17 +187,40 @@ class NativeLoops:
         self._plan = (trace, plan, slots, args)
         return self._plan
 
+    def _functions(self, trace):
+        """The driver's entry points, or None where the Python path must run `trace`'s steps."""
+        if self._broken or not trace or trace.reads_series:
+            return None
+        try:
+            return _driver_functions()
+        except Exception as exc:                    # no compiler, a failed build: Python still works
+            log.warning("native step loops are off (%s); recomputations run step by step", exc)
+            self._broken = True
+            return None
+
+    def _ready(self, trace, prev: State, a: list):
+        """`trace`'s plan and call arguments (planned now on `prev` -> `a` if it is new) and the
+        scratch buffers a call lends its launches (taken from the pool: the caller releases them)."""
+        pool = self.pool
+        ready = self._plan if self._plan is not None and self._plan[0] is trace else None
+        specs = ready[1].scratch if ready is not None else trace.scratch
+        scratch = {spec[0]: pool.acquire(spec[1], spec[2], False) for spec in specs}
+        if ready is None:
+            try:
+                ready = self._prepare(trace, prev, a, scratch)
+            except BaseException:
+                pool.release_all(scratch.values())
+                raise
+            for name in [name for name in scratch if name not in {s[0] for s in ready[1].scratch}]:
+                pool.release(scratch.pop(name))
+        return ready, scratch
+
     def advance(self, trace, prev: State, steps: int) -> State | None:
         """Run `steps` (>= 1) recomputations of `trace` from `prev`, taking over the caller's hold
         on it; return the new state (one hold, the caller's), or None to say: use the Python path
         (`prev` is then still the caller's)."""
-        if self._broken or not trace or trace.reads_series:
-            return None
-        try:
-            fn = _advance_function()
-        except Exception as exc:                    # no compiler, a failed build: Python still works
-            log.warning("native step loops are off (%s); recomputations run step by step", exc)
-            self._broken = True
+        functions = self._functions(trace)
+        if functions is None:
             return None
         pool = self.pool
         take, holds = pool.take, pool.holds
@@ -184,20 +228,14 @@ class NativeLoops:
         a = [take(kind, False) for kind in self._kinds]
         # the second version: the starting one where only the caller holds it (see the docstring)
         b = [s if holds(s) == 1 else take(kind, False) for s, kind in zip(starts, self._kinds)]
-        ready = self._plan if self._plan is not None and self._plan[0] is trace else None
-        specs = ready[1].scratch if ready is not None else trace.scratch
-        scratch = {spec[0]: pool.acquire(spec[1], spec[2], False) for spec in specs}
+        scratch = {}
         try:
-            if ready is None:
-                ready = self._prepare(trace, prev, a, scratch)
-                for name in [name for name in scratch if name not in {s[0] for s in ready[1].scratch}]:
-                    pool.release(scratch.pop(name))
-            _, plan, slots, args = ready
+            (_, plan, slots, args), scratch = self._ready(trace, prev, a)
             slots[:] = [*map(_ptr, starts), *map(_ptr, a), *map(_ptr, scratch.values())] or [None]
             for k, arr in enumerate(b):
                 plan.states[k].spare = _ptr(arr)
             settle()                                 # launches a Tape holds run first
-            fn(steps, *args)
+            functions[0](steps, *args)
         except BaseException:
             pool.release_all((*a, *scratch.values()))
             pool.release_all([x for x, s in zip(b, starts) if x is not s])
@@ -217,3 +255,34 @@ class NativeLoops:
         self.steps += steps
         self.calls += 1
         return State(result)
+
+    def advance_keeping(self, trace, prev: State, steps: int) -> list[State] | None:
+        """Run `steps` (>= 1) steps of `trace` from `prev`, each into versions of its own (a
+        recording kept for the reverse sweep: StoreAll's); return the state after each step, each
+        held once (the caller's), or None to say: use the Python path. `prev` and its holds are left
+        as they are. Same launches, fills and order as `steps` calls of `advance`: the same bits."""
+        functions = self._functions(trace)
+        if functions is None:
+            return None
+        pool = self.pool
+        take = pool.take
+        versions = [[take(kind, False) for kind in self._kinds] for _ in range(steps)]
+        taken = [arr for version in versions for arr in version]
+        scratch = {}
+        try:
+            (_, plan, slots, args), scratch = self._ready(trace, prev, versions[0])
+            slots[:] = [*map(_ptr, (prev[name] for name in self._names)), *map(_ptr, versions[0]),
+                        *map(_ptr, scratch.values())] or [None]
+            pointers = (ctypes.c_void_p * (len(self._names) * (steps + 1)))(
+                *map(_ptr, (prev[name] for name in self._names)), *map(_ptr, taken))
+            settle()                                 # launches a Tape holds run first
+            functions[1](steps, *args, ctypes.addressof(pointers))
+        except BaseException:
+            pool.release_all((*taken, *scratch.values()))
+            raise
+        for arr in (*taken, *scratch.values()):
+            arr._storage.version += 1                # written, as launches mark what they write
+        pool.release_all(scratch.values())
+        self.steps += steps
+        self.calls += 1
+        return [State(dict(zip(self._names, version))) for version in versions]

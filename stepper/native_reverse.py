@@ -31,12 +31,21 @@ from .state import State
 from .trace import Slot
 from .versions import set_grad
 
-__all__ = ["NativeReversal"]
+__all__ = ["Kept", "NativeReversal"]
 
 _FORWARD = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int)
 _ADJOINT = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
                             ctypes.c_int, ctypes.c_void_p, ctypes.c_int)
 _POINTER = struct.Struct("<Q")
+
+
+class Kept:
+    """A step recorded natively (Sweep._keep_natively): the state it started from and its trace,
+    from which its reversal replays it; nothing else is kept."""
+    __slots__ = ("prev", "trace")
+
+    def __init__(self, prev: State, trace):
+        self.prev, self.trace = prev, trace
 
 
 class _Fills(dict):

@@ -9,7 +9,10 @@ held in the pool (`HeldStates`) and the two plans the step already has: they are
 Python on plain counters (which version each action reads and writes, from a free list per kind,
 in the order the executor would take and release them), written into one table of operations, and
 run by one call into C++: ``0`` an advance (the native loop's ring, the same driver), ``1`` a step
-recorded and reversed at once (the native reversal's packed launches, fills and adjoints). Then the
+reversed from the state it started from (the native reversal's packed launches, fills and
+adjoints): a step recorded and reversed at once, or one recorded natively before (`Kept`: StoreAll's
+forward sweep keeps every step's start state, and its reverse sweep, a tag Move and a Reverse per
+step, is one stretch). Then the
 pool's holds, the held snapshots, the live state, the carried adjoint and the statistics are set
 to what the executor would have left. The operations are the ones the executor would have run, on
 the same versions' roles, in the same order: the same bits.
@@ -29,6 +32,7 @@ from compiler.backends.cpu_build import build_cpu_library, load_cpu_library
 from compiler.runtime.tape import settle
 
 from .native_loop import _DRIVER, _Launch, _ptr
+from .native_reverse import Kept
 from .snapshots import HeldStates
 from .state import State
 
@@ -275,16 +279,17 @@ class _Stretch:
         self.found: dict[tuple, _Version] = {}   # the versions it started with, by their arrays' ids
         self.versions: list[_Version] = []       # every version, found or made
         self.ptr: dict[int, int] = {}            # id(array) -> its data pointer
+        self.external: dict[int, int] = {}      # id(array) -> holds on it not counted here
         self.snaps = {n: self._found(tuple(state[name] for name in names))
                       for n, (state, _) in self.held._states.items()}
         self.work = self._found(tuple(sw.work[name] for name in names)) if sw.work is not None else None
         self.carry = self._found(tuple(sw.carry[names[k]] for k in self.floats))
-        self.external = {key: pool.holds(a) - self.start_refs[key] for key, a in self._arrays().items()}
+        self.dropped: set[int] = set()           # steps recorded natively whose records went here
         self.pos, self.adj, self.seen = sw.pos, sw.adj, sw.seen
         self.ops: list[int] = []
         self.pending_record = None
-        self.count = dict(forward=0, recorded=0, reverse=0, advanced=0, advances=0, reversals=0, written=0,
-                          read=0, bytes_written=0, bytes_read=0)
+        self.count = dict(forward=0, recorded=0, reverse=0, advanced=0, advances=0, reversals=0, skipped=0,
+                          written=0, read=0, bytes_written=0, bytes_read=0)
         self.state_bytes = sw.model.state_bytes         # every version of the state, snapshots included
         self.ram = self.peak_ram = self.held.nbytes
 
@@ -293,6 +298,8 @@ class _Stretch:
 
     # -- versions ------------------------------------------------------------------------------------------
     def _found(self, arrays: tuple) -> _Version:
+        """The version of `arrays`, one of whose holds (a snapshot's, the live state's, a record's)
+        is counted here from now on."""
         key = tuple(map(id, arrays))
         version = self.found.get(key)
         if version is None:
@@ -301,8 +308,11 @@ class _Stretch:
             version = self.found[key] = _Version(arrays, 0, [self.ptr[k] for k in key])
             self.versions.append(version)
         version.refs += 1
+        holds = self.pool.holds
         for a in arrays:
-            self.start_refs[id(a)] = self.start_refs.get(id(a), 0) + 1
+            k = id(a)
+            self.start_refs[k] = self.start_refs.get(k, 0) + 1
+            self.external[k] = self.external.get(k, holds(a)) - 1
         return version
 
     def _new(self, kinds) -> _Version:
@@ -343,16 +353,23 @@ class _Stretch:
             self.pending_record = None
             if record.write_ics:
                 self._write(record.n0)
-            self._reverse(record.n0)
+            self._reverse(record.n0, self.work)
+            self.work, self.pos = None, record.n1
+            for key in ("forward", "recorded", "skipped"):
+                self.count[key] += 1
             return True
         if kind is Copy or kind is Move:
             return self._transfer(action, kind is Move)
         if kind is Forward:
             return self._forward(action)
+        if kind is Reverse:
+            return self._reverse_kept(action)
         return False
 
     def _transfer(self, a, move: bool) -> bool:
-        if a.from_storage is not _RAM or a.n not in self.snaps or a.n in self.sw.deps.get(_RAM, ()):
+        if a.n in self.sw.deps.get(a.from_storage, ()):
+            return self._move_tag(a, move)
+        if a.from_storage is not _RAM or a.n not in self.snaps:
             return False
         if a.to_storage is _WORK:
             version = self.snaps[a.n]
@@ -368,6 +385,30 @@ class _Stretch:
         if move:
             self._delete(a.n)
         return True
+
+    def _move_tag(self, a, move: bool) -> bool:
+        """Sweep._transfer of a recorded step's tag (StoreAll's Move to WORK before each Reverse):
+        the record stays in memory, only the tag moves. Dropping a record is left to the executor."""
+        if a.to_storage is _NONE:
+            return False
+        deps = self.sw.deps
+        if move:
+            deps[a.from_storage].discard(a.n)
+        if a.to_storage in (_RAM, StorageType.DISK):
+            deps[a.to_storage].add(a.n)
+        return True
+
+    def _keeps(self, n: int) -> bool:
+        """Whether step n was recorded natively (Kept) with the trace planned here, and its record
+        is still there."""
+        rec = self.sw.recorded.get(n)
+        return type(rec) is Kept and rec.prev is not None and rec.trace is self.sw.reversal._plan.trace \
+            and n not in self.dropped
+
+    def _kept(self, n: int) -> _Version:
+        """The state step n kept (`_keeps`), its record's hold counted here."""
+        prev = self.sw.recorded[n].prev
+        return self._found(tuple(prev[name] for name in self.names))
 
     def _forward(self, a) -> bool:
         if self.work is None or a.n0 != self.pos or a.n1 > self.seen:
@@ -418,9 +459,21 @@ class _Stretch:
         self.count["advanced"] += steps
         self.count["advances"] += 1
 
-    def _reverse(self, n: int) -> None:
-        """NativeReversal.reverse of step n, from the live state and the carried adjoint."""
-        prev = self.work
+    def _reverse_kept(self, a) -> bool:
+        """Sweep._reverse of steps recorded natively (Kept): each reversed from the state it kept."""
+        steps = range(a.n1 - 1, a.n0 - 1, -1)
+        if a.n1 != self.adj or not a.clear_adj_deps or not all(map(self._keeps, steps)):
+            return False
+        if self.work is not None and self.pos > a.n0:
+            self._release(self.work, self.kinds)      # nothing runs forward past the adjoint
+            self.work = None
+        for k in steps:
+            self._reverse(k, self._kept(k))
+            self.dropped.add(k)
+        return True
+
+    def _reverse(self, n: int, prev: _Version) -> None:
+        """NativeReversal.reverse of step n from `prev` (its hold passes here) and the carried adjoint."""
         nxt = self._new(self.kinds)
         if not self.reads_next:
             self._release(nxt, self.kinds)             # its memory may serve the gradient below
@@ -430,10 +483,9 @@ class _Stretch:
             self._release(nxt, self.kinds)
         self._release(self.carry, self.grad_kinds)
         self._release(prev, self.kinds)
-        self.carry, self.work = gprev, None
-        self.pos, self.adj = n + 1, n
-        for key in ("forward", "recorded", "reverse", "reversals"):
-            self.count[key] += 1
+        self.carry, self.adj = gprev, n
+        self.count["reverse"] += 1
+        self.count["reversals"] += 1
 
     # -- the end -----------------------------------------------------------------------------------------------
     def abandon(self) -> None:
@@ -490,10 +542,12 @@ class _Stretch:
         sw.work = State(dict(zip(names, self.work.arrays))) if self.work is not None else None
         sw.carry = {names[k]: a for k, a in zip(self.floats, self.carry.arrays)}
         sw.pos, sw.adj = self.pos, self.adj
+        for n in self.dropped:
+            del sw.recorded[n]
         sw.forward_steps += c["forward"]
         sw.recorded_steps += c["recorded"]
         sw.reverse_steps += c["reverse"]
-        sw._runner.launches_skipped += c["reversals"]
+        sw._runner.launches_skipped += c["skipped"]
         sw.native.steps += c["advanced"]
         sw.native.calls += c["advances"]
         sw.reversal.steps += c["reversals"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from compiler import array, empty
+from compiler.runtime.memory import allocate
 
 __all__ = ["BufferPool", "Kind", "set_grad"]
 
@@ -25,12 +26,13 @@ class Kind:
     """The versions of one (shape, dtype) and the free ones among them. Hashed and compared by
     identity, so whoever asks for the same kind every step (a model's states, gradients keyed by
     kind) keeps the Kind and skips hashing the (shape, dtype) pair each time."""
-    __slots__ = ("shape", "dtype", "free", "nbytes")
+    __slots__ = ("shape", "dtype", "free", "nbytes", "layout")
 
     def __init__(self, shape: tuple, dtype):
         self.shape, self.dtype = shape, dtype
         self.free: list[array] = []
         self.nbytes = 0                  # of one version; known once the first is allocated
+        self.layout = None               # (device, memory shape, NumPy dtype, element type), from the first
 
 
 class BufferPool:
@@ -78,17 +80,29 @@ class BufferPool:
         elif free:
             arr = free.pop()
         else:
-            arr = empty(kind.shape, dtype=kind.dtype, device=self.device)
-            kind.nbytes = arr.nbytes
-            self.allocations += 1
-            self.allocated_bytes += kind.nbytes
-            self.peak_allocated_bytes = max(self.peak_allocated_bytes, self.allocated_bytes)
+            arr = self._allocate(kind)
         if self.zero if zero is None else zero:
             arr._zero_memory()
         self._held[id(arr)] = [1, arr, kind]
         self.live_bytes += kind.nbytes
         if self.live_bytes > self.peak_live_bytes:
             self.peak_live_bytes = self.live_bytes
+        return arr
+
+    def _allocate(self, kind: Kind) -> array:
+        if kind.layout is None:                   # the first: `empty` checks the shape and dtype
+            arr = empty(kind.shape, dtype=kind.dtype, device=self.device)
+            kind.layout = (arr.device, arr._data.shape, arr._data.dtype, arr.dtype)
+            kind.nbytes = arr.nbytes
+        else:                                     # StoreAll allocates a version or two every step
+            device, shape, np_dtype, dtype = kind.layout
+            try:
+                arr = array._wrap(allocate(device, shape, np_dtype, False), dtype, device=device)
+            except MemoryError as e:
+                raise MemoryError(f"a new version of shape {kind.shape} and dtype {dtype} on {device}: {e}") from None
+        self.allocations += 1
+        self.allocated_bytes += kind.nbytes
+        self.peak_allocated_bytes = max(self.peak_allocated_bytes, self.allocated_bytes)
         return arr
 
     def owns(self, arr: array) -> bool:

@@ -128,6 +128,47 @@ def test_store_all_records_trusted_steps_natively_with_the_tapes_bits(make, monk
     same_bits(tape, native)
 
 
+class OneSweep:
+    """Store-all as one recording Forward and one Reverse over every step (how checkpoint_schedules
+    writes it), instead of StoreAll's action per step."""
+
+    def __init__(self, steps):
+        self.steps = steps
+
+    def __iter__(self):
+        yield sp.Forward(0, self.steps, False, True, sp.StorageType.WORK)
+        yield sp.EndForward()
+        yield sp.Reverse(self.steps, 0, True)
+        yield sp.EndReverse()
+
+
+@pytest.mark.parametrize("schedule", [sp.StoreAll, OneSweep])
+@pytest.mark.parametrize("make", [lambda: (chain_model(), chain_initial()), zero_relying_model, copying_model])
+def test_store_all_records_in_one_native_call_and_reverses_in_one_stretch(schedule, make, monkeypatch):
+    """A store-all forward sweep of a trusted step keeps every step's start state in one native
+    call (NativeLoops.advance_keeping), whether the schedule records step by step or in one action;
+    after the first reversal (which plans it) the reverse sweep is one native stretch. The tape
+    path's bits, counts and memory."""
+    import stepper.native_sweep as native_sweep
+    runs, stretches = [], []
+    real_keep, real_run = native_loop.NativeLoops.advance_keeping, native_sweep.NativeSweep.run
+    monkeypatch.setattr(native_loop.NativeLoops, "advance_keeping",
+                        lambda self, t, prev, steps: runs.append(steps) or real_keep(self, t, prev, steps))
+    monkeypatch.setattr(native_sweep.NativeSweep, "run", lambda self, a: stretches.append(a) or real_run(self, a))
+    model, initial = make()
+    tape = gradients(model, initial, sp.StoreAll(STEPS), False, monkeypatch)
+    native = gradients(model, initial, schedule(STEPS), True, monkeypatch)
+    assert runs == [STEPS - 2]                       # the first two steps establish the trace and trust it
+    # the reverse sweep after its first step, down to the two steps recorded on the tape (StoreAll:
+    # one more that takes the Move before the last and stops at that tape-recorded step's Reverse)
+    assert len(stretches) == (2 if schedule is sp.StoreAll else 1)
+    assert native.stats.native_reversals == STEPS - 2
+    for field in ("forward_steps", "recorded_steps", "reverse_steps"):
+        assert getattr(native.stats, field) == getattr(tape.stats, field), field
+    assert native.stats.peak_memory_bytes <= tape.stats.peak_memory_bytes
+    same_bits(tape, native)
+
+
 def test_recomputations_make_one_native_call_per_forward_action_and_no_python_launches(monkeypatch):
     """Each first-sweep Forward is one call into the driver once the step is trusted, and so is
     the first sweep's last step, recorded natively (its start kept); the reverse sweep's advances
@@ -147,11 +188,12 @@ def test_recomputations_make_one_native_call_per_forward_action_and_no_python_la
     actions = list(sp.Revolve(STEPS, 3))
     first_sweep = actions[:actions.index(sp.EndForward())]
     assert [a.n1 - a.n0 for a in first_sweep] == [16, 9, 4, 1] and first_sweep[-1].write_adj_deps
-    # the first Forward calls the step function (its first steps establish the trace and trust it)
-    assert calls == [9, 4, 1]
+    # the first Forward calls the step function twice (those steps establish the trace and trust
+    # it), then runs the rest of its steps natively
+    assert calls == [14, 9, 4, 1]
     evaluations = sum(a.n1 - a.n0 for a in actions if type(a) is sp.Forward)
     # every other evaluation ran natively: advanced, or recorded and reversed at once (29 steps)
-    assert result.stats.native_steps + 29 == evaluations - 16
+    assert result.stats.native_steps + 29 == evaluations - 2
     assert result.stats.native_reversals == result.stats.recorded_steps == STEPS     # and the kept one
     assert relaunched == []
 

@@ -195,3 +195,24 @@ def test_states_named_like_state_methods_stay_reachable_by_index(device):
     for name in ("items", "_arrays", "x"):
         np.testing.assert_array_equal(final[name].numpy(), [4.0, 8.0, 12.0, 16.0])
     assert sorted(final) == ["_arrays", "items", "x"]
+
+
+def test_a_pools_new_versions_have_the_kinds_layout_and_name_it_when_memory_runs_out(device, monkeypatch):
+    """The pool checks a kind's shape and dtype on its first version only and makes the later ones
+    (StoreAll takes a version or two a step) from that layout: the same shape, element type and
+    device; and a failed allocation still says what it was for."""
+    import stepper.versions as versions
+    pool = versions.BufferPool(device)
+    kind = pool.kind((4, 3), sp.vec3)
+    first, second = pool.take(kind), pool.take(kind)
+    for arr in (first, second):
+        assert (arr.shape, arr.dtype, arr.device) == ((4, 3), sp.vec3, first.device)
+        assert arr.device.startswith(device)
+        np.testing.assert_array_equal(arr.numpy(), np.zeros((4, 3, 3)))         # the pool zero-fills
+    assert first._data is not second._data and pool.allocated_bytes == 2 * 4 * 3 * 3 * 4
+
+    def out_of_memory(*args):
+        raise MemoryError("out of memory")
+    monkeypatch.setattr(versions, "allocate", out_of_memory)
+    with pytest.raises(MemoryError, match=r"a new version of shape \(4, 3\) and dtype vec3 on " + first.device):
+        pool.take(kind)
