@@ -263,8 +263,8 @@ class Sweep:
         """StoreAll records step by step, an action each: `a` and the recordings queued right after
         it as one Forward (their tags are added here), so that `_forward` keeps them in one native
         call. Only actions the run has room for are taken: a mistake in one is still its error."""
-        if self.online or a.write_ics:
-            return a
+        if self.online or a.write_ics or self.work is None or a.n0 != self.pos:
+            return a                               # (a mistake in `a` is named as the schedule wrote it)
         n1, storage = a.n1, a.storage
         while True:
             nxt = self._peek()

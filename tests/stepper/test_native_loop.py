@@ -303,10 +303,10 @@ def test_a_step_whose_adjoint_keeps_a_loop_tape_is_reversed_on_the_tape_path(mon
 
 
 class Edited:
-    """Revolve's actions with one of the reverse sweep's replaced: a schedule with a mistake."""
+    """A schedule's actions with one replaced: a schedule with a mistake."""
 
-    def __init__(self, steps, snapshots, at, replace):
-        self.actions = list(sp.Revolve(steps, snapshots))
+    def __init__(self, schedule, at, replace):
+        self.actions = list(schedule)
         self.at, self.replace = at, replace
 
     def __iter__(self):
@@ -340,9 +340,26 @@ def test_schedule_mistakes_inside_a_stretch_are_the_executors_errors(monkeypatch
     model, initial = chain_model(), chain_initial()
     for native in (False, True):
         monkeypatch.setattr(Sweep, "native_loops", native)
-        unwritten = Edited(STEPS, 3, copy_at, lambda a: sp.Copy(STEPS - 1, a.from_storage, a.to_storage))
+        unwritten = Edited(sp.Revolve(STEPS, 3), copy_at, lambda a: sp.Copy(STEPS - 1, a.from_storage, a.to_storage))
         with pytest.raises(sp.ModelError, match=f"reads RAM snapshot {STEPS - 1}, which it never wrote"):
             model.gradient(initial, STEPS, loss=loss, schedule=unwritten)
-        skipping = Edited(STEPS, 3, reverse_at, lambda a: sp.Reverse(a.n1 - 1, a.n0 - 1, a.clear_adj_deps))
+        skipping = Edited(sp.Revolve(STEPS, 3), reverse_at, lambda a: sp.Reverse(a.n1 - 1, a.n0 - 1, a.clear_adj_deps))
         with pytest.raises(sp.ModelError, match="but the adjoint is at step"):
             model.gradient(initial, STEPS, loss=loss, schedule=skipping)
+
+
+def test_store_all_mistakes_are_named_as_the_schedule_wrote_them(monkeypatch):
+    """StoreAll's recordings run as one native call and its reverse sweep as a stretch, but a
+    recording that skips a step, or a Reverse of the wrong step, is still named as written."""
+    actions = list(sp.StoreAll(STEPS))
+    forward_at = actions.index(sp.Forward(20, 21, False, True, sp.StorageType.RAM))
+    reverse_at = actions.index(sp.Reverse(10, 9, True))
+    model, initial = chain_model(), chain_initial()
+    for native in (False, True):
+        monkeypatch.setattr(Sweep, "native_loops", native)
+        skipping = Edited(sp.StoreAll(STEPS), forward_at, lambda a: sp.Forward(21, 22, False, True, a.storage))
+        with pytest.raises(sp.ModelError, match=r"asks for Forward\(n0=21, n1=22, .* but the state is at step 20"):
+            model.gradient(initial, STEPS, loss=loss, schedule=skipping)
+        wrong = Edited(sp.StoreAll(STEPS), reverse_at, lambda a: sp.Reverse(9, 8, True))
+        with pytest.raises(sp.ModelError, match=r"asks for Reverse\(n1=9, n0=8, .* but the adjoint is at step 10"):
+            model.gradient(initial, STEPS, loss=loss, schedule=wrong)
