@@ -65,6 +65,11 @@ class GraphLoops:
         self.calls += 1
         return result
 
+    def advance_keeping(self, trace, prev: State, steps: int) -> None:
+        """NativeLoops.advance_keeping's run: not as graphs (each step writes versions of its own,
+        so no graph would be launched twice); None: the caller records step by step."""
+        return None
+
     def _in_place(self, trace, prev: State, starts: list, steps: int) -> State:
         """A rollout's run: `prev` (only the caller holds it) and one other version make the ring,
         pairs prev -> B -> prev by graph and a last prev -> B when `steps` is odd. A rollout has

@@ -13,10 +13,16 @@ launches but the last (nothing reads its outputs: adjoints replay the forward fr
 then the adjoints in reverse order. Same entry points, same arguments, same order, same fills as
 the tape: the same bits.
 
-Planned only for CPU steps whose kernels all have adjoints without loop tapes and whose running
-loss (if any) is a scratch buffer; any other step keeps the tape path. Arrays that are not the
-step's own (parameters) are the same every step: packed once, their gradients added to as on the
-tape.
+On a GPU the plan is the same and each packed launch and adjoint is queued through the driver
+from Python (`compiler.backends.cuda_launch`, as the tape would queue it), one call each: no tape,
+no argument packing, no gradients set and unset. (Not timed on a GPU yet: `benchmarks/gpu.py`'s
+graph-against-launch rows turn both off together with `Sweep.native_loops`.) A GPU step is kept
+natively only where its outputs are dead (a binomial schedule's recordings): a step run for the
+record goes through the tape there, since a run of one step is no graph (stepper/graph_loop.py).
+
+Planned only for steps whose kernels all have adjoints without loop tapes and whose running loss
+(if any) is a scratch buffer; any other step keeps the tape path. Arrays that are not the step's
+own (parameters) are the same every step: packed once, their gradients added to as on the tape.
 """
 from __future__ import annotations
 
@@ -68,8 +74,8 @@ class _Plan:
     adjoint) and ("gscratch", name). Built in two halves, as a step runs: the launches from the
     step's versions, then the adjoints once the gradients are there."""
 
-    def __init__(self, trace, arrays: dict):
-        self.trace = trace
+    def __init__(self, trace, arrays: dict, device: str):
+        self.trace, self.device, self.cpu = trace, device, device == "cpu"
         self.groups = groups = {"prev": {}, "next": {}, "scratch": {}}
         for (group, name), a in arrays.items():
             groups[group][name] = a
@@ -79,12 +85,13 @@ class _Plan:
         self.reads_next = False
         for k, t in enumerate(trace.launches):
             args = [groups[a.group][a.name] if type(a) is Slot else a for a in t.args]
-            entry, packed, serial, offsets = packed_forward(t.kernel, t.dims, args, t.deterministic)
+            entry, packed, serial, offsets = packed_forward(t.kernel, t.dims, args, t.deterministic, device)
             buf = self._keep(packed)
             self.forward_patches += [(buf, offset, (a.group, a.name)) for a, offset in zip(t.args, offsets)
                                      if type(a) is Slot]
             if k < len(trace.launches) - 1:              # the last one's outputs are dead
-                self.forward.append((_FORWARD(entry), ctypes.addressof(buf), serial, entry))
+                self.forward.append((_FORWARD(entry), ctypes.addressof(buf), serial, entry) if self.cpu
+                                    else (entry, buf))
             uses = t.kernel.compiled().uses
             self.reads_next |= any(type(a) is Slot and a.group == "next" and uses[p.name].reads
                                    for a, p in zip(t.args, t.kernel.params))
@@ -111,7 +118,7 @@ class _Plan:
             self.adjoint_patches, adjoints = [], []
             for t, args, buf, offsets in reversed(self._launches):
                 fills.filled.clear()
-                packed = packed_adjoint(t.kernel, t.dims, args, deterministic, fills)
+                packed = packed_adjoint(t.kernel, t.dims, args, deterministic, fills, self.device)
                 if packed is None:
                     continue
                 entry, adj_packed, serial = packed
@@ -121,7 +128,8 @@ class _Plan:
                     if offset is not None and a.grad is not None and id(a.grad._storage) in by_storage:
                         self.adjoint_patches.append((adj, offset, by_storage[id(a.grad._storage)]))
                 zero = [by_storage[key] for key in fills.filled]
-                adjoints.append((zero, _ADJOINT(entry), ctypes.addressof(buf), ctypes.addressof(adj), serial, entry))
+                adjoints.append((zero, _ADJOINT(entry), ctypes.addressof(buf), ctypes.addressof(adj), serial, entry)
+                                if self.cpu else (zero, entry, buf, adj))
             self.zero_after = [by_storage[key] for key in fills]
             self.nbytes = {key: a._data.nbytes for key, a in arrays.items()}
             self.adjoints = adjoints
@@ -135,9 +143,9 @@ class _Plan:
         return buf
 
 
-def plannable(trace, device: str) -> bool:
+def plannable(trace) -> bool:
     """Whether `trace`'s step can be reversed natively (see the module docstring)."""
-    if device != "cpu" or not trace or not trace.differentiable or trace.reads_series:
+    if not trace or not trace.differentiable or trace.reads_series:
         return False
     if trace.loss is not None and trace.loss.group != "scratch":
         return False
@@ -164,7 +172,7 @@ class NativeReversal:
     def applies(self, trace) -> bool:
         if self._plan is not None and self._plan.trace is trace:
             return True
-        if trace is self._refused or not plannable(trace, self.pool.device):
+        if trace is self._refused or not plannable(trace):
             self._refused = trace
             return False
         return True
@@ -184,11 +192,15 @@ class NativeReversal:
         grads: dict = {}
         try:
             if plan is None:
-                plan = _Plan(trace, arrays)
+                plan = _Plan(trace, arrays, pool.device)
             _patch(plan.forward_patches, arrays)
             settle()                                   # launches a Tape holds run first
-            for entry, buf, serial, _ in plan.forward:
-                entry(buf, serial)
+            if plan.cpu:
+                for entry, buf, serial, _ in plan.forward:
+                    entry(buf, serial)
+            else:
+                for run, buf in plan.forward:
+                    run(buf.raw)
             if not plan.reads_next:
                 # as _reverse_step: s.next's memory can serve the gradients below
                 pool.release_all(nxt.values())
@@ -213,8 +225,15 @@ class NativeReversal:
     @staticmethod
     def _run_adjoints(plan: _Plan, arrays: dict) -> None:
         if plan.seed is not None:
-            seed = arrays[plan.seed]
-            seed._data[...] = 1                        # 0 + 1, as Tape.backward seeds a new gradient
+            arrays[plan.seed]._write_host(1)           # 0 + 1, as Tape.backward seeds a new gradient
+        if not plan.cpu:
+            for zero, run, buf, adj in plan.adjoints:
+                for key in zero:
+                    arrays[key]._zero_memory()
+                run(buf.raw, adj.raw)
+            for key in plan.zero_after:
+                arrays[key]._zero_memory()
+            return
         for zero, entry, buf, adj, serial, _ in plan.adjoints:
             for key in zero:
                 ctypes.memset(_ptr(arrays[key]), 0, plan.nbytes[key])

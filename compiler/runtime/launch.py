@@ -498,12 +498,13 @@ def _adjoint_setup(compiled, sig, args, dims, serial, fresh):
     return adjoint, adj_buffer, serial, math.prod(space if wide else dims)
 
 
-def packed_adjoint(kernel: Kernel, dims: tuple, args: list, deterministic: bool, fresh: dict):
+def packed_adjoint(kernel: Kernel, dims: tuple, args: list, deterministic: bool, fresh: dict, device: str = "cpu"):
     """What a recorded launch's adjoint would run in `Tape.backward` (the arguments' ``.grad`` set,
-    `fresh` its pending new gradients, zero-filled here as backward would), unrun: ``(entry
-    address, packed gradient buffer, serial flag)``, or None where the kernel has no adjoint. The
-    CPU adjoint entry is ``int f(buffer, adj_buffer, tape, capacity, count_only, counts, serial)``;
-    kernels whose adjoint keeps a loop tape are refused (ValueError): they need per-call memory."""
+    `fresh` its pending new gradients, zero-filled here as backward would), unrun: ``(entry, packed
+    gradient buffer, serial flag)``, or None where the kernel has no adjoint. On the CPU `entry` is
+    the address of ``int f(buffer, adj_buffer, tape, capacity, count_only, counts, serial)``; on a
+    GPU a function ``run(buffer, adj_buffer)`` that queues the adjoint with buffers of those bytes.
+    Kernels whose adjoint keeps a loop tape are refused (ValueError): they need per-call memory."""
     import ctypes
     compiled = kernel.compiled()
     if compiled.adjoint is None:
@@ -511,8 +512,14 @@ def packed_adjoint(kernel: Kernel, dims: tuple, args: list, deterministic: bool,
     if compiled.needs_tape:
         raise ValueError(f"kernel '{kernel.__name__}': its adjoint keeps a loop tape")
     sig = _signature(kernel)
-    adjoint, adj_buffer, serial, _ = _adjoint_setup(compiled, sig, args, dims, deterministic, fresh)
-    entry = kernel.entry(False).function(adjoint.name, adjoint=True)
+    function, adj_buffer, serial, threads = _adjoint_setup(compiled, sig, args, dims, deterministic, fresh)
+    if device != "cpu":
+        add_slots = _add_slots(serial, args)
+
+        def run(buffer: bytes, adj: bytes) -> None:
+            cuda_launch.adjoint(kernel, compiled, function, buffer, adj, threads, False, serial, device, add_slots)
+        return run, adj_buffer, serial
+    entry = kernel.entry(False).function(function.name, adjoint=True)
     return ctypes.cast(entry, ctypes.c_void_p).value, adj_buffer, serial
 
 
@@ -548,13 +555,9 @@ def _run_adjoint(kernel, compiled, sig, args, dims, buffer, debug, serial, fresh
                            f"({capacity} words per thread); please report this with the kernel's source")
 
 
-def packed_forward(kernel: Kernel, dims: tuple, args: list, deterministic: bool):
-    """What `relaunch` would run, unrun: ``(entry address, packed buffer, serial flag, offsets)``,
-    where ``offsets[k]`` is the byte offset in the buffer of argument k's data pointer (None for a
-    non-array). A native driver (stepper/native_loop.py) calls the CPU forward entry
-    ``void f(const char* buffer, int serial)`` itself, patching array pointers between calls."""
-    import ctypes
-    sig = _signature(kernel)
+def _packed_values(kernel: Kernel, sig, dims: tuple, args: list, device: str) -> tuple[list, list]:
+    """`relaunch`'s launch_t values for these arguments, and the byte offset in the packed buffer of
+    each argument's data pointer (None for a non-array)."""
     values = _header(dims)
     offsets, fmt = [], "<" + _HEADER
     for p, expect, a in zip(sig.params, sig.expect, args):
@@ -565,7 +568,25 @@ def packed_forward(kernel: Kernel, dims: tuple, args: list, deterministic: bool)
         elif type(expect) is frozenset and type(a) in expect:
             values.append(a)
         else:
-            values += _check_argument(kernel, p, a, "cpu")
+            values += _check_argument(kernel, p, a, device)
+    return values, offsets
+
+
+def packed_forward(kernel: Kernel, dims: tuple, args: list, deterministic: bool, device: str = "cpu"):
+    """What `relaunch` would run, unrun: ``(entry, packed buffer, serial flag, offsets)``, where
+    ``offsets[k]`` is the byte offset in the buffer of argument k's data pointer (None for a
+    non-array). On the CPU `entry` is the address of ``void f(const char* buffer, int serial)``,
+    which a native driver (stepper/native_loop.py) calls itself, patching array pointers between
+    calls; on a GPU a function ``run(buffer)`` that queues the launch with a buffer of those bytes."""
+    import ctypes
+    sig = _signature(kernel)
+    values, offsets = _packed_values(kernel, sig, dims, args, device)
+    serial = _forward_serial(sig, args, deterministic)
+    if device != "cpu":
+        compiled, n, add_slots = kernel.compiled(), values[0], _add_slots(serial, args)
+
+        def run(buffer: bytes) -> None:
+            cuda_launch.forward(kernel, compiled, buffer, n, False, serial, device, None, add_slots)
+        return run, sig.packer.pack(*values), serial, offsets
     entry = kernel.entry(False).function(sig.forward_name, adjoint=False)
-    return (ctypes.cast(entry, ctypes.c_void_p).value, sig.packer.pack(*values),
-            _forward_serial(sig, args, deterministic), offsets)
+    return ctypes.cast(entry, ctypes.c_void_p).value, sig.packer.pack(*values), serial, offsets

@@ -1,6 +1,7 @@
 """GPU step loops (stepper/graph_loop.py): on a GPU, recomputations of a traced step run as CUDA
-graph launches (two steps a graph), with the bits of the step-by-step path and of store-all, and a
-run finds the graph an earlier run captured. On the CUDA simulator."""
+graph launches (two steps a graph), and recordings reversed at once without a tape
+(stepper/native_reverse.py), with the bits of the step-by-step path and of store-all; a run finds
+the graph an earlier run captured. On the CUDA simulator."""
 import numpy as np
 import pytest
 
@@ -70,9 +71,10 @@ def loops_made(monkeypatch) -> list:
 
 
 @pytest.mark.parametrize("schedule", [lambda: sp.Revolve(STEPS, 2), lambda: sp.Revolve(STEPS, 4),
-                                      lambda: sp.MultiLevel(STEPS, 1, 2)])
+                                      lambda: sp.MultiLevel(STEPS, 1, 2, write_cost=2, read_cost=1)])
 @pytest.mark.parametrize("make", [chain, zero_relying_model])
 def test_graph_recomputations_give_the_python_paths_and_store_alls_bits(schedule, make, monkeypatch, tmp_path):
+    # (MultiLevel's disk costs given: measured, they could differ between the runs, and so its plan)
     model, initial = make()
     stored = model.gradient(initial, STEPS, loss=loss, schedule=sp.StoreAll(STEPS))
     monkeypatch.setattr(Sweep, "native_loops", False)
@@ -80,6 +82,10 @@ def test_graph_recomputations_give_the_python_paths_and_store_alls_bits(schedule
     monkeypatch.setattr(Sweep, "native_loops", True)
     graphs = model.gradient(initial, STEPS, loss=loss, schedule=schedule(), storage=tmp_path / "b.h5")
     assert python.stats.native_steps == 0 and graphs.stats.native_steps > 0
+    # recordings reversed at once go without a tape (stepper/native_reverse.py) on a GPU too: all
+    # but the first sweep's last, which runs for the first time (recorded on the tape; the CPU
+    # keeps it natively, a one-step run is no graph)
+    assert python.stats.native_reversals == 0 and graphs.stats.native_reversals == STEPS - 1
     assert graphs.stats.forward_steps == python.stats.forward_steps
     # the ring takes only versions the pool has free: no more memory than step by step
     assert graphs.stats.peak_memory_bytes <= python.stats.peak_memory_bytes

@@ -165,10 +165,11 @@ def test_recomputations_leave_out_the_running_loss(monkeypatch, device):
     result = model.gradient(initial, STEPS, loss=loss, running_loss=running, schedule=sp.Revolve(STEPS, 3))
     same_bits(stored, result)
     replays = result.stats.forward_steps - STEPS                 # every evaluation but the first runs
-    # on the CPU, recomputations run in the native step loop (stepper/native_loop.py) and
-    # recordings reversed at once natively (stepper/native_reverse.py); CUDA models replay every
-    # step from Python
-    assert (result.stats.native_steps > 0) == (result.stats.native_reversals > 0) == (device == "cpu")
+    # recordings are reversed at once natively (stepper/native_reverse.py); on the CPU,
+    # recomputations run in the native step loop (stepper/native_loop.py), and CUDA models' runs
+    # here are too short for graphs (stepper/graph_loop.py): replayed from Python
+    assert result.stats.native_reversals > 0
+    assert (result.stats.native_steps > 0) == (device == "cpu")
     assert relaunched.count(halve) + result.stats.native_steps + result.stats.native_reversals == replays
     # recordings only (the last ran first)
     assert relaunched.count(square_sum) + result.stats.native_reversals == STEPS - 1
