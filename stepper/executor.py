@@ -312,7 +312,7 @@ class Sweep:
         prev = self.work
         if outputs_dead:
             nxt = None                           # the record takes the live state's hold
-            self._runner.launches_skipped += 1
+            self._runner.launches_skipped += len(trace.unread)
         else:
             self.pool.retain_all(prev.values())  # the record's hold; `advance` takes the live state's
             nxt = self.native.advance(trace, prev, 1)

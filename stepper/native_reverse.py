@@ -9,8 +9,8 @@ every launch's forward and adjoint arguments are packed (`packed_forward`, `pack
 what Tape.backward would do around them is written down (which new gradients a gather form
 overwrites whole, which it zero-fills first, the running loss's seed). A step then patches the
 pointers of its own versions into the packed arguments and calls the entry points: the step's
-launches but the last (nothing reads its outputs: adjoints replay the forward from the inputs),
-then the adjoints in reverse order. Same entry points, same arguments, same order, same fills as
+launches whose outputs a later launch reads (nothing reads the step's outputs: adjoints replay the
+forward from the inputs; StepTrace.unread), then the adjoints in reverse order. Same entry points, same arguments, same order, same fills as
 the tape: the same bits.
 
 On a GPU the plan is the same and each packed launch and adjoint is queued through the driver
@@ -89,7 +89,7 @@ class _Plan:
             buf = self._keep(packed)
             self.forward_patches += [(buf, offset, (a.group, a.name)) for a, offset in zip(t.args, offsets)
                                      if type(a) is Slot]
-            if k < len(trace.launches) - 1:              # the last one's outputs are dead
+            if k not in trace.unread:                   # outputs some later launch reads
                 self.forward.append((_FORWARD(entry), ctypes.addressof(buf), serial, entry) if self.cpu
                                     else (entry, buf))
             uses = t.kernel.compiled().uses

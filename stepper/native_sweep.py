@@ -273,6 +273,7 @@ class _Stretch:
         self.grad_kinds = [self.kinds[k] for k in self.floats]
         self.held = sw.tiers.tiers[_RAM]
         self.reads_next = sw.reversal._plan.reads_next
+        self.unread = len(sw.reversal._plan.trace.unread)     # launches a recording reversed at once skips
         self.free: dict = {}                     # Kind -> arrays of ours that nothing holds
         self.taken: list = []                    # arrays this stretch took from the pool
         self.start_refs: dict[int, int] = {}     # id(array) -> the holds counted here at the start
@@ -355,8 +356,9 @@ class _Stretch:
                 self._write(record.n0)
             self._reverse(record.n0, self.work)
             self.work, self.pos = None, record.n1
-            for key in ("forward", "recorded", "skipped"):
+            for key in ("forward", "recorded"):
                 self.count[key] += 1
+            self.count["skipped"] += self.unread
             return True
         if kind is Copy or kind is Move:
             return self._transfer(action, kind is Move)

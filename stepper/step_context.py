@@ -262,11 +262,12 @@ class StepRunner:
     def record_replay(self, n: int, prev: State, outputs_dead: bool = False):
         """`run(n, prev, record=True, outputs_dead=...)` for a step that ran before, checked, from
         this state, built from the trace: its launches are recorded on a fresh tape (and run, but
-        for the last one when `outputs_dead`) without the step function, its GradSlots or checks."""
+        for those whose outputs no later launch reads when `outputs_dead`: StepTrace.unread)
+        without the step function, its GradSlots or checks."""
         tape = Tape(self.deterministic)
-        nxt, scratch = self._replay(prev, tape=tape, skip_last=outputs_dead, series=self._rows(n))
-        if outputs_dead:
-            self.launches_skipped += 1
+        skip = self.trace.unread if outputs_dead else frozenset()
+        nxt, scratch = self._replay(prev, tape=tape, skip=skip, series=self._rows(n))
+        self.launches_skipped += len(skip)
         loss = self.trace.loss
         return nxt, scratch, tape, scratch[loss.name] if loss is not None else None
 

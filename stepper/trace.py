@@ -65,6 +65,7 @@ class StepTrace:
     loss: Slot | None              # the running loss's buffer
     differentiable: bool           # every kernel has an adjoint (else recording must raise, so it runs)
     step_launches: int             # the step function's launches; the running loss's follow them
+    unread: frozenset              # launches whose outputs no later launch reads (see `unread_launches`)
 
     @property
     def reads_series(self) -> bool:
@@ -110,17 +111,16 @@ class StepTrace:
                         return False
         return True
 
-    def run(self, prev, nxt, scratch: dict, tape=None, skip_last: bool = False, with_loss: bool = True,
+    def run(self, prev, nxt, scratch: dict, tape=None, skip: frozenset = frozenset(), with_loss: bool = True,
             series=None) -> None:
         """The step's launches on these versions (`scratch` by name, already taken). With `tape`,
-        each is also recorded there; `skip_last` records the last one without running it.
+        each is also recorded there; those whose index is in `skip` are recorded without running.
         ``with_loss=False`` leaves out the running loss's launches (a recomputation needs no loss)."""
         groups = {"prev": prev, "next": nxt, "scratch": scratch, "series": series or {}}
         launches = self.launches if with_loss else self.launches[:self.step_launches]
-        last = len(launches) - 1
         for k, t in enumerate(launches):
             args = [groups[a.group][a.name] if type(a) is Slot else a for a in t.args]
-            relaunch(t.kernel, t.dims, args, t.deterministic, tape, t.where, run=not (skip_last and k == last))
+            relaunch(t.kernel, t.dims, args, t.deterministic, tape, t.where, run=k not in skip)
 
 
 def trace_step(tape, prev, nxt, scratch: dict, scratch_zero: dict, loss, step_ops: int,
@@ -156,4 +156,23 @@ def trace_step(tape, prev, nxt, scratch: dict, scratch_zero: dict, loss, step_op
         return None
     spec = tuple((name, a.shape, a.dtype, scratch_zero.get(name)) for name, a in scratch.items())
     return StepTrace(tuple(launches), spec, slots.get(id(loss)) if loss is not None else None, differentiable,
-                     step_ops)
+                     step_ops, unread_launches(launches))
+
+
+def unread_launches(launches) -> frozenset:
+    """The launches (by index) whose outputs no later launch of the step reads, forward or in its
+    adjoint: the last one at least. A recording reversed at once needs its step's outputs for
+    nothing (each adjoint replays its launch from that launch's inputs), so it records those
+    without running them: `sp.copy(s.next.up, s.prev.u)` after the kernel that writes s.next.u
+    leaves both unrun."""
+    def slots(t, wanted):
+        uses = t.kernel.compiled().uses
+        return {a for a, p in zip(t.args, t.kernel.params) if type(a) is Slot and p.name in uses
+                and wanted(uses[p.name])}
+    unread, read_later = set(), set()
+    for k in range(len(launches) - 1, -1, -1):
+        t = launches[k]
+        if not slots(t, lambda u: u.stores or u.accumulates) & read_later:
+            unread.add(k)
+        read_later |= slots(t, lambda u: u.reads or u.adjoint_reads)
+    return frozenset(unread)

@@ -363,3 +363,25 @@ def test_store_all_mistakes_are_named_as_the_schedule_wrote_them(monkeypatch):
         wrong = Edited(sp.StoreAll(STEPS), reverse_at, lambda a: sp.Reverse(9, 8, True))
         with pytest.raises(sp.ModelError, match=r"asks for Reverse\(n1=9, n0=8, .* but the adjoint is at step 10"):
             model.gradient(initial, STEPS, loss=loss, schedule=wrong)
+
+
+@pytest.mark.parametrize("make, unread", [(copying_model, {0, 1}), (zero_relying_model, {2}),
+                                          (lambda: (chain_model(), chain_initial()), {1})])
+def test_a_recording_reversed_at_once_runs_only_the_launches_a_later_one_reads(make, unread, monkeypatch):
+    """A recording whose reversal comes next needs its step's outputs for nothing (each adjoint
+    replays its launch from that launch's inputs): it runs only launches whose outputs a later
+    launch of the step reads. The copying model's kernel and copy both stay unrun; a scratch a
+    later launch reads is still computed. Both paths skip the same launches, with store-all's bits."""
+    import stepper.native_reverse as native_reverse
+    traces = []
+    real = native_reverse.NativeReversal.reverse
+    monkeypatch.setattr(native_reverse.NativeReversal, "reverse",
+                        lambda self, trace, prev, carry: traces.append(trace) or real(self, trace, prev, carry))
+    model, initial = make()
+    stored = gradients(model, initial, sp.StoreAll(STEPS), False, monkeypatch)
+    python = gradients(model, initial, sp.Revolve(STEPS, 3), False, monkeypatch)
+    native = gradients(model, initial, sp.Revolve(STEPS, 3), True, monkeypatch)
+    assert traces[-1].unread == unread
+    assert native.stats.launches_skipped == python.stats.launches_skipped >= (STEPS - 2) * len(unread)
+    same_bits(stored, python)
+    same_bits(stored, native)
