@@ -11,8 +11,9 @@ Writes a Markdown table (default benchmarks/results/gpu.md) with:
 - a deterministic loss over 1M floats (chunked partials, the CPU's bits) against atomics;
 - the 256^2 and 2048^2 nonlinear wave (benchmarks/peer_impls/problem.py): our Revolve gradient
   against JAX's nested remat on the same GPU, and our forward rollout against a CuPy raw-kernel loop;
-- our own alternatives side by side: recomputations as CUDA graphs against launch by launch, and
-  disk snapshots copied asynchronously against synchronously.
+- our own alternatives side by side: native loops (recomputations as CUDA graphs, recordings
+  reversed at once without a tape) against launch by launch through the tape, the reversals alone,
+  and disk snapshots copied asynchronously against synchronously.
 Every number is the median of interleaved rounds (A B A B ...), with the spread (min-max). Peers
 that are not installed are left out. Under the CUDA simulator (STEPPER_CUDA_SIM=1) it runs too,
 which checks the script, not the speed.
@@ -182,10 +183,12 @@ def wave(rows: list, n: int, steps: int, snapshots: int, rounds: int) -> None:
 
 
 def own_alternatives(rows: list, n: int, steps: int, rounds: int, scratch: Path) -> None:
-    """Our own paths side by side: recomputations as CUDA graphs (stepper/graph_loop.py) against
-    launch by launch, and disk snapshots leaving the GPU by asynchronous copies against waiting for
-    each copy (Tiers.MAX_IN_FLIGHT = 0)."""
+    """Our own paths side by side: native loops (recomputations as CUDA graphs, stepper/graph_loop.py,
+    and recordings reversed at once without a tape, stepper/native_reverse.py) against launch by
+    launch through the tape; the reversals alone against the tape; and disk snapshots leaving the
+    GPU by asynchronous copies against waiting for each copy (Tiers.MAX_IN_FLIGHT = 0)."""
     import stepper as sp
+    import stepper.native_reverse as native_reverse
     from stepper.executor import Sweep
     from stepper.snapshots import Tiers
     model, loss, start = _wave_model(n)
@@ -206,8 +209,10 @@ def own_alternatives(rows: list, n: int, steps: int, rounds: int, scratch: Path)
                 setattr(owner, name, saved)
         return run
     for label, fn, owner, name, off, peer in (
-            ("Revolve-10 gradient, recomputations as graphs", revolve, Sweep, "native_loops", False,
-             "launch by launch"),
+            ("Revolve-10 gradient, native loops", revolve, Sweep, "native_loops", False,
+             "launch by launch, through the tape"),
+            ("Revolve-10 gradient, reversals without a tape", revolve, native_reverse, "plannable",
+             lambda trace: False, "through the tape"),
             ("MultiLevel(2 RAM, 8 HDF5) gradient, async snapshot copies", multilevel, Tiers, "MAX_IN_FLIGHT", 0,
              "synchronous copies")):
         fn()                             # compile and warm up
