@@ -369,7 +369,8 @@ def test_the_gpu_command_runs(tmp_path):
     assert "On the CUDA simulator" in table
     for row in ("| saxpy, 4,096 floats |", "| launch of a 32-thread kernel |", "| wave 16^2, 20 steps, forward |",
                 "| wave 16^2, 20 steps, gradient (Revolve-4) |",
-                "| wave 16^2, 60 steps, Revolve-10 gradient, recomputations as graphs |",
+                "| wave 16^2, 60 steps, Revolve-10 gradient, native loops |",
+                "| wave 16^2, 60 steps, Revolve-10 gradient, reversals without a tape |",
                 "| wave 16^2, 60 steps, MultiLevel(2 RAM, 8 HDF5) gradient, async snapshot copies |"):
         assert row in table
 
