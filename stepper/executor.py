@@ -226,15 +226,18 @@ class Sweep:
             runner = self._runner
             native_end = n1 if runner.trusted and runner.running_loss is None and not self.check_finite \
                 else min(n1, self.seen)
-            if native_end - n > 0 and self.native_loops and not self.online:
-                reached = self._keep_run(n, native_end - (dead_last and native_end == n1)) if record \
-                    else self._advance_native(n, native_end)
-                if reached > n:
-                    n = reached
-                    continue
             last_dead = dead_last and n == n1 - 1
-            if not (record and (last_dead or n < native_end) and self._keep_natively(n, last_dead)):
-                self._step(n, record, last_dead)
+            reached = n
+            if record and last_dead:
+                reached = self._keep_natively(n, n + 1, outputs_dead=True)
+            elif record and n < native_end:         # (a dead last step is left for the line above)
+                reached = self._keep_natively(n, native_end - (dead_last and native_end == n1))
+            elif native_end > n and self.native_loops and not self.online:
+                reached = self._advance_native(n, native_end)
+            if reached > n:
+                n = reached
+                continue
+            self._step(n, record, last_dead)
             n += 1
             if self.online and self._stop(n):
                 self.schedule.finalize(n)
@@ -277,17 +280,24 @@ class Sweep:
             n1 = nxt.n1
         return a if n1 == a.n1 else Forward(a.n0, n1, False, True, storage)
 
-    def _keep_run(self, n: int, n1: int) -> int:
-        """Record steps n .. n1-1 (run before, or trusted) natively in one call, each keeping the
-        state it starts from as `_keep_natively` does; return the step reached (n where they must
-        be recorded one by one: fewer than two steps, or no native path)."""
+    def _keep_natively(self, n: int, n1: int, outputs_dead: bool = False) -> int:
+        """Record steps n .. n1-1 (run before, or trusted) natively, in one call: each keeps the
+        state it starts from, from which its reversal (native_reverse.py) replays its launches, so
+        no tape, scratch or s.next is kept. With `outputs_dead` (one step whose reversal comes next)
+        it does not even run: nothing reads its results. Return the step reached (n where the tape
+        path must record them)."""
         trace = self._runner.trace
-        if n1 - n < 2 or not self._runner.replays_recording() or not self.reversal.applies(trace):
+        if not (self.native_loops and not self.online and self._runner.replays_recording()
+                and self.reversal.applies(trace)):
             return n
         start = time.perf_counter()
-        states = self.native.advance_keeping(trace, self.work, n1 - n)
-        if states is None:
-            return n
+        if outputs_dead:
+            states = [None]                      # the record takes the live state's hold
+            self._runner.launches_skipped += len(trace.unread)
+        else:
+            states = self.native.advance_keeping(trace, self.work, n1 - n)
+            if states is None:
+                return n
         for k, prev in enumerate((self.work, *states[:-1]), n):
             self.recorded[k] = Kept(prev, trace)     # the live state's hold on prev passes to it
         self.work = states[-1]
@@ -298,36 +308,6 @@ class Sweep:
         self.forward_seconds += time.perf_counter() - start
         self.bar.update(n1 - n)
         return n1
-
-    def _keep_natively(self, n: int, outputs_dead: bool) -> bool:
-        """Record step n (run before, or trusted) natively: keep the state it starts from, from
-        which its reversal (native_reverse.py) replays its launches, so no tape, scratch or s.next
-        is kept. With `outputs_dead` (its reversal comes next) it does not even run: nothing reads
-        its results. False where the tape path must record it."""
-        trace = self._runner.trace
-        if not (self.native_loops and not self.online and self._runner.replays_recording()
-                and self.reversal.applies(trace)):
-            return False
-        start = time.perf_counter()
-        prev = self.work
-        if outputs_dead:
-            nxt = None                           # the record takes the live state's hold
-            self._runner.launches_skipped += len(trace.unread)
-        else:
-            self.pool.retain_all(prev.values())  # the record's hold; `advance` takes the live state's
-            nxt = self.native.advance(trace, prev, 1)
-            if nxt is None:
-                self.pool.release_all(prev.values())
-                return False
-        self.recorded[n] = Kept(prev, trace)
-        self.work = nxt
-        self.pos = n + 1
-        self.seen = max(self.seen, n + 1)
-        self.forward_steps += 1
-        self.recorded_steps += 1
-        self.forward_seconds += time.perf_counter() - start
-        self.bar.update(1)
-        return True
 
     def _stop(self, n: int) -> bool:
         if self.steps is not None and n >= self.steps:

@@ -65,10 +65,27 @@ class GraphLoops:
         self.calls += 1
         return result
 
-    def advance_keeping(self, trace, prev: State, steps: int) -> None:
-        """NativeLoops.advance_keeping's run: not as graphs (each step writes versions of its own,
-        so no graph would be launched twice); None: the caller records step by step."""
-        return None
+    def advance_keeping(self, trace, prev: State, steps: int) -> list[State] | None:
+        """NativeLoops.advance_keeping on a GPU: `steps` steps of `trace` from `prev`, each into
+        versions of its own, returned (each held once, the caller's; `prev` untouched), or None
+        for the tape path. Each step writes new versions, so no graph would be launched twice:
+        the trace's launches are replayed from Python, without a tape (not counted in `steps`)."""
+        if not trace or trace.reads_series:
+            return None
+        pool, states = self.pool, []
+        for _ in range(steps):
+            nxt = State({name: pool.take(kind, False) for name, kind in zip(self._names, self._kinds)})
+            scratch = {name: pool.acquire(shape, dtype, False) for name, shape, dtype, _ in trace.scratch}
+            try:
+                self._step(trace, states[-1] if states else prev, nxt, scratch)
+            except BaseException:
+                pool.release_all((*nxt.values(), *scratch.values()))
+                for state in states:
+                    pool.release_all(state.values())
+                raise
+            pool.release_all(scratch.values())
+            states.append(nxt)
+        return states
 
     def _in_place(self, trace, prev: State, starts: list, steps: int) -> State:
         """A rollout's run: `prev` (only the caller holds it) and one other version make the ring,

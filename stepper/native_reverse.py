@@ -16,9 +16,9 @@ the tape: the same bits.
 On a GPU the plan is the same and each packed launch and adjoint is queued through the driver
 from Python (`compiler.backends.cuda_launch`, as the tape would queue it), one call each: no tape,
 no argument packing, no gradients set and unset. (Not timed on a GPU yet: `benchmarks/gpu.py`'s
-graph-against-launch rows turn both off together with `Sweep.native_loops`.) A GPU step is kept
-natively only where its outputs are dead (a binomial schedule's recordings): a step run for the
-record goes through the tape there, since a run of one step is no graph (stepper/graph_loop.py).
+native-loops row turns both off with `Sweep.native_loops`, its reversals row this alone.) A GPU
+step recorded for later (StoreAll's) is run by replaying its trace from Python into versions of its
+own, without a tape (GraphLoops.advance_keeping), and keeps the state it started from, as on the CPU.
 
 Planned only for steps whose kernels all have adjoints without loop tapes and whose running loss
 (if any) is a scratch buffer; any other step keeps the tape path. Arrays that are not the step's
