@@ -10,11 +10,10 @@ Python on plain counters (which version each action reads and writes, from a fre
 in the order the executor would take and release them), written into one table of operations, and
 run by one call into C++: ``0`` an advance (the native loop's ring, the same driver), ``1`` a step
 reversed from the state it started from (the native reversal's packed launches, fills and
-adjoints): a step recorded and reversed at once, or one recorded natively before (`Kept`: StoreAll's
-forward sweep keeps every step's start state, and its reverse sweep, a tag Move and a Reverse per
-step, is one stretch). Then the
-pool's holds, the held snapshots, the live state, the carried adjoint and the statistics are set
-to what the executor would have left. The operations are the ones the executor would have run, on
+adjoints): a step recorded and reversed at once, or one recorded natively before (`Kept`:
+StoreAll's forward sweep keeps every step's start state, and its reverse sweep, a tag Move and a
+Reverse per step, is one stretch). Then the pool's holds, the held snapshots, the live state, the
+carried adjoint and the statistics are set to what the executor would have left. The operations are the ones the executor would have run, on
 the same versions' roles, in the same order: the same bits.
 
 A stretch ends before the first action it cannot take (a DISK snapshot, a step recorded for
