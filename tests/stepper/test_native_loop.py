@@ -385,3 +385,26 @@ def test_a_recording_reversed_at_once_runs_only_the_launches_a_later_one_reads(m
     assert native.stats.launches_skipped == python.stats.launches_skipped >= (STEPS - 2) * len(unread)
     same_bits(stored, python)
     same_bits(stored, native)
+
+
+def test_store_all_running_out_of_memory_midway_raises_and_leaves_the_model_usable(monkeypatch):
+    """Memory running out while StoreAll's recordings take their versions (in one native run) is a
+    MemoryError naming the version asked for; nothing is left half-done, and the next gradient
+    gives the same bits as one that never failed."""
+    import stepper.versions as versions
+    model, initial = copying_model()
+    before = gradients(model, initial, sp.StoreAll(STEPS), True, monkeypatch)
+    real, calls = versions.allocate, []
+
+    def allocate(*args):
+        calls.append(args)
+        if len(calls) > 12:
+            raise MemoryError("out of memory")
+        return real(*args)
+    monkeypatch.setattr(versions, "allocate", allocate)
+    with pytest.raises(MemoryError, match=r"a new version of shape \(12,\) and dtype float64 on cpu: out of memory") \
+            as raised:
+        model.gradient(initial, STEPS, loss=loss, schedule=sp.StoreAll(STEPS))
+    assert any(entry.name == "advance_keeping" for entry in raised.traceback)
+    monkeypatch.setattr(versions, "allocate", real)
+    same_bits(before, gradients(model, initial, sp.StoreAll(STEPS), True, monkeypatch))
