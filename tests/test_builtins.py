@@ -293,6 +293,44 @@ def test_integer_ops_follow_python(kernel, itype, ftype, device):
     np.testing.assert_array_equal(quotient.numpy(), (IA / IB).astype(ftype))   # int / int is a float
 
 
+@sp.kernel
+def int32_divmod(x: sp.array(dtype=int), y: sp.array(dtype=int), quotient: sp.array(dtype=int),
+                 remainder: sp.array(dtype=int)):
+    i = sp.tid()
+    quotient[i] = x[i] // y[i]
+    remainder[i] = x[i] % y[i]
+
+
+@sp.kernel
+def int64_divmod(x: sp.array(dtype=sp.int64), y: sp.array(dtype=sp.int64), quotient: sp.array(dtype=sp.int64),
+                 remainder: sp.array(dtype=sp.int64)):
+    i = sp.tid()
+    quotient[i] = x[i] // y[i]
+    remainder[i] = x[i] % y[i]
+
+
+@pytest.mark.parametrize("kernel, itype", [(int32_divmod, np.int32), (int64_divmod, np.int64)], ids=["int32", "int64"])
+def test_integer_division_follows_python_around_one_period_and_at_the_extremes(kernel, itype, device):
+    """`%` skips the division for a value at most one period off [0, b) (a periodic index): every
+    case on both sides of each boundary of that shortcut, and the type's extremes, give Python's
+    `//` and `%`, except the one quotient that does not fit: MIN // -1 wraps to MIN, as in NumPy
+    (it used to be a hardware trap that killed the process)."""
+    big = int(np.iinfo(itype).max)
+    pairs = []
+    for b in (1, 3, 7, 2 ** 30, big, -1, -3, -(2 ** 30)):
+        for a in (-2 * abs(b) - 1, -2 * abs(b), -abs(b) - 1, -abs(b), -1, 0, 1, abs(b) - 1, abs(b), abs(b) + 1,
+                  2 * abs(b) - 1, 2 * abs(b), 2 * abs(b) + 1, big, -big - 1):
+            if -big - 1 <= a <= big:
+                pairs.append((a, b))
+    a, b = (np.array(column, dtype=itype) for column in zip(*pairs))
+    quotient, remainder = (sp.zeros(len(pairs), dtype=itype, device=device) for _ in range(2))
+    sp.launch(kernel, len(pairs), inputs=[sp.array(a, device=device), sp.array(b, device=device)],
+              outputs=[quotient, remainder])
+    assert [int(v) for v in remainder.numpy()] == [x % y for x, y in pairs]
+    wrapped = [-big - 1 if (x, y) == (-big - 1, -1) else x // y for x, y in pairs]
+    assert [int(v) for v in quotient.numpy()] == wrapped
+
+
 # ---- comparisons, logic, conditional expressions, casts, captured values ----------------------------
 @sp.kernel
 def logic_ops(x: sp.array(dtype=sp.float64), y: sp.array(dtype=sp.float64), out: sp.array(dtype=int, ndim=2)):

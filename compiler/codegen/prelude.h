@@ -149,11 +149,29 @@ SP_FUNC mat_t<R, C, T> mul(const mat_t<R, K, T>& a, const mat_t<K, C, T>& b) {
         for (int j = 0; j < C; ++j) { T s = T(0); for (int k = 0; k < K; ++k) s += a[i][k] * b[k][j]; o[i][j] = s; }
     return o; }
 
-// Python semantics for // and % (floor division); integer division by zero gives 0 instead of a trap.
-SP_FUNC int32_t floordiv(int32_t a, int32_t b) { if (b == 0) return 0; int32_t q = a / b; if ((a % b != 0) && ((a < 0) != (b < 0))) --q; return q; }
-SP_FUNC int64_t floordiv(int64_t a, int64_t b) { if (b == 0) return 0; int64_t q = a / b; if ((a % b != 0) && ((a < 0) != (b < 0))) --q; return q; }
-SP_FUNC int32_t mod(int32_t a, int32_t b) { if (b == 0) return 0; int32_t r = a % b; if (r != 0 && ((r < 0) != (b < 0))) r += b; return r; }
-SP_FUNC int64_t mod(int64_t a, int64_t b) { if (b == 0) return 0; int64_t r = a % b; if (r != 0 && ((r < 0) != (b < 0))) r += b; return r; }
+// Python semantics for // and % (floor division); integer division by zero gives 0 instead of a trap,
+// and the one quotient that does not fit, MIN // -1, wraps to MIN as in NumPy (x86 traps on it).
+#define SP_INT_FLOORDIV(T, U)                                                                         \
+    SP_FUNC T floordiv(T a, T b) {                                                                   \
+        if (b == 0) return 0;                                                                        \
+        if (b == -1) return (T)(U(0) - (U)a);                                                        \
+        T q = a / b; if ((a % b != 0) && ((a < 0) != (b < 0))) --q; return q;                       \
+    }
+// A periodic index is at most one period off its range ((i + 1) % n, (i + n - 1) % n): that costs
+// a compare, not a division. (a - b cannot overflow where a >= b > 0, nor a + b where -b <= a < 0.)
+#define SP_INT_MOD(T)                                                                                 \
+    SP_FUNC T mod(T a, T b) {                                                                        \
+        if (b > 0 && a >= -b) {                                                                      \
+            if (a < b) return a < 0 ? a + b : a;                                                     \
+            if (a - b < b) return a - b;                                                             \
+        }                                                                                            \
+        if (b == 0 || b == -1) return 0;                                                             \
+        T r = a % b; if (r != 0 && ((r < 0) != (b < 0))) r += b; return r;                           \
+    }
+SP_INT_FLOORDIV(int32_t, uint32_t)
+SP_INT_FLOORDIV(int64_t, uint64_t)
+SP_INT_MOD(int32_t)
+SP_INT_MOD(int64_t)
 // Floats follow Python's (and NumPy's npy_divmod) algorithm, which is exact where floor(a / b) is not:
 // 1.0 // 0.1 is 9.0 and 1.0 % 0.1 is 0.09999999999999995, as in Python.
 #define SP_FLOAT_DIVMOD(T, FMOD, FLOOR, COPYSIGN)                                                     \
