@@ -271,9 +271,9 @@ class NativeLoops:
         scratch = {}
         try:
             (_, plan, slots, args), scratch = self._ready(trace, prev, versions[0])
-            slots[:] = [*map(_ptr, (prev[name] for name in self._names)), *map(_ptr, versions[0]),
-                        *map(_ptr, scratch.values())] or [None]
-            pointers = (ctypes.c_void_p * (len(self._names) * (steps + 1)))(
+            states = len(self._names)
+            slots[2 * states:] = list(map(_ptr, scratch.values()))    # the driver sets the states' slots
+            pointers = (ctypes.c_void_p * (states * (steps + 1)))(
                 *map(_ptr, (prev[name] for name in self._names)), *map(_ptr, taken))
             settle()                                 # launches a Tape holds run first
             functions[1](steps, *args, ctypes.addressof(pointers))
