@@ -10,8 +10,8 @@ what Tape.backward would do around them is written down (which new gradients a g
 overwrites whole, which it zero-fills first, the running loss's seed). A step then patches the
 pointers of its own versions into the packed arguments and calls the entry points: the step's
 launches whose outputs a later launch reads (nothing reads the step's outputs: adjoints replay the
-forward from the inputs; StepTrace.unread), then the adjoints in reverse order. Same entry points, same arguments, same order, same fills as
-the tape: the same bits.
+forward from the inputs; StepTrace.unread), then the adjoints in reverse order. Same entry points,
+same arguments, same order, same fills as the tape: the same bits.
 
 On a GPU the plan is the same and each packed launch and adjoint is queued through the driver
 from Python (`compiler.backends.cuda_launch`, as the tape would queue it), one call each: no tape,
