@@ -165,9 +165,7 @@ class Sweep:
             self._pull()
         action = self._ahead.popleft() if self._ahead else None
         if lookahead and action is not None and not isinstance(action, EndReverse):
-            if not self._ahead:
-                self._pull()
-            nxt = self._ahead[0] if self._ahead else None
+            nxt = self._peek()
             if isinstance(nxt, (Copy, Move)) and nxt.to_storage is _WORK and nxt.n not in self.deps.get(
                     nxt.from_storage, ()):
                 self.tiers.prefetch(nxt.from_storage, nxt.n)   # the read overlaps this action
