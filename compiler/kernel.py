@@ -18,6 +18,7 @@ from .frontend import Frontend
 from .frontend.calls import namespace_of
 from .passes import write_once
 from .passes.adjoint import AdjointUnsupported, adjoint_function
+from .passes.dce import eliminate_dead_code
 from .passes.gather import GatherAdjoint, gather_adjoint
 from .passes.interior import Interior, interior_variant
 from .passes.verify import verify
@@ -105,6 +106,15 @@ class Compiled:
     gather: GatherAdjoint | None = None     # the scatter-free adjoint, where the kernel has one
     interior: Interior | None = None        # the forward with its boundary tests settled
 
+    @property
+    def adjoint_loads(self) -> frozenset:
+        """The array arguments whose values an adjoint reads (any form of it that may run: the
+        scatter one, the gather form and its interior variant). A recording kept for later keeps
+        only the state its reversal reads (stepper/native_reverse.py)."""
+        forms = (self.adjoint, *((self.gather.function, self.gather.interior.function) if self.gather else ()))
+        return frozenset(s.array.param.name for fn in forms if fn is not None for s in ir.walk(fn.body)
+                         if isinstance(s, (ir.Load, ir.Atomic)) and not s.array.adjoint)
+
     def functions(self) -> tuple:
         """What the module renders for this kernel: the forward, its interior variant, the adjoint
         and its gather form."""
@@ -136,6 +146,11 @@ class Kernel:
                 error = e
             needs_tape = adjoint is not None and any(isinstance(s, ir.Push) for s in ir.walk(adjoint.body))
             gather = gather_adjoint(adjoint) if adjoint is not None else None
+            if adjoint is not None and not needs_tape:
+                # (after the gather form, which is built from the whole replay): what only the
+                # skipped stores used goes, so `adjoint_loads` names what an adjoint needs. A loop
+                # tape's adjoint stays whole: its count pass sizes the tape from the replay.
+                adjoint = eliminate_dead_code(adjoint)
             if gather is not None:
                 verify(gather.function, single_definition=False)
                 verify(gather.interior.function, single_definition=False)

@@ -280,8 +280,9 @@ class Sweep:
 
     def _keep_natively(self, n: int, n1: int, outputs_dead: bool = False) -> int:
         """Record steps n .. n1-1 (run before, or trusted) natively, in one call: each keeps the
-        state it starts from, from which its reversal (native_reverse.py) replays its launches, so
-        no tape, scratch or s.next is kept. With `outputs_dead` (one step whose reversal comes next)
+        state it starts from (the part its reversal reads, `StepTrace.reversal_reads`), from which
+        its reversal (native_reverse.py) replays its launches, so no tape, scratch or s.next is
+        kept. With `outputs_dead` (one step whose reversal comes next)
         it does not even run: nothing reads its results. Return the step reached (n where the tape
         path must record them)."""
         trace = self._runner.trace
@@ -293,9 +294,13 @@ class Sweep:
             states = [None]                      # the record takes the live state's hold
             self._runner.launches_skipped += len(trace.unread)
         else:
-            states = self.native.advance_keeping(trace, self.work, n1 - n)
+            states = self.native.advance_keeping(trace, self.work, n1 - n, trace.reversal_reads)
             if states is None:
                 return n
+        unread = [a for name, a in self.work.items() if name not in trace.reversal_reads]
+        if unread:
+            self.pool.release_all(unread)
+            self.work = State({name: a for name, a in self.work.items() if name in trace.reversal_reads})
         for k, prev in enumerate((self.work, *states[:-1]), n):
             self.recorded[k] = Kept(prev, trace)     # the live state's hold on prev passes to it
         self.work = states[-1]

@@ -65,11 +65,12 @@ class GraphLoops:
         self.calls += 1
         return result
 
-    def advance_keeping(self, trace, prev: State, steps: int) -> list[State] | None:
+    def advance_keeping(self, trace, prev: State, steps: int, keep) -> list[State] | None:
         """NativeLoops.advance_keeping on a GPU: `steps` steps of `trace` from `prev`, each into
-        versions of its own, returned (each held once, the caller's; `prev` untouched), or None
-        for the tape path. Each step writes new versions, so no graph would be launched twice:
-        the trace's launches are replayed from Python, without a tape (not counted in `steps`)."""
+        versions of its own, returned (each held once, the caller's; all but the last only the
+        names in `keep`; `prev` untouched), or None for the tape path. Each step writes new
+        versions, so no graph would be launched twice: the trace's launches are replayed from
+        Python, without a tape (not counted in `steps`)."""
         if not trace or trace.reads_series:
             return None
         pool, states = self.pool, []
@@ -84,6 +85,9 @@ class GraphLoops:
                     pool.release_all(state.values())
                 raise
             pool.release_all(scratch.values())
+            if states:                               # what no reversal reads serves the next steps
+                pool.release_all([a for name, a in states[-1].items() if name not in keep])
+                states[-1] = State({name: a for name, a in states[-1].items() if name in keep})
             states.append(nxt)
         return states
 

@@ -18,7 +18,8 @@ sees the same inputs as a replay from Python and the state comes out with the sa
 points, same packed arguments, same serial flags, same order.
 
 A run of recordings kept for the reverse sweep (StoreAll's forward sweep) is one call too
-(`advance_keeping`): no ring there, each step writes versions of its own, which it keeps.
+(`advance_keeping`): each step writes versions of its own of the states its reversal reads, which
+it keeps; the rest take turns in two versions.
 """
 from __future__ import annotations
 
@@ -256,25 +257,32 @@ class NativeLoops:
         self.calls += 1
         return State(result)
 
-    def advance_keeping(self, trace, prev: State, steps: int) -> list[State] | None:
+    def advance_keeping(self, trace, prev: State, steps: int, keep) -> list[State] | None:
         """Run `steps` (>= 1) steps of `trace` from `prev`, each into versions of its own (a
         recording kept for the reverse sweep: StoreAll's); return the state after each step, each
-        held once (the caller's), or None to say: use the Python path. `prev` and its holds are left
-        as they are. Same launches, fills and order as `steps` calls of `advance`: the same bits."""
+        held once (the caller's), or None to say: use the Python path. The states but the last hold
+        only the names in `keep` (what their reversal reads): the others take turns in two versions
+        (what the run writes, nothing keeps). `prev` and its holds are left as they are. Same
+        launches, fills and order as `steps` calls of `advance`: the same bits."""
         functions = self._functions(trace)
         if functions is None:
             return None
         pool = self.pool
         take = pool.take
-        versions = [[take(kind, False) for kind in self._kinds] for _ in range(steps)]
-        taken = [arr for version in versions for arr in version]
+        last = [take(kind, False) for kind in self._kinds]
+        turns = [[take(kind, False) for _ in range(2)] if name not in keep and steps > 1 else []
+                 for name, kind in zip(self._names, self._kinds)]
+        versions = [[turns[s][k % 2] if turns[s] else take(kind, False) for s, kind in enumerate(self._kinds)]
+                    for k in range(1, steps)] + [last]
+        taken = [*last, *(a for turn in turns for a in turn),
+                 *(a for version in versions[:-1] for a, turn in zip(version, turns) if not turn)]
         scratch = {}
         try:
-            (_, plan, slots, args), scratch = self._ready(trace, prev, versions[0])
+            (_, plan, slots, args), scratch = self._ready(trace, prev, last)
             states = len(self._names)
             slots[2 * states:] = list(map(_ptr, scratch.values()))    # the driver sets the states' slots
             pointers = (ctypes.c_void_p * (states * (steps + 1)))(
-                *map(_ptr, (prev[name] for name in self._names)), *map(_ptr, taken))
+                *map(_ptr, (prev[name] for name in self._names)), *map(_ptr, (a for v in versions for a in v)))
             settle()                                 # launches a Tape holds run first
             functions[1](steps, *args, ctypes.addressof(pointers))
         except BaseException:
@@ -282,7 +290,9 @@ class NativeLoops:
             raise
         for arr in (*taken, *scratch.values()):
             arr._storage.version += 1                # written, as launches mark what they write
-        pool.release_all(scratch.values())
+        pool.release_all((*scratch.values(), *(a for turn in turns for a in turn)))
         self.steps += steps
         self.calls += 1
-        return [State(dict(zip(self._names, version))) for version in versions]
+        kept = [State({name: a for name, a, turn in zip(self._names, version, turns) if not turn})
+                for version in versions[:-1]]
+        return [*kept, State(dict(zip(self._names, last)))]

@@ -47,7 +47,9 @@ _POINTER = struct.Struct("<Q")
 
 class Kept:
     """A step recorded natively (Sweep._keep_natively): the state it started from and its trace,
-    from which its reversal replays it; nothing else is kept."""
+    from which its reversal replays it; nothing else is kept. Of the state only what the reversal
+    reads (`StepTrace.reversal_reads`): a state it never reads is not there (its reversal packs a
+    stand-in's pointer, or none, in its place)."""
     __slots__ = ("prev", "trace")
 
     def __init__(self, prev: State, trace):
@@ -185,7 +187,9 @@ class NativeReversal:
         take, acquire, acquire_like = pool.take, pool.acquire, pool.acquire_like
         nxt = {name: take(kind) for name, kind in self._kinds}
         scratch = {name: acquire(shape, dtype, zero) for name, shape, dtype, zero in trace.scratch}
-        arrays = {("prev", n): a for n, a in prev.items()}
+        # a kept state the reversal does not read (see Kept) has a stand-in, unread, unwritten
+        stand_ins = {name: take(kind, False) for name, kind in self._kinds if name not in prev}
+        arrays = {("prev", n): a for n, a in (*prev.items(), *stand_ins.items())}
         arrays.update({("next", n): a for n, a in nxt.items()})
         arrays.update({("scratch", n): a for n, a in scratch.items()})
         plan = self._plan if self._plan is not None and self._plan.trace is trace else None
@@ -205,7 +209,7 @@ class NativeReversal:
                 # as _reverse_step: s.next's memory can serve the gradients below
                 pool.release_all(nxt.values())
                 nxt = {}
-            grads = {("gprev", n): acquire_like(prev[n], zero=False) for n in carry}
+            grads = {("gprev", n): acquire_like(arrays[("prev", n)], zero=False) for n in carry}
             grads.update({("gscratch", n): acquire_like(a, zero=False) for n, a in scratch.items() if a.dtype.is_float})
             arrays.update(grads)
             arrays.update({("carry", n): g for n, g in carry.items()})
@@ -215,9 +219,9 @@ class NativeReversal:
             _patch(plan.adjoint_patches, arrays)
             self._run_adjoints(plan, arrays)
         except BaseException:
-            pool.release_all((*nxt.values(), *scratch.values(), *grads.values()))
+            pool.release_all((*nxt.values(), *scratch.values(), *grads.values(), *stand_ins.values()))
             raise
-        pool.release_all((*nxt.values(), *scratch.values(), *carry.values(), *prev.values()))
+        pool.release_all((*nxt.values(), *scratch.values(), *carry.values(), *prev.values(), *stand_ins.values()))
         pool.release_all([g for key, g in grads.items() if key[0] == "gscratch"])
         self.steps += 1
         return {n: grads[("gprev", n)] for n in carry}

@@ -294,22 +294,26 @@ class _Stretch:
         self.ram = self.peak_ram = self.held.nbytes
 
     def _arrays(self) -> dict:
-        return {id(a): a for version in self.versions for a in version.arrays}
+        return {id(a): a for version in self.versions for a in version.arrays if a is not None}
 
     # -- versions ------------------------------------------------------------------------------------------
     def _found(self, arrays: tuple) -> _Version:
         """The version of `arrays`, one of whose holds (a snapshot's, the live state's, a record's)
-        is counted here from now on."""
+        is counted here from now on. None stands for a state a kept record does not keep (Kept):
+        its pointer is 0, which nothing of its reversal reads."""
         key = tuple(map(id, arrays))
         version = self.found.get(key)
         if version is None:
+            ptr = self.ptr
             for a in arrays:
-                self.ptr[id(a)] = _ptr(a)
-            version = self.found[key] = _Version(arrays, 0, [self.ptr[k] for k in key])
+                ptr[id(a)] = _ptr(a) if a is not None else 0
+            version = self.found[key] = _Version(arrays, 0, [ptr[k] for k in key])
             self.versions.append(version)
         version.refs += 1
         holds = self.pool.holds
         for a in arrays:
+            if a is None:
+                continue
             k = id(a)
             self.start_refs[k] = self.start_refs.get(k, 0) + 1
             self.external[k] = self.external.get(k, holds(a)) - 1
@@ -337,7 +341,7 @@ class _Stretch:
         version.refs -= 1
         if version.refs == 0:
             for a, kind in zip(version.arrays, kinds):
-                if not self.external[id(a)]:
+                if a is not None and not self.external[id(a)]:
                     self.free.setdefault(kind, []).append(a)
 
 
@@ -409,7 +413,7 @@ class _Stretch:
     def _kept(self, n: int) -> _Version:
         """The state step n kept (`_keeps`), its record's hold counted here."""
         prev = self.sw.recorded[n].prev
-        return self._found(tuple(prev[name] for name in self.names))
+        return self._found(tuple(prev.get(name) for name in self.names))
 
     def _forward(self, a) -> bool:
         if self.work is None or a.n0 != self.pos or a.n1 > self.seen:
@@ -520,7 +524,8 @@ class _Stretch:
         refs: dict[int, int] = {}
         for version in self.versions:
             for a in version.arrays:
-                refs[id(a)] = refs.get(id(a), 0) + version.refs
+                if a is not None:
+                    refs[id(a)] = refs.get(id(a), 0) + version.refs
         for key, a in self._arrays().items():
             delta = refs[key] - self.start_refs[key]
             if delta > 0:

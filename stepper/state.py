@@ -96,6 +96,9 @@ class State(Mapping):
     def items(self):
         return self._arrays.items()
 
+    def get(self, name, default=None):
+        return self._arrays.get(name, default)
+
     def __contains__(self, name) -> bool:
         return name in self._arrays
 

@@ -66,6 +66,7 @@ class StepTrace:
     differentiable: bool           # every kernel has an adjoint (else recording must raise, so it runs)
     step_launches: int             # the step function's launches; the running loss's follow them
     unread: frozenset              # launches whose outputs no later launch reads (see `unread_launches`)
+    reversal_reads: frozenset      # the states a reversal from the step's start reads (`reversal_reads`)
 
     @property
     def reads_series(self) -> bool:
@@ -155,8 +156,9 @@ def trace_step(tape, prev, nxt, scratch: dict, scratch_zero: dict, loss, step_op
     if loss is not None and id(loss) not in slots:
         return None
     spec = tuple((name, a.shape, a.dtype, scratch_zero.get(name)) for name, a in scratch.items())
+    unread = unread_launches(launches)
     return StepTrace(tuple(launches), spec, slots.get(id(loss)) if loss is not None else None, differentiable,
-                     step_ops, unread_launches(launches))
+                     step_ops, unread, reversal_reads(launches, unread))
 
 
 def unread_launches(launches) -> frozenset:
@@ -176,3 +178,20 @@ def unread_launches(launches) -> frozenset:
             unread.add(k)
         read_later |= slots(t, lambda u: u.reads or u.adjoint_reads)
     return frozenset(unread)
+
+
+def reversal_reads(launches, unread: frozenset) -> frozenset:
+    """The names of the states (s.prev) whose values a reversal of the step from its start state
+    reads: the inputs of the launches it runs forward (all but `unread`) and what the adjoints load
+    (`Compiled.adjoint_loads`). A recording kept for later keeps only these: the wave step that
+    writes ``next.up = prev.u`` reads prev.up in its forward, but its adjoint's derivative of
+    ``-up`` is a constant, so StoreAll keeps prev.u alone, half the memory."""
+    needed = set()
+    for k, t in enumerate(launches):
+        compiled = t.kernel.compiled()
+        loads = compiled.adjoint_loads
+        for a, p in zip(t.args, t.kernel.params):
+            if type(a) is Slot and a.group == "prev" and (
+                    p.name in loads or k not in unread and compiled.uses[p.name].reads):
+                needed.add(a.name)
+    return frozenset(needed)

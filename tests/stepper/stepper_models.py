@@ -65,6 +65,38 @@ def chain_initial(n=16, seed=0, device="cpu"):
     return {"x": sp.array(x, dtype=sp.float64, device=device), "v": sp.array(v, dtype=sp.float64, device=device)}
 
 
+# -- a 1-D nonlinear wave whose state is (previous, current): its adjoint never reads `up` ----------
+@sp.kernel
+def wave_1d(up: F64, u: F64, c: sp.float64, up_next: F64, u_next: F64):
+    i = sp.tid()
+    n = u.shape[0]
+    x = u[i]
+    lap = -2.0 * x
+    if i > 0:
+        lap += u[i - 1]
+    if i < n - 1:
+        lap += u[i + 1]
+    up_next[i] = x
+    u_next[i] = 2.0 * x - up[i] + c * lap - 0.1 * x * x * x
+
+
+def wave_model(n=16, device="cpu"):
+    model = sp.Model(device)
+    model.state("up", n, sp.float64)
+    model.state("u", n, sp.float64)
+
+    @model.step
+    def step(s):
+        sp.launch(wave_1d, n, inputs=[s.prev.up, s.prev.u, 0.2], outputs=[s.next.up, s.next.u])
+    return model
+
+
+def wave_initial(n=16, device="cpu"):
+    u = np.sin(np.linspace(0.0, 3.0, n))
+    return {"up": sp.array(0.9 * u, dtype=sp.float64, device=device),
+            "u": sp.array(u, dtype=sp.float64, device=device)}
+
+
 # -- particles on springs, vec3 float32, forces scattered with atomics ---------------------------------
 @sp.kernel
 def spring_forces(x: V3, k: F32, f: V3):

@@ -8,7 +8,7 @@ import stepper as sp
 import stepper.native_loop as native_loop
 from stepper.executor import Sweep
 from stepper.trace_notes import UntraceableStepWarning
-from stepper_models import chain_initial, chain_model, spring_forces, integrate_particles
+from stepper_models import chain_initial, chain_model, spring_forces, integrate_particles, wave_initial, wave_model
 
 F64 = sp.array(dtype=sp.float64)
 F32 = sp.array(dtype=float)
@@ -88,7 +88,7 @@ def copying_model(n=12):
 
 def gradients(model, initial, schedule, native: bool, monkeypatch, **kw):
     monkeypatch.setattr(Sweep, "native_loops", native)
-    return model.gradient(initial, STEPS, loss=loss, schedule=schedule, **kw)
+    return model.gradient(initial, STEPS, **{"loss": loss, **kw}, schedule=schedule)
 
 
 SCHEDULES = [lambda: sp.Revolve(STEPS, 2), lambda: sp.Revolve(STEPS, 5), lambda: sp.MultiLevel(STEPS, 2, 3, write_cost=0, read_cost=0)]
@@ -142,6 +142,46 @@ class OneSweep:
         yield sp.EndReverse()
 
 
+def wave_loss(state):
+    out = sp.zeros(1, dtype=sp.float64, requires_grad=True)
+    sp.launch(square_sum, state.u.shape[0], inputs=[state.u], outputs=[out])
+    return out
+
+
+@pytest.mark.parametrize("make", [lambda: (chain_model(), chain_initial()), copying_model,
+                                  lambda: (wave_model(), wave_initial())])
+def test_store_all_keeps_only_the_states_its_reversals_read(make, monkeypatch):
+    """A recording kept for later keeps the part of its start state that its reversal reads
+    (StepTrace.reversal_reads): the chain's adjoint reads x and v, the copying model's y (its
+    smoothing is nonlinear; the copy of x reads nothing in its adjoint), and the wave's only u (``-up``'s derivative is a constant; ``next.up = u`` reads u).
+    The rest of each state takes turns in two versions: the wave's StoreAll holds (steps - 2)
+    fewer copies of `up` than with every state kept, with the same bits as the tape path, Revolve's
+    and a run keeping everything."""
+    model, initial = make()
+    is_wave = "up" in model.states
+    loss_of = wave_loss if is_wave else loss
+    kept = []
+    real_keep = native_loop.NativeLoops.advance_keeping
+    keep_all = False
+
+    def keeping(self, trace, prev, steps, keep):
+        kept.append(keep)
+        return real_keep(self, trace, prev, steps, frozenset(self._names) if keep_all else keep)
+    monkeypatch.setattr(native_loop.NativeLoops, "advance_keeping", keeping)
+    tape = gradients(model, initial, sp.StoreAll(STEPS), False, monkeypatch, loss=loss_of)
+    native = gradients(model, initial, sp.StoreAll(STEPS), True, monkeypatch, loss=loss_of)
+    revolve = gradients(model, initial, sp.Revolve(STEPS, 4), True, monkeypatch, loss=loss_of)
+    keep_all = True
+    everything = gradients(model, initial, sp.StoreAll(STEPS), True, monkeypatch, loss=loss_of)
+    expected = {"x", "v"} if "v" in model.states else {"u"} if is_wave else {"y"}
+    assert kept[0] == expected
+    for other in (native, revolve, everything):
+        same_bits(tape, other)
+    assert native.stats.native_reversals == STEPS - 2
+    unkept = sum(spec.nbytes for name, spec in model.states.items() if name not in expected)
+    assert everything.stats.peak_memory_bytes - native.stats.peak_memory_bytes >= (STEPS - 5) * unkept
+
+
 @pytest.mark.parametrize("schedule", [sp.StoreAll, OneSweep])
 @pytest.mark.parametrize("make", [lambda: (chain_model(), chain_initial()), zero_relying_model, copying_model])
 def test_store_all_records_in_one_native_call_and_reverses_in_one_stretch(schedule, make, monkeypatch):
@@ -153,7 +193,7 @@ def test_store_all_records_in_one_native_call_and_reverses_in_one_stretch(schedu
     runs, stretches = [], []
     real_keep, real_run = native_loop.NativeLoops.advance_keeping, native_sweep.NativeSweep.run
     monkeypatch.setattr(native_loop.NativeLoops, "advance_keeping",
-                        lambda self, t, prev, steps: runs.append(steps) or real_keep(self, t, prev, steps))
+                        lambda self, t, prev, steps, keep: runs.append(steps) or real_keep(self, t, prev, steps, keep))
     monkeypatch.setattr(native_sweep.NativeSweep, "run", lambda self, a: stretches.append(a) or real_run(self, a))
     model, initial = make()
     tape = gradients(model, initial, sp.StoreAll(STEPS), False, monkeypatch)
