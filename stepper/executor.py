@@ -282,9 +282,9 @@ class Sweep:
         """Record steps n .. n1-1 (run before, or trusted) natively, in one call: each keeps the
         state it starts from (the part its reversal reads, `StepTrace.reversal_reads`), from which
         its reversal (native_reverse.py) replays its launches, so no tape, scratch or s.next is
-        kept. With `outputs_dead` (one step whose reversal comes next)
-        it does not even run: nothing reads its results. Return the step reached (n where the tape
-        path must record them)."""
+        kept. With `outputs_dead` (one step whose reversal comes next) it does not even run:
+        nothing reads its results. Return the step reached (n where the tape path must record
+        them)."""
         trace = self._runner.trace
         if not (self.native_loops and not self.online and self._runner.replays_recording()
                 and self.reversal.applies(trace)):

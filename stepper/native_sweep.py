@@ -304,10 +304,9 @@ class _Stretch:
         key = tuple(map(id, arrays))
         version = self.found.get(key)
         if version is None:
-            ptr = self.ptr
-            for a in arrays:
-                ptr[id(a)] = _ptr(a) if a is not None else 0
-            version = self.found[key] = _Version(arrays, 0, [ptr[k] for k in key])
+            ptrs = [0 if a is None else _ptr(a) for a in arrays]
+            self.ptr.update((k, p) for k, p in zip(key, ptrs) if p)
+            version = self.found[key] = _Version(arrays, 0, ptrs)
             self.versions.append(version)
         version.refs += 1
         holds = self.pool.holds

@@ -54,3 +54,29 @@ def test_gather_passes_keep_only_what_reaches_their_offset():
     size = len(list(ir.walk(gather.body)))
     assert size < 1.5 * len(list(ir.walk(compiled.adjoint.body)))
     assert len(list(ir.walk(eliminate_dead_code(gather).body))) == size
+
+
+@sp.kernel
+def leapfrog(up: F2, u: F2, c: float, up_next: F2, u_next: F2):
+    i, j = sp.tid()
+    x = u[i, j]
+    up_next[i, j] = x
+    u_next[i, j] = 2.0 * x - up[i, j] + c * x * x
+
+
+@sp.kernel
+def scaled(up: F2, u: F2, up_next: F2, u_next: F2):
+    i, j = sp.tid()
+    up_next[i, j] = u[i, j]
+    u_next[i, j] = up[i, j] * u[i, j]
+
+
+def test_adjoints_load_only_the_values_their_derivatives_use():
+    """The scatter adjoint loses the replay's dead loads as the gather form does: `up` enters
+    `leapfrog` linearly, so no form of its adjoint reads it (a recording kept for later need not
+    keep it: stepper's StepTrace.reversal_reads); a product reads both factors."""
+    compiled = leapfrog.compiled()
+    loads = lambda fn: {s.array.param.name for s in ir.walk(fn.body) if isinstance(s, ir.Load)}  # noqa: E731
+    assert loads(compiled.adjoint) == {"u"}
+    assert compiled.adjoint_loads == {"u"}
+    assert scaled.compiled().adjoint_loads == {"up", "u"}
