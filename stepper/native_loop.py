@@ -17,6 +17,11 @@ step (nothing records them). What the Python path zero-fills on each take (s.nex
 sees the same inputs as a replay from Python and the state comes out with the same bits: same entry
 points, same packed arguments, same serial flags, same order.
 
+A whole-state copy, ``sp.copy(s.next.up, s.prev.u)``, is a buffer rename in such a run: every step
+but the last skips the copy launch and the next step reads u's buffer itself as its prev.up
+(`renamed_copies`; u then turns over three buffers); the last step copies, so the state a run
+returns owns its buffers, as everywhere else. Recordings and native stretches run the copy.
+
 A run of recordings kept for the reverse sweep (StoreAll's forward sweep) is one call too
 (`advance_keeping`): each step writes versions of its own of the states its reversal reads, which
 it keeps; the rest take turns in two versions.
@@ -45,26 +50,65 @@ struct sp_launch { forward_t entry; char* buf; int64_t serial; };
 struct sp_patch { int64_t launch; int64_t offset; int64_t slot; };   // buf + offset <- slots[slot]
 struct sp_state { int64_t prev; int64_t next; void* spare; };        // slot indices, the second new version
 struct sp_zero { int64_t slot; int64_t nbytes; };
+struct sp_rename { int64_t to; int64_t from; };                      // state indices: next.to = prev.from
+struct sp_renames {                                                  // copies of a state done by renaming
+    const sp_rename* pairs; int64_t n_pairs;
+    const int64_t* copies; int64_t n_copies;                         // the copy launches, run on the last step only
+    int64_t n_zeros;                                                 // the zero fills before the renamed ones
+    void** saved;                                                    // 3 x n_pairs pointers of room
+};
+
+static bool sp_is_copy(const sp_renames* r, int64_t l) {
+    for (int64_t c = 0; c < r->n_copies; ++c)
+        if (r->copies[c] == l) return true;
+    return false;
+}
 
 // Runs `steps` steps. slots[] holds the buffers of the first step; after step k each state's prev
 // slot takes what its next slot held, and its next slot the buffer that is free again (the spare
 // after the first step: the starting state is never written). On return the prev slots hold the
 // last step's result and the next slots the other version.
+//
+// With `r`, every step but the last skips the copies next.to = prev.from: next step's prev.to is
+// this step's prev.from buffer itself. `from` then turns over three buffers (the one `to` reads,
+// the one it reads, the one it writes): the one `to` read becomes free, except after the first
+// two steps, where that is a starting buffer (to's, then from's) and the spares stand in for them.
+// The last step copies into to's next slot, untouched until then, so the result owns its buffers.
 extern "C" void sp_advance(int64_t steps, const sp_launch* launches, int64_t n_launches,
                            const sp_patch* patches, int64_t n_patches, void** slots,
-                           const sp_state* states, int64_t n_states, const sp_zero* zeros, int64_t n_zeros) {
+                           const sp_state* states, int64_t n_states, const sp_zero* zeros, int64_t n_zeros,
+                           const sp_renames* r) {
     for (int64_t k = 0; k < steps; ++k) {
+        const bool renaming = r != nullptr && k < steps - 1;
         for (int64_t p = 0; p < n_patches; ++p)
             std::memcpy(launches[patches[p].launch].buf + patches[p].offset, &slots[patches[p].slot], sizeof(void*));
-        for (int64_t z = 0; z < n_zeros; ++z)
+        for (int64_t z = 0; z < (renaming ? r->n_zeros : n_zeros); ++z)
             std::memset(slots[zeros[z].slot], 0, (size_t)zeros[z].nbytes);
         for (int64_t l = 0; l < n_launches; ++l)
-            launches[l].entry(launches[l].buf, (int)launches[l].serial);
+            if (!renaming || !sp_is_copy(r, l))
+                launches[l].entry(launches[l].buf, (int)launches[l].serial);
+        if (renaming)
+            for (int64_t q = 0; q < r->n_pairs; ++q) {
+                const sp_state& to = states[r->pairs[q].to];
+                const sp_state& from = states[r->pairs[q].from];
+                r->saved[3 * q] = slots[to.prev];
+                r->saved[3 * q + 1] = slots[to.next];
+                r->saved[3 * q + 2] = slots[from.prev];
+            }
         for (int64_t s = 0; s < n_states; ++s) {
             void* old = slots[states[s].prev];
             slots[states[s].prev] = slots[states[s].next];
             slots[states[s].next] = k == 0 ? states[s].spare : old;
         }
+        if (renaming)
+            for (int64_t q = 0; q < r->n_pairs; ++q) {
+                const sp_state& to = states[r->pairs[q].to];
+                const sp_state& from = states[r->pairs[q].from];
+                void* freed = r->saved[3 * q];                           // what `to` read this step
+                slots[to.prev] = r->saved[3 * q + 2];
+                slots[to.next] = r->saved[3 * q + 1];
+                slots[from.next] = k == 0 ? to.spare : k == 1 ? from.spare : freed;
+            }
     }
 }
 
@@ -79,7 +123,7 @@ extern "C" void sp_advance_each(int64_t steps, const sp_launch* launches, int64_
             slots[states[s].prev] = versions[k * n_states + s];
             slots[states[s].next] = versions[(k + 1) * n_states + s];
         }
-        sp_advance(1, launches, n_launches, patches, n_patches, slots, states, n_states, zeros, n_zeros);
+        sp_advance(1, launches, n_launches, patches, n_patches, slots, states, n_states, zeros, n_zeros, nullptr);
     }
 }
 """
@@ -101,6 +145,15 @@ class _Zero(ctypes.Structure):
     _fields_ = [("slot", ctypes.c_int64), ("nbytes", ctypes.c_int64)]
 
 
+class _Rename(ctypes.Structure):
+    _fields_ = [("to", ctypes.c_int64), ("from_", ctypes.c_int64)]
+
+
+class _Renames(ctypes.Structure):
+    _fields_ = [("pairs", ctypes.c_void_p), ("n_pairs", ctypes.c_int64), ("copies", ctypes.c_void_p),
+                ("n_copies", ctypes.c_int64), ("n_zeros", ctypes.c_int64), ("saved", ctypes.c_void_p)]
+
+
 _driver = None
 
 
@@ -112,8 +165,8 @@ def _driver_functions():
         library = load_cpu_library(build_cpu_library(_DRIVER, "stepper_native_loop"))
         tables = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
                   ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64]
-        # (the tables go in as addresses: plain ints convert fastest)
-        for fn, extra in ((library.sp_advance, []), (library.sp_advance_each, [ctypes.c_void_p])):
+        # (the tables go in as addresses: plain ints convert fastest; the last: renames or None)
+        for fn, extra in ((library.sp_advance, [ctypes.c_void_p]), (library.sp_advance_each, [ctypes.c_void_p])):
             fn.argtypes = tables + extra
             fn.restype = None
         _driver = (library.sp_advance, library.sp_advance_each)
@@ -145,10 +198,47 @@ class _Plan:
         self.patches = (_Patch * len(patches))(*patches)
         self.n_slots = 2 * len(states) + len(self.scratch)
         self.states = (_StateSlots * len(states))(*[_StateSlots(k, len(states) + k, None) for k in range(len(states))])
-        zeros = [_Zero(len(states) + k, nxt[name]._data.nbytes) for k, name in enumerate(states)] if zero_next else []
+        copies = renamed_copies(launches, nxt)
+        renamed = {to for _, to, _ in copies}
+        zeros = [_Zero(len(states) + k, nxt[name]._data.nbytes) for k, name in enumerate(states)
+                 if name not in renamed] if zero_next else []
         zeros += [_Zero(2 * len(states) + k, scratch[name]._data.nbytes)
                   for k, (name, shape, dtype, zero) in enumerate(self.scratch) if zero is not False and (zero or zero_next)]
+        always = len(zeros)                          # then the fills of the renamed states' s.next: last step only
+        zeros += [_Zero(len(states) + states.index(name), nxt[name]._data.nbytes) for name in renamed if zero_next]
         self.zeros = (_Zero * len(zeros))(*zeros)
+        self.renames = None
+        if copies:
+            self._renaming = ((_Rename * len(copies))(*[_Rename(states.index(to), states.index(src))
+                                                        for _, to, src in copies]),
+                              (ctypes.c_int64 * len(copies))(*[k for k, _, _ in copies]),
+                              (ctypes.c_void_p * (3 * len(copies)))())
+            pairs, indices, saved = self._renaming
+            self.renames = _Renames(ctypes.addressof(pairs), len(copies), ctypes.addressof(indices), len(copies),
+                                    always, ctypes.addressof(saved))
+
+
+def renamed_copies(launches, nxt: State) -> list[tuple[int, str, str]]:
+    """The whole-state copies ``sp.copy(s.next.to, s.prev.src)`` a run of steps makes by renaming
+    buffers (see sp_advance): (launch index, to, src), where nothing else of the step touches
+    s.next.to, `src` is another state (not itself renamed, the source of one copy) of its shape
+    and dtype, and `to` is no copy's source."""
+    from compiler.runtime.copy_kernels import is_copy_kernel
+    found = []
+    for k, t in enumerate(launches):
+        if not is_copy_kernel(t.kernel) or len(t.args) != 2:
+            continue
+        src, dest = t.args
+        if not (type(src) is Slot and src.group == "prev" and type(dest) is Slot and dest.group == "next") \
+                or src.name == dest.name or t.dims != nxt[dest.name].shape \
+                or nxt[src.name].shape != nxt[dest.name].shape or nxt[src.name].dtype != nxt[dest.name].dtype:
+            continue
+        if any(type(a) is Slot and a == dest for j, u in enumerate(launches) if j != k for a in u.args):
+            continue
+        found.append((k, dest.name, src.name))
+    targets, sources = [to for _, to, _ in found], [src for _, _, src in found]
+    return [(k, to, src) for k, to, src in found
+            if src not in targets and to not in sources and sources.count(src) == 1]
 
 
 def _ptr(arr) -> int:
@@ -178,6 +268,7 @@ class NativeLoops:
         self._broken = pool.device != "cpu"        # the driver calls CPU entry points only
         self.steps = 0                              # steps run natively (for stats and tests)
         self.calls = 0
+        self.renamed_copies = 0                     # copies not run: their buffers renamed (sp_advance)
 
     def _prepare(self, trace, prev: State, a: list, scratch: dict):
         plan = _Plan(trace, self._names, prev, State(dict(zip(self._names, a))), scratch, self.pool.zero)
@@ -236,25 +327,24 @@ class NativeLoops:
             for k, arr in enumerate(b):
                 plan.states[k].spare = _ptr(arr)
             settle()                                 # launches a Tape holds run first
-            functions[0](steps, *args)
+            functions[0](steps, *args, ctypes.addressof(plan.renames) if plan.renames is not None else None)
         except BaseException:
             pool.release_all((*a, *scratch.values()))
             pool.release_all([x for x, s in zip(b, starts) if x is not s])
             raise
-        result, release = {}, list(scratch.values())
-        for k, name in enumerate(self._names):
-            mine, other = (a[k], b[k]) if slots[k] == _ptr(a[k]) else (b[k], a[k])
-            result[name] = mine
-            release.append(other)
-            mine._storage.version += 1               # written, as launches mark what they write
-            other._storage.version += 1
-            if b[k] is not starts[k]:
-                release.append(starts[k])            # the caller's hold, taken over
-        for arr in scratch.values():
-            arr._storage.version += 1
-        pool.release_all(release)
+        # The result is in the prev slots, each a buffer of a, b or the start (renamed copies move
+        # buffers between states of one kind); every one of them not in it goes back (the caller's
+        # hold on the start included, taken over).
+        held = {_ptr(arr): arr for arr in (*starts, *a, *b)}
+        result = {name: held[slots[k]] for k, name in enumerate(self._names)}
+        kept = {id(arr) for arr in result.values()}
+        for arr in (*a, *b, *scratch.values()):
+            arr._storage.version += 1                # written, as launches mark what they write
+        pool.release_all([*scratch.values(), *(arr for arr in held.values() if id(arr) not in kept)])
         self.steps += steps
         self.calls += 1
+        if plan.renames is not None:
+            self.renamed_copies += (steps - 1) * plan.renames.n_copies
         return State(result)
 
     def advance_keeping(self, trace, prev: State, steps: int, keep) -> list[State] | None:

@@ -72,7 +72,7 @@ extern "C" void sp_sweep(const int64_t* ops, int64_t n_words, const sp_plan* p) 
             }
             i += 3 * S;
             sp_advance(steps, p->launches, p->n_launches, p->patches, p->n_patches, p->slots, p->states, S,
-                       p->zeros, p->n_zeros);
+                       p->zeros, p->n_zeros, nullptr);
             continue;
         }
         for (int64_t k = 0; k < 2 * S + 2 * F; ++k) p->rslots[k] = (void*)ops[i + k];

@@ -9,7 +9,7 @@ elementwise sum where the arrays live (on a GPU, without moving them through the
 from ..kernel import Kernel, KernelModule
 from ..types import ArrayType
 
-__all__ = ["add_into", "copy_kernel", "launched_copy"]
+__all__ = ["add_into", "copy_kernel", "is_copy_kernel", "launched_copy"]
 
 _KERNELS: dict = {}
 
@@ -44,6 +44,11 @@ def copy_kernel(dtype, ndim: int) -> Kernel:
             module.add(kernel)
             _KERNELS[(dtype, rank)] = kernel
     return _KERNELS[key]
+
+
+def is_copy_kernel(kernel) -> bool:
+    """Whether `kernel` is one of the whole-array copy kernels (`copy_kernel`)."""
+    return any(k is kernel for key, k in _KERNELS.items() if key[1] != "add")
 
 
 def _copies(A1, A2, A3, A4):

@@ -238,6 +238,84 @@ def test_recomputations_make_one_native_call_per_forward_action_and_no_python_la
     assert relaunched == []
 
 
+def loops_made(monkeypatch) -> list:
+    made, init = [], native_loop.NativeLoops.__init__
+
+    def remember(self, *args):
+        init(self, *args)
+        made.append(self)
+    monkeypatch.setattr(native_loop.NativeLoops, "__init__", remember)
+    return made
+
+
+@sp.kernel
+def clamped_smooth(x: F64, y: F64):
+    i = sp.tid()                          # writes every element: no zero fill needed
+    n = x.shape[0]
+    y[i] = 0.25 * x[sp.max(i - 1, 0)] + 0.5 * x[i] + 0.25 * x[sp.min(i + 1, n - 1)] + 0.01 * x[i] * x[i]
+
+
+def renaming_model(zero_buffers: bool, read_copy: bool = False, n=12):
+    """copying_model's step written whole (so it may skip zero fills); with `read_copy` a later
+    launch reads the copy, so s.next.y must be written every step."""
+    model = sp.Model(zero_buffers=zero_buffers)
+    for name in ("x", "y", "z"):
+        model.state(name, n, sp.float64)
+
+    @model.step
+    def step(s):
+        sp.launch(clamped_smooth, n, inputs=[s.prev.y], outputs=[s.next.x])
+        sp.copy(s.next.y, s.prev.x)
+        sp.launch(clamped_smooth, n, inputs=[s.next.y if read_copy else s.prev.z], outputs=[s.next.z])
+    return model, {"x": sp.array(np.linspace(0.5, 1.5, n), dtype=sp.float64),
+                   "y": sp.array(np.linspace(1.0, -1.0, n), dtype=sp.float64),
+                   "z": sp.array(np.cos(np.arange(n)), dtype=sp.float64)}
+
+
+@pytest.mark.parametrize("steps", [3, 4, 5, 6, 9, 30])
+@pytest.mark.parametrize("make", [lambda: copying_model(), lambda: renaming_model(True), lambda: renaming_model(False)])
+def test_a_copy_of_a_state_is_a_buffer_rename_in_native_runs(steps, make, monkeypatch):
+    """``sp.copy(s.next.y, s.prev.x)`` in a native run: every step but the last skips the copy and
+    reads the buffer itself the next step (sp_advance turns x's buffers over three); the last
+    copies, so the result owns its buffers. The step-by-step path's bits for every run length (the
+    first two steps of a rollout run in Python and trust the trace), with and without zero fills,
+    and in checkpointed gradients from snapshots that others hold (store-all's bits)."""
+    made = loops_made(monkeypatch)
+    model, initial = make()
+    monkeypatch.setattr(Sweep, "native_loops", False)
+    python = model.rollout(initial, steps)
+    monkeypatch.setattr(Sweep, "native_loops", True)
+    native = model.rollout(initial, steps)
+    loops = made[-1]
+    assert loops.steps == steps - 2 and loops.renamed_copies == steps - 3
+    for name in python:
+        np.testing.assert_array_equal(native[name].numpy(), python[name].numpy(), err_msg=name)
+    loss_of = loss if "z" not in model.states else x_and_z_loss
+    stored = gradients(model, initial, sp.StoreAll(STEPS), False, monkeypatch, loss=loss_of)
+    revolve = gradients(model, initial, sp.Revolve(STEPS, 3), True, monkeypatch, loss=loss_of)
+    assert made[-1].renamed_copies > 0
+    same_bits(stored, revolve)
+
+
+def x_and_z_loss(state):
+    out = sp.zeros(1, dtype=sp.float64, requires_grad=True)
+    sp.launch(square_sum, state.z.shape[0], inputs=[state.z], outputs=[out])
+    sp.launch(square_sum, state.x.shape[0], inputs=[state.x], outputs=[out])
+    return out
+
+
+def test_a_copy_a_later_launch_reads_is_not_renamed(monkeypatch):
+    made = loops_made(monkeypatch)
+    model, initial = renaming_model(False, read_copy=True)
+    monkeypatch.setattr(Sweep, "native_loops", False)
+    python = model.rollout(initial, 12)
+    monkeypatch.setattr(Sweep, "native_loops", True)
+    native = model.rollout(initial, 12)
+    assert made[-1].steps == 10 and made[-1].renamed_copies == 0
+    for name in python:
+        np.testing.assert_array_equal(native[name].numpy(), python[name].numpy(), err_msg=name)
+
+
 def test_a_step_that_is_not_traced_stays_on_the_python_path(monkeypatch):
     """A step whose launches depend on its index is not replayed: nothing runs natively."""
     n = 16
