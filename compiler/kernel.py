@@ -20,6 +20,7 @@ from .passes import write_once
 from .passes.adjoint import AdjointUnsupported, adjoint_function
 from .passes.dce import eliminate_dead_code
 from .passes.gather import GatherAdjoint, gather_adjoint
+from .passes.identity_stores import IdentityStores, identity_stores
 from .passes.interior import Interior, interior_variant
 from .passes.verify import verify
 from .types import ArrayType
@@ -105,6 +106,7 @@ class Compiled:
     needs_tape: bool
     gather: GatherAdjoint | None = None     # the scatter-free adjoint, where the kernel has one
     interior: Interior | None = None        # the forward with its boundary tests settled
+    identity: IdentityStores | None = None  # `out[tid] = in[tid]` stores, and the forward without them
 
     @property
     def adjoint_loads(self) -> frozenset:
@@ -116,9 +118,9 @@ class Compiled:
                          if isinstance(s, (ir.Load, ir.Atomic)) and not s.array.adjoint)
 
     def functions(self) -> tuple:
-        """What the module renders for this kernel: the forward, its interior variant, the adjoint
-        and its gather form."""
-        return self.forward, self.interior, self.adjoint, self.gather
+        """What the module renders for this kernel: the forward, its interior variant, the adjoint,
+        its gather form and the forward without its identity stores."""
+        return self.forward, self.interior, self.adjoint, self.gather, self.identity
 
 
 class Kernel:
@@ -157,8 +159,13 @@ class Kernel:
             interior = interior_variant(forward, forward.name + "_interior")
             if interior is not None:
                 verify(interior.function)
-            self._compiled = Compiled(forward, adjoint, error, argument_uses(forward), needs_tape, gather,
-                                      interior)
+            uses = argument_uses(forward)
+            identity = identity_stores(forward, uses)
+            if identity is not None:
+                verify(identity.function)
+                if identity.interior is not None:
+                    verify(identity.interior.function)
+            self._compiled = Compiled(forward, adjoint, error, uses, needs_tape, gather, interior, identity)
         return self._compiled
 
     @property

@@ -17,10 +17,12 @@ step (nothing records them). What the Python path zero-fills on each take (s.nex
 sees the same inputs as a replay from Python and the state comes out with the same bits: same entry
 points, same packed arguments, same serial flags, same order.
 
-A whole-state copy, ``sp.copy(s.next.up, s.prev.u)``, is a buffer rename in such a run: every step
-but the last skips the copy launch and the next step reads u's buffer itself as its prev.up
-(`renamed_copies`; u then turns over three buffers); the last step copies, so the state a run
-returns owns its buffers, as everywhere else. Recordings and native stretches run the copy.
+A whole-state copy, ``sp.copy(s.next.up, s.prev.u)`` or a kernel's ``up_next[i, j] = u[i, j]``
+(compiler/passes/identity_stores.py), is a buffer rename in such a run: every step but the last
+skips the copy (the copy launch, or the kernel's copying stores: it runs a variant without them)
+and the next step reads u's buffer itself as its prev.up (`renamed_copies`; u then turns over
+three buffers); the last step copies, so the state a run returns owns its buffers, as everywhere
+else. Recordings and native stretches copy.
 
 A run of recordings kept for the reverse sweep (StoreAll's forward sweep) is one call too
 (`advance_keeping`): each step writes versions of its own of the states its reversal reads, which
@@ -53,15 +55,23 @@ struct sp_zero { int64_t slot; int64_t nbytes; };
 struct sp_rename { int64_t to; int64_t from; };                      // state indices: next.to = prev.from
 struct sp_renames {                                                  // copies of a state done by renaming
     const sp_rename* pairs; int64_t n_pairs;
-    const int64_t* copies; int64_t n_copies;                         // the copy launches, run on the last step only
+    const int64_t* copies; const forward_t* instead; int64_t n_copies;  // the launches that copy, and what
+                                                                     // runs instead but on the last step
+                                                                     // (nothing, or the kernel without
+                                                                     // its copying stores)
     int64_t n_zeros;                                                 // the zero fills before the renamed ones
     void** saved;                                                    // 3 x n_pairs pointers of room
 };
 
-static bool sp_is_copy(const sp_renames* r, int64_t l) {
+static const sp_launch* sp_renamed(const sp_renames* r, const sp_launch& launch, int64_t l, sp_launch* instead) {
     for (int64_t c = 0; c < r->n_copies; ++c)
-        if (r->copies[c] == l) return true;
-    return false;
+        if (r->copies[c] == l) {
+            if (r->instead[c] == nullptr) return nullptr;
+            *instead = launch;
+            instead->entry = r->instead[c];
+            return instead;
+        }
+    return &launch;
 }
 
 // Runs `steps` steps. slots[] holds the buffers of the first step; after step k each state's prev
@@ -69,8 +79,9 @@ static bool sp_is_copy(const sp_renames* r, int64_t l) {
 // after the first step: the starting state is never written). On return the prev slots hold the
 // last step's result and the next slots the other version.
 //
-// With `r`, every step but the last skips the copies next.to = prev.from: next step's prev.to is
-// this step's prev.from buffer itself. `from` then turns over three buffers (the one `to` reads,
+// With `r`, every step but the last skips the copies next.to = prev.from (a copy launch, or the
+// stores of a kernel that copies as it goes: it runs without them): next step's prev.to is this
+// step's prev.from buffer itself. `from` then turns over three buffers (the one `to` reads,
 // the one it reads, the one it writes): the one `to` read becomes free, except after the first
 // two steps, where that is a starting buffer (to's, then from's) and the spares stand in for them.
 // The last step copies into to's next slot, untouched until then, so the result owns its buffers.
@@ -84,9 +95,11 @@ extern "C" void sp_advance(int64_t steps, const sp_launch* launches, int64_t n_l
             std::memcpy(launches[patches[p].launch].buf + patches[p].offset, &slots[patches[p].slot], sizeof(void*));
         for (int64_t z = 0; z < (renaming ? r->n_zeros : n_zeros); ++z)
             std::memset(slots[zeros[z].slot], 0, (size_t)zeros[z].nbytes);
-        for (int64_t l = 0; l < n_launches; ++l)
-            if (!renaming || !sp_is_copy(r, l))
-                launches[l].entry(launches[l].buf, (int)launches[l].serial);
+        for (int64_t l = 0; l < n_launches; ++l) {
+            sp_launch instead;
+            const sp_launch* run = renaming ? sp_renamed(r, launches[l], l, &instead) : &launches[l];
+            if (run != nullptr) run->entry(run->buf, (int)run->serial);
+        }
         if (renaming)
             for (int64_t q = 0; q < r->n_pairs; ++q) {
                 const sp_state& to = states[r->pairs[q].to];
@@ -151,7 +164,8 @@ class _Rename(ctypes.Structure):
 
 class _Renames(ctypes.Structure):
     _fields_ = [("pairs", ctypes.c_void_p), ("n_pairs", ctypes.c_int64), ("copies", ctypes.c_void_p),
-                ("n_copies", ctypes.c_int64), ("n_zeros", ctypes.c_int64), ("saved", ctypes.c_void_p)]
+                ("instead", ctypes.c_void_p), ("n_copies", ctypes.c_int64), ("n_zeros", ctypes.c_int64),
+                ("saved", ctypes.c_void_p)]
 
 
 _driver = None
@@ -199,7 +213,8 @@ class _Plan:
         self.n_slots = 2 * len(states) + len(self.scratch)
         self.states = (_StateSlots * len(states))(*[_StateSlots(k, len(states) + k, None) for k in range(len(states))])
         copies = renamed_copies(launches, nxt)
-        renamed = {to for _, to, _ in copies}
+        pairs = [pair for _, launch_pairs, _ in copies for pair in launch_pairs]
+        renamed = {to for to, _ in pairs}
         zeros = [_Zero(len(states) + k, nxt[name]._data.nbytes) for k, name in enumerate(states)
                  if name not in renamed] if zero_next else []
         zeros += [_Zero(2 * len(states) + k, scratch[name]._data.nbytes)
@@ -209,36 +224,52 @@ class _Plan:
         self.zeros = (_Zero * len(zeros))(*zeros)
         self.renames = None
         if copies:
-            self._renaming = ((_Rename * len(copies))(*[_Rename(states.index(to), states.index(src))
-                                                        for _, to, src in copies]),
+            self._renaming = ((_Rename * len(pairs))(*[_Rename(states.index(to), states.index(src)) for to, src in pairs]),
                               (ctypes.c_int64 * len(copies))(*[k for k, _, _ in copies]),
-                              (ctypes.c_void_p * (3 * len(copies)))())
-            pairs, indices, saved = self._renaming
-            self.renames = _Renames(ctypes.addressof(pairs), len(copies), ctypes.addressof(indices), len(copies),
-                                    always, ctypes.addressof(saved))
+                              (ctypes.c_void_p * len(copies))(*[instead for _, _, instead in copies]),
+                              (ctypes.c_void_p * (3 * len(pairs)))())
+            table, indices, instead, saved = self._renaming
+            self.renames = _Renames(ctypes.addressof(table), len(pairs), ctypes.addressof(indices),
+                                    ctypes.addressof(instead), len(copies), always, ctypes.addressof(saved))
 
 
-def renamed_copies(launches, nxt: State) -> list[tuple[int, str, str]]:
-    """The whole-state copies ``sp.copy(s.next.to, s.prev.src)`` a run of steps makes by renaming
-    buffers (see sp_advance): (launch index, to, src), where nothing else of the step touches
-    s.next.to, `src` is another state (not itself renamed, the source of one copy) of its shape
-    and dtype, and `to` is no copy's source."""
+def renamed_copies(launches, nxt: State) -> list[tuple[int, list, int | None]]:
+    """The launches that copy whole states, ``s.next.to = s.prev.src``, which a run of steps does
+    by renaming buffers (see sp_advance): ``(launch index, [(to, src), ...], what runs instead)``.
+    A copy launch (``sp.copy(s.next.to, s.prev.src)``) runs nothing instead; a kernel whose
+    identity stores (compiler/passes/identity_stores.py) copy runs without them. Each copy must
+    cover the whole state, nothing else of the step may touch s.next.to, `src` must be another
+    state of the same shape and dtype, not itself renamed and the source of this copy only, and
+    `to` no copy's source."""
     from compiler.runtime.copy_kernels import is_copy_kernel
+    from compiler.runtime.launch import renamed_forward
+
+    def whole_state(t, src, dest) -> bool:
+        return type(src) is Slot and src.group == "prev" and type(dest) is Slot and dest.group == "next" \
+            and src.name != dest.name and t.dims == nxt[dest.name].shape \
+            and nxt[src.name].shape == nxt[dest.name].shape and nxt[src.name].dtype == nxt[dest.name].dtype
+
     found = []
     for k, t in enumerate(launches):
-        if not is_copy_kernel(t.kernel) or len(t.args) != 2:
+        if is_copy_kernel(t.kernel):
+            slots, instead = ([t.args] if len(t.args) == 2 else []), None
+        elif t.kernel.compiled().identity is not None:
+            args = {p.name: a for p, a in zip(t.kernel.params, t.args)}
+            slots = [(args[src], args[out]) for out, src in t.kernel.compiled().identity.copies.items()]
+            instead = renamed_forward(t.kernel)
+        else:
             continue
-        src, dest = t.args
-        if not (type(src) is Slot and src.group == "prev" and type(dest) is Slot and dest.group == "next") \
-                or src.name == dest.name or t.dims != nxt[dest.name].shape \
-                or nxt[src.name].shape != nxt[dest.name].shape or nxt[src.name].dtype != nxt[dest.name].dtype:
+        if not slots or not all(whole_state(t, src, dest) for src, dest in slots):
             continue
-        if any(type(a) is Slot and a == dest for j, u in enumerate(launches) if j != k for a in u.args):
+        dests = [dest for _, dest in slots]
+        if any(type(a) is Slot and a in dests for j, u in enumerate(launches) for a in u.args if j != k) \
+                or any(sum(type(a) is Slot and a == dest for a in t.args) != 1 for dest in dests):
             continue
-        found.append((k, dest.name, src.name))
-    targets, sources = [to for _, to, _ in found], [src for _, _, src in found]
-    return [(k, to, src) for k, to, src in found
-            if src not in targets and to not in sources and sources.count(src) == 1]
+        found.append((k, [(dest.name, src.name) for src, dest in slots], instead))
+    targets = [to for _, pairs, _ in found for to, _ in pairs]
+    sources = [src for _, pairs, _ in found for _, src in pairs]
+    return [(k, pairs, instead) for k, pairs, instead in found
+            if all(src not in targets and to not in sources and sources.count(src) == 1 for to, src in pairs)]
 
 
 def _ptr(arr) -> int:
@@ -344,7 +375,7 @@ class NativeLoops:
         self.steps += steps
         self.calls += 1
         if plan.renames is not None:
-            self.renamed_copies += (steps - 1) * plan.renames.n_copies
+            self.renamed_copies += (steps - 1) * plan.renames.n_pairs
         return State(result)
 
     def advance_keeping(self, trace, prev: State, steps: int, keep) -> list[State] | None:

@@ -251,18 +251,22 @@ def native_definitions(functions) -> str:
 
 def render(kernels: list[tuple], debug: bool, target: Target) -> RenderedModule:
     """The source of one module for `target`: per kernel (forward, its `Interior`, adjoint,
-    `GatherAdjoint`; all but the forward may be None) an entry point for the forward, the adjoint
-    and the gather form. Interior variants only rearrange their body's ops, so the forward's and
-    the adjoint's native definitions cover them."""
+    `GatherAdjoint`, `IdentityStores`; all but the forward may be None) an entry point for the
+    forward, the adjoint and the gather form, and on the CPU one for the forward without its
+    identity stores (native step loops rename buffers instead). Interior variants and that one only
+    leave out or rearrange their body's ops, so the forward's and the adjoint's native definitions
+    cover them."""
     sites: list = []
-    parts = [target.header, native_definitions([f for forward, _, adjoint, _ in kernels for f in (forward, adjoint)
+    parts = [target.header, native_definitions([f for forward, _, adjoint, *_ in kernels for f in (forward, adjoint)
                                                 if f is not None])]
-    for forward, interior, adjoint, gather in kernels:
+    for forward, interior, adjoint, gather, identity in kernels:
         parts.append(_kernel(forward, debug, sites, target, target.forward_entry, interior))
         if adjoint is not None:
             parts.append(_kernel(adjoint, debug, sites, target, target.adjoint_entry))
         if gather is not None:
             parts.append(_kernel(gather.function, debug, sites, target, target.gather_entry, gather.interior))
+        if identity is not None and target is CPU:
+            parts.append(_kernel(identity.function, debug, sites, target, target.forward_entry, identity.interior))
     return RenderedModule("\n".join(parts), sites)
 
 

@@ -273,13 +273,16 @@ def renaming_model(zero_buffers: bool, read_copy: bool = False, n=12):
 
 
 @pytest.mark.parametrize("steps", [3, 4, 5, 6, 9, 30])
-@pytest.mark.parametrize("make", [lambda: copying_model(), lambda: renaming_model(True), lambda: renaming_model(False)])
+@pytest.mark.parametrize("make", [lambda: copying_model(), lambda: renaming_model(True), lambda: renaming_model(False),
+                                  lambda: (wave_model(), wave_initial())])
 def test_a_copy_of_a_state_is_a_buffer_rename_in_native_runs(steps, make, monkeypatch):
     """``sp.copy(s.next.y, s.prev.x)`` in a native run: every step but the last skips the copy and
     reads the buffer itself the next step (sp_advance turns x's buffers over three); the last
-    copies, so the result owns its buffers. The step-by-step path's bits for every run length (the
-    first two steps of a rollout run in Python and trust the trace), with and without zero fills,
-    and in checkpointed gradients from snapshots that others hold (store-all's bits)."""
+    copies, so the result owns its buffers. So does a kernel that copies as it goes (the wave's
+    ``up_next[i] = x``, x = u[i]: a variant without that store runs instead). The step-by-step
+    path's bits for every run length (the first two steps of a rollout run in Python and trust the
+    trace), with and without zero fills, and in checkpointed gradients from snapshots that others
+    hold (store-all's bits)."""
     made = loops_made(monkeypatch)
     model, initial = make()
     monkeypatch.setattr(Sweep, "native_loops", False)
@@ -290,7 +293,7 @@ def test_a_copy_of_a_state_is_a_buffer_rename_in_native_runs(steps, make, monkey
     assert loops.steps == steps - 2 and loops.renamed_copies == steps - 3
     for name in python:
         np.testing.assert_array_equal(native[name].numpy(), python[name].numpy(), err_msg=name)
-    loss_of = loss if "z" not in model.states else x_and_z_loss
+    loss_of = x_and_z_loss if "z" in model.states else wave_loss if "up" in model.states else loss
     stored = gradients(model, initial, sp.StoreAll(STEPS), False, monkeypatch, loss=loss_of)
     revolve = gradients(model, initial, sp.Revolve(STEPS, 3), True, monkeypatch, loss=loss_of)
     assert made[-1].renamed_copies > 0
