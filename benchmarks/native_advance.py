@@ -69,12 +69,13 @@ def native_path(loops, runner, start, steps: int) -> float:
 
 
 def kernel_only(loops, steps: int) -> float:
-    """The packed launches of the plan, called `steps` times on the buffers they were packed with."""
+    """The packed launches of the plan, called `steps` times on the buffers they were packed with
+    (the whole kernel every step: no renamed copies)."""
     plan = loops._plan[1]
     fn = native_loop._driver_functions()[0]
     slots = (ctypes.c_void_p * max(plan.n_slots, 1))()
     t0 = time.perf_counter()
-    fn(steps, plan.launches, len(plan.launches), None, 0, slots, None, 0, None, 0)
+    fn(steps, plan.launches, len(plan.launches), None, 0, slots, None, 0, None, 0, None)
     return (time.perf_counter() - t0) / steps
 
 
