@@ -1,4 +1,4 @@
-"""Kernels and models shared by the stepper tests (kernels must live in files)."""
+"""Kernels, models and a helper shared by the stepper tests (kernels must live in files)."""
 import numpy as np
 
 import stepper as sp
@@ -170,3 +170,14 @@ def chain_final_x_squared(state):
     out = sp.zeros(1, dtype=sp.float64, device=state.x.device)
     sp.launch(sum_squares64, state.x.shape[0], inputs=[state.x], outputs=[out])
     return out
+
+
+def instances_made(monkeypatch, cls) -> list:
+    """Every instance of `cls` made from now on in this test (a Sweep's NativeLoops, GraphLoops)."""
+    made, init = [], cls.__init__
+
+    def remember(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        made.append(self)
+    monkeypatch.setattr(cls, "__init__", remember)
+    return made

@@ -9,7 +9,7 @@ import stepper as sp
 import stepper.graph_loop as graph_loop
 from compiler.backends import cudasim
 from stepper.executor import Sweep
-from stepper_models import chain_initial, chain_model, sum_squares64, wave_initial, wave_model
+from stepper_models import instances_made, chain_initial, chain_model, sum_squares64, wave_initial, wave_model
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not cudasim.enabled(), reason="runs on the CUDA simulator (STEPPER_CUDA_SIM=1)")]
@@ -61,13 +61,7 @@ def same_bits(a, b):
 
 
 def loops_made(monkeypatch) -> list:
-    made, init = [], graph_loop.GraphLoops.__init__
-
-    def remember(self, *args):
-        init(self, *args)
-        made.append(self)
-    monkeypatch.setattr(graph_loop.GraphLoops, "__init__", remember)
-    return made
+    return instances_made(monkeypatch, graph_loop.GraphLoops)
 
 
 @pytest.mark.parametrize("schedule", [lambda: sp.Revolve(STEPS, 2), lambda: sp.Revolve(STEPS, 4),

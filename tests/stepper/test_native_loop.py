@@ -8,7 +8,8 @@ import stepper as sp
 import stepper.native_loop as native_loop
 from stepper.executor import Sweep
 from stepper.trace_notes import UntraceableStepWarning
-from stepper_models import chain_initial, chain_model, spring_forces, integrate_particles, wave_initial, wave_model
+from stepper_models import (chain_initial, chain_model, instances_made, integrate_particles, spring_forces, wave_initial,
+                            wave_model)
 
 F64 = sp.array(dtype=sp.float64)
 F32 = sp.array(dtype=float)
@@ -239,13 +240,7 @@ def test_recomputations_make_one_native_call_per_forward_action_and_no_python_la
 
 
 def loops_made(monkeypatch) -> list:
-    made, init = [], native_loop.NativeLoops.__init__
-
-    def remember(self, *args):
-        init(self, *args)
-        made.append(self)
-    monkeypatch.setattr(native_loop.NativeLoops, "__init__", remember)
-    return made
+    return instances_made(monkeypatch, native_loop.NativeLoops)
 
 
 @sp.kernel
