@@ -224,7 +224,8 @@ class _Plan:
         self.zeros = (_Zero * len(zeros))(*zeros)
         self.renames = None
         if copies:
-            self._renaming = ((_Rename * len(pairs))(*[_Rename(states.index(to), states.index(src)) for to, src in pairs]),
+            rows = [_Rename(states.index(to), states.index(src)) for to, src in pairs]
+            self._renaming = ((_Rename * len(pairs))(*rows),       # kept alive with the plan
                               (ctypes.c_int64 * len(copies))(*[k for k, _, _ in copies]),
                               (ctypes.c_void_p * len(copies))(*[instead for _, _, instead in copies]),
                               (ctypes.c_void_p * (3 * len(pairs)))())
