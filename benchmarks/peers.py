@@ -15,7 +15,8 @@ Configurations ending in -1core run pinned to one core. Per configuration:
 
 - forward time (a rollout, no gradient) and gradient time (loss and dloss/du0), compilation excluded;
 - ours: the kernel-only bound (step evaluations x the step kernel's time + reverse steps x its
-  adjoint's, both measured in the worker by calling the entry points back to back) and wall / bound;
+  adjoint's, both measured in the worker by calling the entry points back to back, the median of
+  five passes) and wall / bound;
 - peak RSS of the process, the RSS after importing the library (the idle baseline), their
   difference, and the peak above the RSS just before the gradient (what the gradient itself held,
   measured by resetting the kernel's high-water mark through /proc/self/clear_refs);
