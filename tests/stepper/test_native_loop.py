@@ -8,8 +8,8 @@ import stepper as sp
 import stepper.native_loop as native_loop
 from stepper.executor import Sweep
 from stepper.trace_notes import UntraceableStepWarning
-from stepper_models import (chain_initial, chain_model, instances_made, integrate_particles, spring_forces, wave_initial,
-                            wave_model)
+from stepper_models import (chain_initial, chain_model, instances_made, integrate_particles, spring_forces, wave_1d,
+                            wave_initial, wave_model)
 
 F64 = sp.array(dtype=sp.float64)
 F32 = sp.array(dtype=float)
@@ -302,9 +302,24 @@ def x_and_z_loss(state):
     return out
 
 
-def test_a_copy_a_later_launch_reads_is_not_renamed(monkeypatch):
+def part_copying_wave(n=16):
+    """The 1-D wave launched over all but the last element: its identity store copies part of u."""
+    model = sp.Model()
+    model.state("up", n, sp.float64)
+    model.state("u", n, sp.float64)
+
+    @model.step
+    def step(s):
+        sp.launch(wave_1d, n - 1, inputs=[s.prev.up, s.prev.u, 0.2], outputs=[s.next.up, s.next.u])
+    return model, wave_initial(n)
+
+
+@pytest.mark.parametrize("make", [lambda: renaming_model(False, read_copy=True), part_copying_wave])
+def test_a_copy_that_is_read_or_partial_is_not_renamed(make, monkeypatch):
+    """A copy a later launch reads must be written every step; a kernel whose identity store
+    covers part of the state (launched over fewer threads) copies only that part."""
     made = loops_made(monkeypatch)
-    model, initial = renaming_model(False, read_copy=True)
+    model, initial = make()
     monkeypatch.setattr(Sweep, "native_loops", False)
     python = model.rollout(initial, 12)
     monkeypatch.setattr(Sweep, "native_loops", True)
