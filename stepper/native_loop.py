@@ -242,8 +242,7 @@ def renamed_copies(launches, nxt: State) -> list[tuple[int, list, int | None]]:
     cover the whole state, nothing else of the step may touch s.next.to, `src` must be another
     state of the same shape and dtype, not itself renamed and the source of this copy only, and
     `to` no copy's source."""
-    from compiler.runtime.copy_kernels import is_copy_kernel
-    from compiler.runtime.launch import renamed_forward
+    from compiler.runtime.copy_kernels import is_copy_kernel, renamed_forward
 
     def whole_state(t, src, dest) -> bool:
         return type(src) is Slot and src.group == "prev" and type(dest) is Slot and dest.group == "next" \

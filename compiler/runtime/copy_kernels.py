@@ -1,6 +1,7 @@
 """Whole-array copies as kernel launches, so that a copy made while a Tape records is a launch like
 any other: recorded with its adjoint (``adj_src += adj_dest``, in gather form: parallel and
-deterministic), replayable from a step's trace, run by the native step loops and CUDA graphs.
+deterministic), replayable from a step's trace, run by the native step loops and CUDA graphs; and
+the entry point of a kernel that copies as it goes, without those copies (`renamed_forward`).
 
 One small kernel module per element type holds a copy kernel for each rank (1 to 4), built on the
 first copy of that type and cached on disk like every kernel module, and `add_into`'s kernel: an
@@ -9,7 +10,7 @@ elementwise sum where the arrays live (on a GPU, without moving them through the
 from ..kernel import Kernel, KernelModule
 from ..types import ArrayType
 
-__all__ = ["add_into", "copy_kernel", "is_copy_kernel", "launched_copy"]
+__all__ = ["add_into", "copy_kernel", "is_copy_kernel", "launched_copy", "renamed_forward"]
 
 _KERNELS: dict = {}
 
@@ -49,6 +50,18 @@ def copy_kernel(dtype, ndim: int) -> Kernel:
 def is_copy_kernel(kernel) -> bool:
     """Whether `kernel` is one of the whole-array copy kernels (`copy_kernel`)."""
     return any(k is kernel for key, k in _KERNELS.items() if key[1] != "add")
+
+
+def renamed_forward(kernel: Kernel) -> int | None:
+    """The CPU entry point of `kernel`'s forward without its identity stores (`Compiled.identity`:
+    the copies ``out[tid] = in[tid]`` it makes as it goes), which takes the forward's packed buffer
+    (`packed_forward`), or None where it has none. Native step loops call it where they rename the
+    copy's buffers instead (stepper/native_loop.py)."""
+    import ctypes
+    identity = kernel.compiled().identity
+    if identity is None:
+        return None
+    return ctypes.cast(kernel.entry(False).function(identity.function.name, adjoint=False), ctypes.c_void_p).value
 
 
 def _copies(A1, A2, A3, A4):

@@ -523,16 +523,6 @@ def packed_adjoint(kernel: Kernel, dims: tuple, args: list, deterministic: bool,
     return ctypes.cast(entry, ctypes.c_void_p).value, adj_buffer, serial
 
 
-def renamed_forward(kernel: Kernel) -> int | None:
-    """The CPU entry point (as `packed_forward`'s, same packed buffer) of `kernel`'s forward without
-    its identity stores (`Compiled.identity`), or None where it has none."""
-    import ctypes
-    identity = kernel.compiled().identity
-    if identity is None:
-        return None
-    return ctypes.cast(kernel.entry(False).function(identity.function.name, adjoint=False), ctypes.c_void_p).value
-
-
 def _run_adjoint(kernel, compiled, sig, args, dims, buffer, debug, serial, fresh=None):
     if compiled.adjoint is None:
         return
