@@ -26,7 +26,7 @@ from compiler import array
 from .errors import ModelError, NonFiniteError
 from .graph_loop import GraphLoops
 from .native_loop import NativeLoops
-from .native_reverse import Kept, NativeReversal
+from .native_reverse import Kept, NativeReversal, kept_part
 from .native_sweep import NativeSweep
 from .state import State, write_values
 from .step_context import RecordedStep, StepRunner, StepTape, check_scalar_loss
@@ -297,11 +297,7 @@ class Sweep:
             states = self.native.advance_keeping(trace, self.work, n1 - n, trace.reversal_reads)
             if states is None:
                 return n
-        unread = [a for name, a in self.work.items() if name not in trace.reversal_reads]
-        if unread:
-            self.pool.release_all(unread)
-            self.work = State({name: a for name, a in self.work.items() if name in trace.reversal_reads})
-        for k, prev in enumerate((self.work, *states[:-1]), n):
+        for k, prev in enumerate((kept_part(self.pool, self.work, trace.reversal_reads), *states[:-1]), n):
             self.recorded[k] = Kept(prev, trace)     # the live state's hold on prev passes to it
         self.work = states[-1]
         self.pos = n1

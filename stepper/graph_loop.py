@@ -27,6 +27,7 @@ from collections import Counter, OrderedDict
 from compiler.runtime.graph import Graph
 from compiler.runtime.launch import relaunch
 
+from .native_reverse import kept_part
 from .state import State
 from .trace import Slot
 
@@ -86,8 +87,7 @@ class GraphLoops:
                 raise
             pool.release_all(scratch.values())
             if states:                               # what no reversal reads serves the next steps
-                pool.release_all([a for name, a in states[-1].items() if name not in keep])
-                states[-1] = State({name: a for name, a in states[-1].items() if name in keep})
+                states[-1] = kept_part(pool, states[-1], keep)
             states.append(nxt)
         return states
 

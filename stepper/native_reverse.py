@@ -37,7 +37,7 @@ from .state import State
 from .trace import Slot
 from .versions import set_grad
 
-__all__ = ["Kept", "NativeReversal"]
+__all__ = ["Kept", "NativeReversal", "kept_part"]
 
 _FORWARD = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int)
 _ADJOINT = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
@@ -54,6 +54,15 @@ class Kept:
 
     def __init__(self, prev: State, trace):
         self.prev, self.trace = prev, trace
+
+
+def kept_part(pool, state: State, names) -> State:
+    """The part of `state` a Kept record keeps (its states in `names`, their holds passing on);
+    the holds on the rest are released here."""
+    if all(name in names for name in state):
+        return state
+    pool.release_all([a for name, a in state.items() if name not in names])
+    return State({name: a for name, a in state.items() if name in names})
 
 
 class _Fills(dict):
