@@ -391,10 +391,11 @@ class NativeLoops:
         pool = self.pool
         take = pool.take
         last = [take(kind, False) for kind in self._kinds]
-        turns = [[take(kind, False) for _ in range(2)] if name not in keep and steps > 1 else []
+        # (one version for a run of two steps, whose only intermediate state is the one in between)
+        turns = [[take(kind, False) for _ in range(min(2, steps - 1))] if name not in keep else []
                  for name, kind in zip(self._names, self._kinds)]
-        versions = [[turns[s][k % 2] if turns[s] else take(kind, False) for s, kind in enumerate(self._kinds)]
-                    for k in range(1, steps)] + [last]
+        versions = [[turns[s][k % len(turns[s])] if turns[s] else take(kind, False)
+                     for s, kind in enumerate(self._kinds)] for k in range(1, steps)] + [last]
         taken = [*last, *(a for turn in turns for a in turn),
                  *(a for version in versions[:-1] for a, turn in zip(version, turns) if not turn)]
         scratch = {}

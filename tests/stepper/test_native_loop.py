@@ -183,6 +183,19 @@ def test_store_all_keeps_only_the_states_its_reversals_read(make, monkeypatch):
     assert everything.stats.peak_memory_bytes - native.stats.peak_memory_bytes >= (STEPS - 5) * unkept
 
 
+@pytest.mark.parametrize("steps", [3, 4, 5])
+def test_short_store_all_runs_keep_the_tapes_bits(steps, monkeypatch):
+    """Runs of one, two and three steps kept natively (after the two that trust the step): the
+    state not kept takes turns in none, one and two versions."""
+    model, initial = wave_model(), wave_initial()
+    monkeypatch.setattr(Sweep, "native_loops", False)
+    tape = model.gradient(initial, steps, loss=wave_loss, schedule=sp.StoreAll(steps))
+    monkeypatch.setattr(Sweep, "native_loops", True)
+    native = model.gradient(initial, steps, loss=wave_loss, schedule=sp.StoreAll(steps))
+    assert native.stats.native_steps == steps - 2
+    same_bits(tape, native)
+
+
 @pytest.mark.parametrize("schedule", [sp.StoreAll, OneSweep])
 @pytest.mark.parametrize("make", [lambda: (chain_model(), chain_initial()), zero_relying_model, copying_model])
 def test_store_all_records_in_one_native_call_and_reverses_in_one_stretch(schedule, make, monkeypatch):
