@@ -250,11 +250,13 @@ class NativeSweep:
 
 class _Version:
     """A version of the whole state (or of its float states' gradient) while a stretch is worked
-    out: its arrays in state order and how many hold it here (snapshots, the live state, the carry)."""
-    __slots__ = ("arrays", "refs", "ptrs")
+    out: its arrays in state order (of `kinds`), how many hold it here (snapshots, the live state,
+    the carry), and `ours`: whether all its arrays are the stretch's to reuse once it is released
+    (None: not known yet, a version found held)."""
+    __slots__ = ("arrays", "refs", "ptrs", "kinds", "ours")
 
-    def __init__(self, arrays: tuple, refs: int, ptrs: list):
-        self.arrays, self.refs, self.ptrs = arrays, refs, ptrs
+    def __init__(self, arrays: tuple, refs: int, ptrs: list, kinds: list, ours: bool | None):
+        self.arrays, self.refs, self.ptrs, self.kinds, self.ours = arrays, refs, ptrs, kinds, ours
 
 
 class _Stretch:
@@ -269,21 +271,25 @@ class _Stretch:
         self.sw, self.pool, self.names, self.tables = sw, pool, names, tables
         self.kinds = [pool.kind(spec.shape, spec.dtype) for spec in sw.model.states.values()]
         self.floats = [k for k, n in enumerate(names) if n in sw.carry]
-        self.grad_kinds = [self.kinds[k] for k in self.floats]
+        self.grad_kinds = self.kinds if len(self.floats) == len(names) else [self.kinds[k] for k in self.floats]
         self.held = sw.tiers.tiers[_RAM]
         self.reads_next = sw.reversal._plan.reads_next
         self.unread = len(sw.reversal._plan.trace.unread)     # launches a recording reversed at once skips
         self.free: dict = {}                     # Kind -> arrays of ours that nothing holds
+        # whole versions of ours that nothing holds, by id of their kinds list: most of what a step
+        # releases is taken again whole a moment later (a reversal's s.next serves its gradient)
+        self.spares: dict[int, list[_Version]] = {id(self.kinds): [], id(self.grad_kinds): []}
         self.taken: list = []                    # arrays this stretch took from the pool
+        self.arrays: dict[int, object] = {}      # id(array) -> every array found or taken here
         self.start_refs: dict[int, int] = {}     # id(array) -> the holds counted here at the start
         self.found: dict[tuple, _Version] = {}   # the versions it started with, by their arrays' ids
         self.versions: list[_Version] = []       # every version, found or made
         self.ptr: dict[int, int] = {}            # id(array) -> its data pointer
         self.external: dict[int, int] = {}      # id(array) -> holds on it not counted here
-        self.snaps = {n: self._found(tuple(state[name] for name in names))
+        self.snaps = {n: self._found(tuple(state[name] for name in names), self.kinds)
                       for n, (state, _) in self.held._states.items()}
-        self.work = self._found(tuple(sw.work[name] for name in names)) if sw.work is not None else None
-        self.carry = self._found(tuple(sw.carry[names[k]] for k in self.floats))
+        self.work = self._found(tuple(sw.work[name] for name in names), self.kinds) if sw.work is not None else None
+        self.carry = self._found(tuple(sw.carry[names[k]] for k in self.floats), self.grad_kinds)
         self.dropped: set[int] = set()           # steps recorded natively whose records went here
         self.pos, self.adj, self.seen = sw.pos, sw.adj, sw.seen
         self.ops: list[int] = []
@@ -293,11 +299,8 @@ class _Stretch:
         self.state_bytes = sw.model.state_bytes         # every version of the state, snapshots included
         self.ram = self.peak_ram = self.held.nbytes
 
-    def _arrays(self) -> dict:
-        return {id(a): a for version in self.versions for a in version.arrays if a is not None}
-
     # -- versions ------------------------------------------------------------------------------------------
-    def _found(self, arrays: tuple) -> _Version:
+    def _found(self, arrays: tuple, kinds) -> _Version:
         """The version of `arrays`, one of whose holds (a snapshot's, the live state's, a record's)
         is counted here from now on. None stands for a state a kept record does not keep (Kept):
         its pointer is 0, which nothing of its reversal reads."""
@@ -306,7 +309,7 @@ class _Stretch:
         if version is None:
             ptrs = [0 if a is None else _ptr(a) for a in arrays]
             self.ptr.update((k, p) for k, p in zip(key, ptrs) if p)
-            version = self.found[key] = _Version(arrays, 0, ptrs)
+            version = self.found[key] = _Version(arrays, 0, ptrs, kinds, None)
             self.versions.append(version)
         version.refs += 1
         holds = self.pool.holds
@@ -314,35 +317,61 @@ class _Stretch:
             if a is None:
                 continue
             k = id(a)
+            self.arrays[k] = a
             self.start_refs[k] = self.start_refs.get(k, 0) + 1
             self.external[k] = self.external.get(k, holds(a)) - 1
         return version
 
     def _new(self, kinds) -> _Version:
+        spare = self.spares[id(kinds)]
+        if spare:
+            old = spare.pop()
+            version = _Version(old.arrays, 1, old.ptrs, kinds, True)
+            self.versions.append(version)
+            return version
         arrays = []
         for kind in kinds:
             free = self.free.get(kind)
+            if not free and self._break_spare(kind):
+                free = self.free[kind]
             if free:
                 arrays.append(free.pop())
             else:
                 a = self.pool.take(kind, False)
                 self.taken.append(a)
+                self.arrays[id(a)] = a
                 self.start_refs[id(a)] = 1             # the stretch's own hold, dropped at the end
                 self.external[id(a)] = 0
                 self.ptr[id(a)] = _ptr(a)
                 arrays.append(a)
         ptr = self.ptr
-        version = _Version(tuple(arrays), 1, [ptr[id(a)] for a in arrays])
+        version = _Version(tuple(arrays), 1, [ptr[id(a)] for a in arrays], kinds, True)
         self.versions.append(version)
         return version
 
-    def _release(self, version: _Version, kinds) -> None:
-        version.refs -= 1
-        if version.refs == 0:
-            for a, kind in zip(version.arrays, kinds):
-                if a is not None and not self.external[id(a)]:
-                    self.free.setdefault(kind, []).append(a)
+    def _break_spare(self, kind) -> bool:
+        """Hand the arrays of a spare version of the other kinds list (states or gradients) to the
+        free lists by kind, if one holds a `kind`: a new version takes what is free before the pool's."""
+        for spare in self.spares.values():
+            if spare and kind in spare[-1].kinds:
+                version = spare.pop()
+                for a, k in zip(version.arrays, version.kinds):
+                    self.free.setdefault(k, []).append(a)
+                return True
+        return False
 
+    def _release(self, version: _Version) -> None:
+        version.refs -= 1
+        if version.refs:
+            return
+        if version.ours is None:
+            version.ours = all(a is not None and not self.external[id(a)] for a in version.arrays)
+        if version.ours:
+            self.spares[id(version.kinds)].append(version)
+            return
+        for a, kind in zip(version.arrays, version.kinds):
+            if a is not None and not self.external[id(a)]:
+                self.free.setdefault(kind, []).append(a)
 
     # -- actions ---------------------------------------------------------------------------------------------
     def take(self, action) -> bool:
@@ -379,7 +408,7 @@ class _Stretch:
             version = self.snaps[a.n]
             version.refs += 1
             if self.work is not None:
-                self._release(self.work, self.kinds)
+                self._release(self.work)
             self.work = version
             self.pos = a.n
             self.count["read"] += 1
@@ -412,7 +441,7 @@ class _Stretch:
     def _kept(self, n: int) -> _Version:
         """The state step n kept (`_keeps`), its record's hold counted here."""
         prev = self.sw.recorded[n].prev
-        return self._found(tuple(prev.get(name) for name in self.names))
+        return self._found(tuple(prev.get(name) for name in self.names), self.kinds)
 
     def _forward(self, a) -> bool:
         if self.work is None or a.n0 != self.pos or a.n1 > self.seen:
@@ -442,7 +471,7 @@ class _Stretch:
         self.peak_ram = max(self.peak_ram, self.ram)
 
     def _delete(self, n: int) -> None:
-        self._release(self.snaps.pop(n), self.kinds)
+        self._release(self.snaps.pop(n))
         self.ram -= self.state_bytes
 
     def _advance(self, steps: int) -> None:
@@ -456,8 +485,8 @@ class _Stretch:
         if reuse:
             start.refs += 1                             # the ring's; the live state's is released below
         mine, other = (a, b) if steps % 2 else (b, a)
-        self._release(other, self.kinds)
-        self._release(start, self.kinds)
+        self._release(other)
+        self._release(start)
         self.work = mine
         self.count["forward"] += steps
         self.count["advanced"] += steps
@@ -469,7 +498,7 @@ class _Stretch:
         if a.n1 != self.adj or not a.clear_adj_deps or not all(map(self._keeps, steps)):
             return False
         if self.work is not None and self.pos > a.n0:
-            self._release(self.work, self.kinds)      # nothing runs forward past the adjoint
+            self._release(self.work)      # nothing runs forward past the adjoint
             self.work = None
         for k in steps:
             self._reverse(k, self._kept(k))
@@ -480,13 +509,13 @@ class _Stretch:
         """NativeReversal.reverse of step n from `prev` (its hold passes here) and the carried adjoint."""
         nxt = self._new(self.kinds)
         if not self.reads_next:
-            self._release(nxt, self.kinds)             # its memory may serve the gradient below
+            self._release(nxt)             # its memory may serve the gradient below
         gprev = self._new(self.grad_kinds)
         self.ops += [1, *prev.ptrs, *nxt.ptrs, *gprev.ptrs, *self.carry.ptrs]
         if self.reads_next:
-            self._release(nxt, self.kinds)
-        self._release(self.carry, self.grad_kinds)
-        self._release(prev, self.kinds)
+            self._release(nxt)
+        self._release(self.carry)
+        self._release(prev)
         self.carry, self.adj = gprev, n
         self.count["reverse"] += 1
         self.count["reversals"] += 1
@@ -522,11 +551,12 @@ class _Stretch:
         sw, pool, names = self.sw, self.pool, self.names
         refs: dict[int, int] = {}
         for version in self.versions:
-            for a in version.arrays:
-                if a is not None:
-                    refs[id(a)] = refs.get(id(a), 0) + version.refs
-        for key, a in self._arrays().items():
-            delta = refs[key] - self.start_refs[key]
+            if version.refs:
+                for a in version.arrays:
+                    if a is not None:
+                        refs[id(a)] = refs.get(id(a), 0) + version.refs
+        for key, a in self.arrays.items():
+            delta = refs.get(key, 0) - self.start_refs[key]
             if delta > 0:
                 pool.retain_all([a] * delta)
             elif delta < 0:

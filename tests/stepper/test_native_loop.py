@@ -13,6 +13,7 @@ from stepper_models import (chain_initial, chain_model, instances_made, integrat
 
 F64 = sp.array(dtype=sp.float64)
 F32 = sp.array(dtype=float)
+I32 = sp.array(dtype=sp.int32)
 V3 = sp.array(dtype=sp.vec3)
 STEPS = 30
 
@@ -87,6 +88,30 @@ def copying_model(n=12):
                    "y": sp.array(np.linspace(1.0, -1.0, n), dtype=sp.float64)}
 
 
+@sp.kernel
+def count_high(x: F64, hits: I32, x_next: F64, hits_next: I32):
+    i = sp.tid()
+    h = hits[i]
+    if x[i] > 0.9:
+        h = h + 1
+    hits_next[i] = h
+    x_next[i] = 0.95 * x[i] + 0.01 * x[i] * x[i] + 0.001 * sp.float64(h)
+
+
+def counting_model(n=12):
+    """A float state and an int32 one (no gradient): a stretch's gradients are versions of fewer
+    kinds than its states, and take what the states release."""
+    model = sp.Model()
+    model.state("x", n, sp.float64)
+    model.state("hits", n, sp.int32)
+
+    @model.step
+    def step(s):
+        sp.launch(count_high, n, inputs=[s.prev.x, s.prev.hits], outputs=[s.next.x, s.next.hits])
+    return model, {"x": sp.array(np.linspace(0.5, 1.5, n), dtype=sp.float64),
+                   "hits": sp.array(np.zeros(n, np.int32), dtype=sp.int32)}
+
+
 def gradients(model, initial, schedule, native: bool, monkeypatch, **kw):
     monkeypatch.setattr(Sweep, "native_loops", native)
     return model.gradient(initial, STEPS, **{"loss": loss, **kw}, schedule=schedule)
@@ -97,7 +122,8 @@ SCHEDULES = [lambda: sp.Revolve(STEPS, 2), lambda: sp.Revolve(STEPS, 5), lambda:
 
 @pytest.mark.filterwarnings("error::stepper.trace_notes.UntraceableStepWarning")   # every model here is traced
 @pytest.mark.parametrize("schedule", SCHEDULES)
-@pytest.mark.parametrize("make", [lambda: (chain_model(), chain_initial()), zero_relying_model, copying_model])
+@pytest.mark.parametrize("make", [lambda: (chain_model(), chain_initial()), zero_relying_model, copying_model,
+                                  counting_model])
 def test_native_recomputations_give_the_python_paths_and_store_alls_bits(schedule, make, monkeypatch, tmp_path):
     model, initial = make()
     storage = str(tmp_path / "snapshots.h5")
