@@ -323,6 +323,7 @@ class _Stretch:
         return version
 
     def _new(self, kinds) -> _Version:
+        """A version of `kinds` held once, here: a spare one, else arrays free here, else the pool's."""
         spare = self.spares[id(kinds)]
         if spare:
             old = spare.pop()
