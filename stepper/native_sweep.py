@@ -6,15 +6,16 @@ the executor's dispatch: four or so actions per reversed step (read a snapshot, 
 reverse, the Reverse itself), each taking and releasing versions in the pool, about 60 us a
 reversed step. Here the sweep hands over a stretch of actions that need nothing but RAM snapshots
 held in the pool (`HeldStates`) and the two plans the step already has: they are worked out in
-Python on plain counters (which version each action reads and writes, from a free list per kind,
-in the order the executor would take and release them), written into one table of operations, and
+Python on plain counters (which version each action reads and writes, in the order the executor
+would take and release them: stepper/stretch_versions.py), written into one table of operations, and
 run by one call into C++: ``0`` an advance (the native loop's ring, the same driver), ``1`` a step
 reversed from the state it started from (the native reversal's packed launches, fills and
 adjoints): a step recorded and reversed at once, or one recorded natively before (`Kept`:
 StoreAll's forward sweep keeps every step's start state, and its reverse sweep, a tag Move and a
 Reverse per step, is one stretch). Then the pool's holds, the held snapshots, the live state, the
-carried adjoint and the statistics are set to what the executor would have left. The operations are the ones the executor would have run, on
-the same versions' roles, in the same order: the same bits.
+carried adjoint and the statistics are set to what the executor would have left. The operations
+are the ones the executor would have run, on the same versions' roles, in the same order: the same
+bits.
 
 A stretch ends before the first action it cannot take (a DISK snapshot, a step recorded for
 later, a schedule mistake: the executor then runs it as usual and says what is wrong).
@@ -34,6 +35,7 @@ from .native_loop import _DRIVER, _Launch, _ptr
 from .native_reverse import Kept
 from .snapshots import HeldStates
 from .state import State
+from .stretch_versions import StretchVersions, Version
 
 __all__ = ["NativeSweep"]
 
@@ -248,17 +250,6 @@ class NativeSweep:
         return action, True
 
 
-class _Version:
-    """A version of the whole state (or of its float states' gradient) while a stretch is worked
-    out: its arrays in state order (of `kinds`), how many hold it here (snapshots, the live state,
-    the carry), and `ours`: whether all its arrays are the stretch's to reuse once it is released
-    (None: not known yet, a version found held)."""
-    __slots__ = ("arrays", "refs", "ptrs", "kinds", "ours")
-
-    def __init__(self, arrays: tuple, refs: int, ptrs: list, kinds: list, ours: bool | None):
-        self.arrays, self.refs, self.ptrs, self.kinds, self.ours = arrays, refs, ptrs, kinds, ours
-
-
 class _Stretch:
     """The versions, holds and operations of one stretch, worked out action by action the way the
     executor would run them (Sweep._forward, _transfer and _reverse, NativeLoops.advance,
@@ -275,21 +266,11 @@ class _Stretch:
         self.held = sw.tiers.tiers[_RAM]
         self.reads_next = sw.reversal._plan.reads_next
         self.unread = len(sw.reversal._plan.trace.unread)     # launches a recording reversed at once skips
-        self.free: dict = {}                     # Kind -> arrays of ours that nothing holds
-        # whole versions of ours that nothing holds, by id of their kinds list: most of what a step
-        # releases is taken again whole a moment later (a reversal's s.next serves its gradient)
-        self.spares: dict[int, list[_Version]] = {id(self.kinds): [], id(self.grad_kinds): []}
-        self.taken: list = []                    # arrays this stretch took from the pool
-        self.arrays: dict[int, object] = {}      # id(array) -> every array found or taken here
-        self.start_refs: dict[int, int] = {}     # id(array) -> the holds counted here at the start
-        self.found: dict[tuple, _Version] = {}   # the versions it started with, by their arrays' ids
-        self.versions: list[_Version] = []       # every version, found or made
-        self.ptr: dict[int, int] = {}            # id(array) -> its data pointer
-        self.external: dict[int, int] = {}      # id(array) -> holds on it not counted here
-        self.snaps = {n: self._found(tuple(state[name] for name in names), self.kinds)
+        self.versions = StretchVersions(pool, self.kinds, self.grad_kinds)
+        self.snaps = {n: self.versions.found(tuple(state[name] for name in names), self.kinds)
                       for n, (state, _) in self.held._states.items()}
-        self.work = self._found(tuple(sw.work[name] for name in names), self.kinds) if sw.work is not None else None
-        self.carry = self._found(tuple(sw.carry[names[k]] for k in self.floats), self.grad_kinds)
+        self.work = self.versions.found(tuple(sw.work[name] for name in names), self.kinds) if sw.work is not None else None
+        self.carry = self.versions.found(tuple(sw.carry[names[k]] for k in self.floats), self.grad_kinds)
         self.dropped: set[int] = set()           # steps recorded natively whose records went here
         self.pos, self.adj, self.seen = sw.pos, sw.adj, sw.seen
         self.ops: list[int] = []
@@ -298,81 +279,6 @@ class _Stretch:
                           written=0, read=0, bytes_written=0, bytes_read=0)
         self.state_bytes = sw.model.state_bytes         # every version of the state, snapshots included
         self.ram = self.peak_ram = self.held.nbytes
-
-    # -- versions ------------------------------------------------------------------------------------------
-    def _found(self, arrays: tuple, kinds) -> _Version:
-        """The version of `arrays`, one of whose holds (a snapshot's, the live state's, a record's)
-        is counted here from now on. None stands for a state a kept record does not keep (Kept):
-        its pointer is 0, which nothing of its reversal reads."""
-        key = tuple(map(id, arrays))
-        version = self.found.get(key)
-        if version is None:
-            ptrs = [0 if a is None else _ptr(a) for a in arrays]
-            self.ptr.update((k, p) for k, p in zip(key, ptrs) if p)
-            version = self.found[key] = _Version(arrays, 0, ptrs, kinds, None)
-            self.versions.append(version)
-        version.refs += 1
-        holds = self.pool.holds
-        for a in arrays:
-            if a is None:
-                continue
-            k = id(a)
-            self.arrays[k] = a
-            self.start_refs[k] = self.start_refs.get(k, 0) + 1
-            self.external[k] = self.external.get(k, holds(a)) - 1
-        return version
-
-    def _new(self, kinds) -> _Version:
-        """A version of `kinds` held once, here: a spare one, else arrays free here, else the pool's."""
-        spare = self.spares[id(kinds)]
-        if spare:
-            old = spare.pop()
-            version = _Version(old.arrays, 1, old.ptrs, kinds, True)
-            self.versions.append(version)
-            return version
-        arrays = []
-        for kind in kinds:
-            free = self.free.get(kind)
-            if not free and self._break_spare(kind):
-                free = self.free[kind]
-            if free:
-                arrays.append(free.pop())
-            else:
-                a = self.pool.take(kind, False)
-                self.taken.append(a)
-                self.arrays[id(a)] = a
-                self.start_refs[id(a)] = 1             # the stretch's own hold, dropped at the end
-                self.external[id(a)] = 0
-                self.ptr[id(a)] = _ptr(a)
-                arrays.append(a)
-        ptr = self.ptr
-        version = _Version(tuple(arrays), 1, [ptr[id(a)] for a in arrays], kinds, True)
-        self.versions.append(version)
-        return version
-
-    def _break_spare(self, kind) -> bool:
-        """Hand the arrays of a spare version of the other kinds list (states or gradients) to the
-        free lists by kind, if one holds a `kind`: a new version takes what is free before the pool's."""
-        for spare in self.spares.values():
-            if spare and kind in spare[-1].kinds:
-                version = spare.pop()
-                for a, k in zip(version.arrays, version.kinds):
-                    self.free.setdefault(k, []).append(a)
-                return True
-        return False
-
-    def _release(self, version: _Version) -> None:
-        version.refs -= 1
-        if version.refs:
-            return
-        if version.ours is None:
-            version.ours = all(a is not None and not self.external[id(a)] for a in version.arrays)
-        if version.ours:
-            self.spares[id(version.kinds)].append(version)
-            return
-        for a, kind in zip(version.arrays, version.kinds):
-            if a is not None and not self.external[id(a)]:
-                self.free.setdefault(kind, []).append(a)
 
     # -- actions ---------------------------------------------------------------------------------------------
     def take(self, action) -> bool:
@@ -409,7 +315,7 @@ class _Stretch:
             version = self.snaps[a.n]
             version.refs += 1
             if self.work is not None:
-                self._release(self.work)
+                self.versions.release(self.work)
             self.work = version
             self.pos = a.n
             self.count["read"] += 1
@@ -439,10 +345,10 @@ class _Stretch:
         return type(rec) is Kept and rec.prev is not None and rec.trace is self.sw.reversal._plan.trace \
             and n not in self.dropped
 
-    def _kept(self, n: int) -> _Version:
+    def _kept(self, n: int) -> Version:
         """The state step n kept (`_keeps`), its record's hold counted here."""
         prev = self.sw.recorded[n].prev
-        return self._found(tuple(prev.get(name) for name in self.names), self.kinds)
+        return self.versions.found(tuple(prev.get(name) for name in self.names), self.kinds)
 
     def _forward(self, a) -> bool:
         if self.work is None or a.n0 != self.pos or a.n1 > self.seen:
@@ -472,22 +378,22 @@ class _Stretch:
         self.peak_ram = max(self.peak_ram, self.ram)
 
     def _delete(self, n: int) -> None:
-        self._release(self.snaps.pop(n))
+        self.versions.release(self.snaps.pop(n))
         self.ram -= self.state_bytes
 
     def _advance(self, steps: int) -> None:
         """NativeLoops.advance: a ring of two versions after the start, the start itself as the
         second where nothing else holds it."""
         start = self.work
-        a = self._new(self.kinds)
-        reuse = start.refs == 1 and not any(self.external[id(x)] for x in start.arrays)
-        b = start if reuse else self._new(self.kinds)
+        a = self.versions.new(self.kinds)
+        reuse = start.refs == 1 and not any(self.versions.external[id(x)] for x in start.arrays)
+        b = start if reuse else self.versions.new(self.kinds)
         self.ops += [0, steps, *start.ptrs, *a.ptrs, *b.ptrs]
         if reuse:
             start.refs += 1                             # the ring's; the live state's is released below
         mine, other = (a, b) if steps % 2 else (b, a)
-        self._release(other)
-        self._release(start)
+        self.versions.release(other)
+        self.versions.release(start)
         self.work = mine
         self.count["forward"] += steps
         self.count["advanced"] += steps
@@ -499,24 +405,24 @@ class _Stretch:
         if a.n1 != self.adj or not a.clear_adj_deps or not all(map(self._keeps, steps)):
             return False
         if self.work is not None and self.pos > a.n0:
-            self._release(self.work)      # nothing runs forward past the adjoint
+            self.versions.release(self.work)      # nothing runs forward past the adjoint
             self.work = None
         for k in steps:
             self._reverse(k, self._kept(k))
             self.dropped.add(k)
         return True
 
-    def _reverse(self, n: int, prev: _Version) -> None:
+    def _reverse(self, n: int, prev: Version) -> None:
         """NativeReversal.reverse of step n from `prev` (its hold passes here) and the carried adjoint."""
-        nxt = self._new(self.kinds)
+        nxt = self.versions.new(self.kinds)
         if not self.reads_next:
-            self._release(nxt)             # its memory may serve the gradient below
-        gprev = self._new(self.grad_kinds)
+            self.versions.release(nxt)             # its memory may serve the gradient below
+        gprev = self.versions.new(self.grad_kinds)
         self.ops += [1, *prev.ptrs, *nxt.ptrs, *gprev.ptrs, *self.carry.ptrs]
         if self.reads_next:
-            self._release(nxt)
-        self._release(self.carry)
-        self._release(prev)
+            self.versions.release(nxt)
+        self.versions.release(self.carry)
+        self.versions.release(prev)
         self.carry, self.adj = gprev, n
         self.count["reverse"] += 1
         self.count["reversals"] += 1
@@ -524,7 +430,7 @@ class _Stretch:
     # -- the end -----------------------------------------------------------------------------------------------
     def abandon(self) -> None:
         """Nothing ran: give back what was taken."""
-        self.pool.release_all(self.taken)
+        self.pool.release_all(self.versions.taken)
 
     def run_and_commit(self) -> None:
         sw, pool, tables = self.sw, self.pool, self.tables
@@ -550,14 +456,7 @@ class _Stretch:
     def _commit(self, seconds: float) -> None:
         """Holds, snapshots, live state, carry and statistics as the executor would have left them."""
         sw, pool, names = self.sw, self.pool, self.names
-        refs: dict[int, int] = {}
-        for version in self.versions:
-            if version.refs:
-                for a in version.arrays:
-                    if a is not None:
-                        refs[id(a)] = refs.get(id(a), 0) + version.refs
-        for key, a in self.arrays.items():
-            delta = refs.get(key, 0) - self.start_refs[key]
+        for a, delta in self.versions.hold_changes():
             if delta > 0:
                 pool.retain_all([a] * delta)
             elif delta < 0:
