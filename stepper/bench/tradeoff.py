@@ -101,15 +101,6 @@ class Row:
     theory_slowdown: float = math.nan
 
 
-def _best(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
-
-
 def calibrate(problem: Problem, probe: int = 50, *, deterministic: bool = True, repeats: int = 5) -> Costs:
     """Per-step times of `problem`, each the best of `repeats` gradients over `probe` steps: forward
     and adjoint from Revolve(probe, 2) (mostly recomputation), store-all's recorded step from

@@ -1,7 +1,6 @@
 """A writer process SIGKILLed mid-snapshot leaves a file that opens, with every
 finished snapshot intact and the interrupted one reported as incomplete."""
 
-import os
 import random
 import signal
 import subprocess

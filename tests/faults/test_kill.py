@@ -13,8 +13,6 @@ import select
 import signal
 import time
 
-import numpy as np
-
 from checkpoint.storage.checkpoint_dir import list_checkpoints, read_checkpoint
 from test_storage_faults import child, chain_initial, chain_model
 

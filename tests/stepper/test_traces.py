@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 
 import stepper as sp
-from step_kernels import double
 from stepper_models import chain_initial, chain_model
 
 # Some steps here are untraceable on purpose; the warning they give is tests/stepper/test_series.py's.
