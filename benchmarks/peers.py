@@ -16,7 +16,8 @@ Configurations ending in -1core run pinned to one core. Per configuration:
 - forward time (a rollout, no gradient) and gradient time (loss and dloss/du0), compilation excluded;
 - ours: the kernel-only bound (step evaluations x the step kernel's time + reverse steps x its
   adjoint's, both measured in the worker by calling the entry points back to back, the median of
-  five passes) and wall / bound;
+  five passes) and wall / bound; and the launch bound, the kernels that actually ran (see
+  `add_bound`), with wall / launch bound;
 - peak RSS of the process, the RSS after importing the library (the idle baseline), their
   difference, and the peak above the RSS just before the gradient (what the gradient itself held,
   measured by resetting the kernel's high-water mark through /proc/self/clear_refs);
@@ -115,7 +116,7 @@ def worker(cfg: Config, n: int, steps: int, repeat: int, count: bool, grad_path:
     out["grad_abs_max"] = float(np.abs(grad).max())
     out["finite"] = bool(np.all(np.isfinite(grad)))
     if hasattr(runner, "kernel_times") and not count:
-        out["kernel_forward_s"], out["kernel_adjoint_s"] = runner.kernel_times()
+        out["kernel_forward_s"], out["kernel_renamed_s"], out["kernel_adjoint_s"] = runner.kernel_times()
     out["loadavg_end"] = os.getloadavg()[0]
     if grad_path:
         np.save(grad_path, grad)
@@ -197,7 +198,7 @@ def combine(reports: list[dict]) -> dict:
     if failed:
         return failed[0]
     out = dict(reports[0])
-    for key in ("forward_s", "gradient_s", "kernel_forward_s", "kernel_adjoint_s", "wall_s"):
+    for key in ("forward_s", "gradient_s", "kernel_forward_s", "kernel_renamed_s", "kernel_adjoint_s", "wall_s"):
         values = [r[key] for r in reports if r.get(key) is not None]
         if values:
             out[key + "_rounds"] = values
@@ -209,14 +210,30 @@ def combine(reports: list[dict]) -> dict:
 
 
 def add_bound(r: dict, steps: int) -> None:
-    """The kernel-only bound of ours (step evaluations x the step kernel's time + reverse steps x its
-    adjoint's, prices measured in the same worker) and wall / bound, forward and gradient."""
+    """Ours' kernel-only bounds, prices measured in the same worker, and wall / bound:
+    - issue 14's: step evaluations x the step kernel's time + reverse steps x its adjoint's;
+    - the launch bound: the kernels the gradient launched. A recorded step reversed at once runs no
+      forward launch (`stats.launches_skipped`), and a step whose copy `up_next = x` was renamed
+      runs the kernel without that store (`stats.renamed_copies`, one a step here), so issue 14's
+      bound prices launches that never ran, and can sit below the wall time's true floor.
+    The forward's bounds: steps x the kernel's time, and steps x the renamed variant's (a native
+    rollout renames the copy on all but a few steps)."""
     if r.get("kernel_forward_s") is None or r.get("forward_steps") is None:
         return
-    r["forward_bound_s"] = steps * r["kernel_forward_s"]
-    r["gradient_bound_s"] = r["forward_steps"] * r["kernel_forward_s"] + steps * r["kernel_adjoint_s"]
+    full, renamed, adjoint = r["kernel_forward_s"], r.get("kernel_renamed_s"), r["kernel_adjoint_s"]
+    r["forward_bound_s"] = steps * full
+    r["gradient_bound_s"] = r["forward_steps"] * full + steps * adjoint
     r["forward_over_bound"] = r["forward_s"] / r["forward_bound_s"]
     r["gradient_over_bound"] = r["gradient_s"] / r["gradient_bound_s"]
+    stats = r.get("stats", {})
+    if renamed is None or "launches_skipped" not in stats:
+        return
+    launched = r["forward_steps"] - stats["launches_skipped"]
+    r["forward_launch_bound_s"] = steps * renamed
+    r["gradient_launch_bound_s"] = ((launched - stats["renamed_copies"]) * full + stats["renamed_copies"] * renamed
+                                    + steps * adjoint)
+    r["forward_over_launch_bound"] = r["forward_s"] / r["forward_launch_bound_s"]
+    r["gradient_over_launch_bound"] = r["gradient_s"] / r["gradient_launch_bound_s"]
 
 
 def spread(r: dict, key: str) -> str:
@@ -249,17 +266,19 @@ def markdown(results: list[dict], meta: dict) -> str:
         "",
         f"- {meta['rounds']} interleaved rounds (a fresh process per configuration and round); times are "
         "median (min-max) over the rounds; kernel bound: step evaluations x the kernel's time + reverse steps x "
-        "its adjoint's (ours only, measured in the same worker)",
+        "its adjoint's; launch bound: the kernels launched (no forward launch for a step reversed at once, the "
+        "variant without `up_next = x` where that copy was renamed) x their times + reverse steps x the adjoint's "
+        "(ours only, prices measured in the same worker)",
         "",
         "| configuration | stores | forward s | gradient s | gradient / forward | kernel bound fwd / grad s | "
-        "wall / bound fwd / grad | peak RSS MiB | "
+        "wall / bound fwd / grad | launch bound fwd / grad s | wall / launch bound fwd / grad | peak RSS MiB | "
         "idle baseline MiB | peak - baseline MiB | gradient's own peak MiB | forward step evals | "
         "vs float64, 24 x 24 x 60 | vs float64, this size | vs " + meta["cross_ref"] + " |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         if "error" in r:
-            lines.append(f"| {r['config']} | {r['error']} | | | | | | | | | | | | | |")
+            lines.append(f"| {r['config']} | {r['error']} | | | | | | | | | | | | | | | |")
             continue
         ratio = r["gradient_s"] / r["forward_s"] if r.get("forward_s") else None
         evals = r.get("forward_steps")
@@ -267,6 +286,8 @@ def markdown(results: list[dict], meta: dict) -> str:
             f"| {r['config']} | {r['stored']} | {spread(r, 'forward_s')} | {spread(r, 'gradient_s')} | "
             f"{fmt(ratio, '.1f')} | {fmt(r.get('forward_bound_s'))} / {fmt(r.get('gradient_bound_s'))} | "
             f"{fmt(r.get('forward_over_bound'))} / {fmt(r.get('gradient_over_bound'))} | "
+            f"{fmt(r.get('forward_launch_bound_s'))} / {fmt(r.get('gradient_launch_bound_s'))} | "
+            f"{fmt(r.get('forward_over_launch_bound'))} / {fmt(r.get('gradient_over_launch_bound'))} | "
             f"{r['peak_rss_mib']:.0f} | {r['rss_import_mib']:.0f} | "
             f"{r['peak_rss_mib'] - r['rss_import_mib']:.0f} | {r['gradient_peak_above_start_mib']:.0f} | "
             f"{fmt(evals, ',d')}{'' if r.get('forward_steps_source') != 'closed form' else '*'} | "

@@ -35,6 +35,9 @@ class GradientStats:
     ``Forward`` action instead of Python once per step; stepper/native_loop.py).
     ``native_reversals``: recorded steps reversed from their trace without a tape (recorded
     natively, keeping only the state they start from; stepper/native_reverse.py).
+    ``renamed_copies``: whole-state copies (``sp.copy(s.next.a, s.prev.b)``, or a kernel's
+    ``a_next[i] = b[i]``) a native run did by renaming buffers instead of copying: on those steps
+    the copy launch did not run, or the kernel ran without its copying stores.
     """
     steps: int
     forward_steps: int
@@ -51,6 +54,7 @@ class GradientStats:
     launches_skipped: int = 0
     native_steps: int = 0
     native_reversals: int = 0
+    renamed_copies: int = 0
 
     def snapshots_written(self, tier=StorageType.RAM) -> int:
         return self.snapshots.get(tier, TierStats()).snapshots_written
@@ -153,7 +157,8 @@ def finish_stats(sweep: Sweep, started: float) -> GradientStats:
         peak_ram_snapshot_bytes=sweep.tiers.peak_ram_bytes, forward_seconds=sweep.forward_seconds,
         adjoint_seconds=sweep.adjoint_seconds, io_seconds=sweep.tiers.io_seconds,
         total_seconds=time.perf_counter() - started, launches_skipped=sweep.launches_skipped,
-        native_steps=sweep.native.steps, native_reversals=sweep.reversal.steps)
+        native_steps=sweep.native.steps, native_reversals=sweep.reversal.steps,
+        renamed_copies=sweep.native.renamed_copies)
 
 
 def gradient(model, initial, steps=None, loss=None, schedule=None, storage=None, *, running_loss=None,

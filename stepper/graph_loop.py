@@ -48,6 +48,7 @@ class GraphLoops:
         self._graphs: OrderedDict[tuple, tuple] = OrderedDict()     # versions' pointers -> (trace, Graph)
         self._ring: list = []                  # the last run's ring versions, asked for again
         self.steps = self.calls = 0            # steps run here, and the calls that ran them
+        self.renamed_copies = 0                # (copies of a state run as copies in a graph)
         self.captures = self.reuses = 0        # graphs captured, and found again
 
     def advance(self, trace, prev: State, steps: int) -> State | None:

@@ -117,16 +117,18 @@ class OursRunner:
         stats = {"forward_steps": st.forward_steps, "recorded_steps": st.recorded_steps,
                  "peak_memory_bytes_reported": st.peak_memory_bytes,
                  "io_seconds": st.io_seconds,
+                 "launches_skipped": st.launches_skipped, "renamed_copies": st.renamed_copies,
                  "snapshots_ram": st.snapshots_written(sp.StorageType.RAM),
                  "snapshots_disk": st.snapshots_written(sp.StorageType.DISK)}
         return float(result.loss), g, stats
 
-    def kernel_times(self, calls: int = 100, passes: int = 5) -> tuple[float, float]:
-        """Seconds per call of the step kernel and of its adjoint, each called back to back on the
-        same buffers through its ctypes entry point (about a microsecond of ctypes per call
-        included): the kernel-only bound's prices. The median of `passes` passes of `calls` calls
-        each, the kernel's and the adjoint's interleaved (one slow pass on a busy machine moved
-        the bound by 10% when it was one pass of 300)."""
+    def kernel_times(self, calls: int = 100, passes: int = 5) -> tuple[float, float, float]:
+        """Seconds per call of the step kernel, of its variant without the identity store
+        (``up_next = x``, which native runs rename) and of its adjoint, each called back to back on
+        the same buffers through its ctypes entry point (about a microsecond of ctypes per call
+        included): the kernel-only bounds' prices. The median of `passes` passes of `calls` calls
+        each, the three interleaved (one slow pass on a busy machine moved the bound by 10% when it
+        was one pass of 300)."""
         import statistics
         import time
         n = self.n
@@ -151,17 +153,19 @@ class OursRunner:
         finally:
             module.function = real
         fn, a = seen[-1]
+        variant = module.function(wave_step.compiled().identity.function.name, adjoint=False)
 
         def timed(call) -> float:
             t0 = time.perf_counter()
             for _ in range(calls):
                 call()
             return (time.perf_counter() - t0) / calls
-        forward, adjoint = [], []
+        forward, renamed, adjoint = [], [], []
         for _ in range(passes):
             forward.append(timed(lambda: launch.entry(launch.buffer, launch.serial)))
+            renamed.append(timed(lambda: variant(launch.buffer, launch.serial)))
             adjoint.append(timed(lambda: fn(*a)))
-        return statistics.median(forward), statistics.median(adjoint)
+        return statistics.median(forward), statistics.median(renamed), statistics.median(adjoint)
 
     def forward_steps(self) -> int | None:
         return None                                # reported by result.stats
