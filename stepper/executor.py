@@ -161,9 +161,7 @@ class Sweep:
 
     # -- actions -------------------------------------------------------------------------------------
     def _next(self, lookahead: bool):
-        if not self._ahead:
-            self._pull()
-        action = self._ahead.popleft() if self._ahead else None
+        action = self._ahead.popleft() if self._ahead else self._pulled()
         if lookahead and action is not None and not isinstance(action, EndReverse):
             nxt = self._peek()
             if isinstance(nxt, (Copy, Move)) and nxt.to_storage is _WORK and nxt.n not in self.deps.get(
@@ -174,15 +172,16 @@ class Sweep:
     def _peek(self):
         """The action `_next` returns next (None at the end), left queued."""
         if not self._ahead:
-            self._pull()
-        return self._ahead[0] if self._ahead else None
+            action = self._pulled()
+            if action is None:
+                return None
+            self._ahead.append(action)
+        return self._ahead[0]
 
-    def _pull(self):
-        try:
-            action = next(self._actions)
-        except StopIteration:
-            return
-        self._ahead.append(self._convert(action) if self._convert else action)
+    def _pulled(self):
+        """The schedule's next action (converted), None at its end."""
+        action = next(self._actions, None)
+        return self._convert(action) if action is not None and self._convert else action
 
     def _run(self, action) -> None:
         kind = type(action)

@@ -68,10 +68,9 @@ class StretchVersions:
     def new(self, kinds: list) -> Version:
         """A version of `kinds` held once, here: a spare one, else arrays free here, else the pool's."""
         spare = self.spares[id(kinds)]
-        if spare:
-            old = spare.pop()
-            version = Version(old.arrays, 1, old.ptrs, kinds, True)
-            self.versions.append(version)
+        if spare:                                # (no holder found later can hold its arrays: it is ours)
+            version = spare.pop()
+            version.refs, version.ours = 1, True
             return version
         arrays = []
         for kind in kinds:
