@@ -269,7 +269,8 @@ class _Stretch:
         self.versions = StretchVersions(pool, self.kinds, self.grad_kinds)
         self.snaps = {n: self.versions.found(tuple(state[name] for name in names), self.kinds)
                       for n, (state, _) in self.held._states.items()}
-        self.work = self.versions.found(tuple(sw.work[name] for name in names), self.kinds) if sw.work is not None else None
+        self.work = (self.versions.found(tuple(sw.work[name] for name in names), self.kinds)
+                     if sw.work is not None else None)
         self.carry = self.versions.found(tuple(sw.carry[names[k]] for k in self.floats), self.grad_kinds)
         self.dropped: set[int] = set()           # steps recorded natively whose records went here
         self.pos, self.adj, self.seen = sw.pos, sw.adj, sw.seen
