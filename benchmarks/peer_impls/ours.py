@@ -107,7 +107,7 @@ class OursRunner:
     def forward(self) -> np.ndarray:
         final = self.model.rollout(self._initial(), steps=self.steps, deterministic=self.deterministic)
         self.final = (final.up.numpy().copy(), final.u.numpy().copy())     # what kernel_times runs on
-        return final.u.numpy().copy()
+        return self.final[1]
 
     def gradient(self) -> tuple[float, np.ndarray, dict]:
         result = self.model.gradient(self._initial(), steps=self.steps, loss=loss,
@@ -131,10 +131,10 @@ class OursRunner:
         included): the kernel-only bounds' prices. The median of `passes` passes of `calls` calls
         each, the three interleaved (one slow pass on a busy machine moved the bound by 10% when it
         was one pass of 300), each pass after ten untimed calls (the first calls after another
-        kernel ran 20-40% slower in passes of 100). They run on the rollout's final state where `forward` ran, else on
-        the initial one: the initial bump's tails make the cube in the step underflow (4,949
-        elements at 256^2), and subnormal arithmetic made the renamed variant 17 us against 12 us
-        on a state the wave has spread over, which most steps of a run are."""
+        kernel ran 20-40% slower in passes of 100). They run on the rollout's final state where
+        `forward` ran, else on the initial one: the initial bump's tails make the cube in the step
+        underflow (4,949 elements at 256^2), and subnormal arithmetic made the renamed variant 17 us
+        against 12 us on a state the wave has spread over, which most steps of a run are."""
         import statistics
         import time
         n = self.n
