@@ -70,7 +70,7 @@ class StretchVersions:
         spare = self.spares[id(kinds)]
         if spare:                                # (no holder found later can hold its arrays: it is ours)
             version = spare.pop()
-            version.refs, version.ours = 1, True
+            version.refs = 1
             return version
         arrays = []
         for kind in kinds:
