@@ -223,6 +223,7 @@ class _Plan:
         zeros += [_Zero(len(states) + states.index(name), nxt[name]._data.nbytes) for name in renamed if zero_next]
         self.zeros = (_Zero * len(zeros))(*zeros)
         self.renames = None
+        self.rename_pairs = pairs                    # (to, from) state names
         if copies:
             rows = [_Rename(states.index(to), states.index(src)) for to, src in pairs]
             self._renaming = ((_Rename * len(pairs))(*rows),       # kept alive with the plan

@@ -5,8 +5,11 @@ versions in the pool as it goes: it counts holds here instead, on plain counters
 pool the difference at the end (`hold_changes`). A version is the whole state (or the gradient of
 its float states) as a tuple of arrays in state order; one the stretch finds held (a snapshot, the
 live state, the carried adjoint, a kept record) is `found`, one it makes is `new`: arrays the
-stretch released before, else the pool's. Holds on an array that the stretch did not count (a
-recorded step's, say) keep it from being reused.
+stretch released before, else the pool's. A version may share arrays with another (`renamed`: a
+step whose copy of a state is renamed keeps the array it started from); such versions are marked
+`shared`, and only their arrays are counted one by one (`members`), so that an array goes back when
+the last version that has it does. Holds on an array that the stretch did not count (a recorded
+step's, say) keep it from being reused.
 """
 from __future__ import annotations
 
@@ -17,12 +20,14 @@ __all__ = ["StretchVersions", "Version"]
 
 class Version:
     """Its arrays in the order of `kinds`, how many hold it here (snapshots, the live state, the
-    carry), their data pointers, and `ours`: whether all its arrays are the stretch's to reuse once
-    it is released (None: not known yet, a version found held)."""
-    __slots__ = ("arrays", "refs", "ptrs", "kinds", "ours")
+    carry), their data pointers, `ours`: whether all its arrays are the stretch's to reuse once
+    it is released (None: not known yet, a version found held), and `shared`: whether another
+    version may have some of its arrays."""
+    __slots__ = ("arrays", "refs", "ptrs", "kinds", "ours", "shared")
 
     def __init__(self, arrays: tuple, refs: int, ptrs: list, kinds: list, ours: bool | None):
         self.arrays, self.refs, self.ptrs, self.kinds, self.ours = arrays, refs, ptrs, kinds, ours
+        self.shared = False
 
 
 class StretchVersions:
@@ -42,6 +47,8 @@ class StretchVersions:
         self.versions: list[Version] = []        # every version, found or made
         self.ptr: dict[int, int] = {}            # id(array) -> its data pointer
         self.external: dict[int, int] = {}      # id(array) -> holds on it not counted here
+        self.members: dict[int, int] = {}       # id(array) -> live versions that have it (shared ones')
+        self.owner: dict[int, Version] = {}     # id(array) -> a version found with it
 
     def found(self, arrays: tuple, kinds: list) -> Version:
         """The version of `arrays`, one of whose holds (a snapshot's, the live state's, a record's)
@@ -54,6 +61,16 @@ class StretchVersions:
             self.ptr.update((k, p) for k, p in zip(key, ptrs) if p)
             version = self.found_by_ids[key] = Version(arrays, 0, ptrs, kinds, None)
             self.versions.append(version)
+            for a in arrays:                     # snapshots a renamed step left sharing an array
+                if a is None:
+                    continue
+                other = self.owner.get(id(a))
+                if other is not None and other.refs:
+                    self._share(other)
+                    self._share(version)
+                    self.members[id(a)] += 1
+                else:
+                    self.owner[id(a)] = version
         version.refs += 1
         holds = self.pool.holds
         for a in arrays:
@@ -72,25 +89,60 @@ class StretchVersions:
             version = spare.pop()
             version.refs = 1
             return version
-        arrays = []
-        for kind in kinds:
-            free = self.free.get(kind)
-            if not free and self._break_spare(kind):
-                free = self.free[kind]
-            if free:
-                arrays.append(free.pop())
-            else:
-                a = self.pool.take(kind, False)
-                self.taken.append(a)
-                self.arrays[id(a)] = a
-                self.start_refs[id(a)] = 1             # the stretch's own hold, dropped at the end
-                self.external[id(a)] = 0
-                self.ptr[id(a)] = _ptr(a)
-                arrays.append(a)
+        return self._made(tuple(map(self._array, kinds)), kinds, True)
+
+    def renamed(self, start: Version, pairs: list) -> Version:
+        """A new version of `start`'s kinds, held once, here, whose state `to` is `start`'s array of
+        state `src` for each (to, src) in `pairs`, shared by the two; its other arrays new."""
+        arrays = list(start.arrays)
+        taken = [False] * len(arrays)
+        for to, src in pairs:
+            arrays[to], taken[to] = start.arrays[src], True
+        for k, kind in enumerate(start.kinds):
+            if not taken[k]:
+                arrays[k] = self._array(kind)
+        self._share(start)
+        version = self._made(tuple(arrays), start.kinds, None)
+        version.shared = True
+        members = self.members
+        for a in arrays:
+            members[id(a)] = members.get(id(a), 0) + 1
+        return version
+
+    def _made(self, arrays: tuple, kinds: list, ours: bool | None) -> Version:
         ptr = self.ptr
-        version = Version(tuple(arrays), 1, [ptr[id(a)] for a in arrays], kinds, True)
+        version = Version(arrays, 1, [ptr[id(a)] for a in arrays], kinds, ours)
         self.versions.append(version)
         return version
+
+    def _array(self, kind):
+        """An array of `kind` that nothing holds: one free here, else the pool's."""
+        free = self.free.get(kind)
+        if not free and self._break_spare(kind):
+            free = self.free[kind]
+        if free:
+            return free.pop()
+        a = self.pool.take(kind, False)
+        self.taken.append(a)
+        self.arrays[id(a)] = a
+        self.start_refs[id(a)] = 1                 # the stretch's own hold, dropped at the end
+        self.external[id(a)] = 0
+        self.ptr[id(a)] = _ptr(a)
+        return a
+
+    def _share(self, version: Version) -> None:
+        """Count `version`'s arrays one by one from now on (each in it alone, until counted again)."""
+        if not version.shared:
+            version.shared = True
+            for a in version.arrays:
+                if a is not None:
+                    self.members.setdefault(id(a), 1)
+
+    def alone(self, version: Version) -> bool:
+        """Whether `version` is held once and its arrays by nothing else: the stretch may write them."""
+        if version.refs != 1 or any(self.external[id(a)] for a in version.arrays):
+            return False
+        return not version.shared or all(self.members[id(a)] == 1 for a in version.arrays)
 
     def _break_spare(self, kind) -> bool:
         """Hand the arrays of a spare version of the other kinds list (states or gradients) to the
@@ -107,13 +159,28 @@ class StretchVersions:
         version.refs -= 1
         if version.refs:
             return
+        external = self.external
         if version.ours is None:
-            version.ours = all(a is not None and not self.external[id(a)] for a in version.arrays)
+            version.ours = all(a is not None and not external[id(a)] for a in version.arrays)
+        if version.shared:                       # only the arrays no other live version has go back
+            members, gone = self.members, []
+            for a, kind in zip(version.arrays, version.kinds):
+                if a is not None:
+                    members[id(a)] -= 1
+                    if not members[id(a)]:
+                        del members[id(a)]
+                        gone.append((a, kind))
+            if len(gone) < len(version.arrays) or not version.ours:
+                for a, kind in gone:
+                    if not external[id(a)]:
+                        self.free.setdefault(kind, []).append(a)
+                return
+            version.shared = False               # no other version has its arrays any more
         if version.ours:
             self.spares[id(version.kinds)].append(version)
             return
         for a, kind in zip(version.arrays, version.kinds):
-            if a is not None and not self.external[id(a)]:
+            if a is not None and not external[id(a)]:
                 self.free.setdefault(kind, []).append(a)
 
     def hold_changes(self):

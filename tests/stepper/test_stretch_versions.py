@@ -70,3 +70,43 @@ def test_gradients_of_fewer_kinds_take_what_the_states_release():
     gradient = versions.new(grad_kinds)           # breaks it up rather than asking the pool
     assert gradient.arrays[0] in state.arrays and len(versions.taken) == 2
     assert versions.new(kinds).arrays[0] not in gradient.arrays
+
+
+
+def test_a_renamed_version_shares_its_starts_array_until_both_are_released():
+    """A step whose copy ``s.next.up = s.prev.u`` was renamed: the new version's `up` is the start's
+    `u` array itself. Released in either order, that array goes back only with the second."""
+    for first in ("start", "result"):
+        pool, kind, kinds, _ = setup()
+        versions = StretchVersions(pool, kinds, kinds)
+        start = versions.new(kinds)
+        result = versions.renamed(start, [(0, 1)])           # state 0 (up) is start's state 1 (u)
+        assert result.arrays[0] is start.arrays[1] and result.arrays[1] not in start.arrays
+        assert result.ptrs[0] == start.ptrs[1] and len(versions.taken) == 3
+        assert not versions.alone(start) and not versions.alone(result)   # neither may be written over
+        earlier, later = (start, result) if first == "start" else (result, start)
+        versions.release(earlier)
+        assert versions.free[kind] == [a for a in earlier.arrays if a is not start.arrays[1]]
+        assert versions.spares[id(kinds)] == []
+        versions.release(later)                              # the rest of it goes back whole
+        assert versions.spares[id(kinds)] == [later]
+        assert versions.new(kinds) is later and len(versions.taken) == 3
+
+
+def test_snapshots_found_sharing_an_array_keep_it_while_either_is_held():
+    """Two snapshots a renamed step left sharing an array, found by a later stretch: the array is
+    counted in both, stays while one of them is held, and the pool hears both holds go."""
+    pool, kind, kinds, _ = setup()
+    u0, u1, u2 = (pool.take(kind, False) for _ in range(3))
+    pool.retain_all([u1])                          # held by both snapshots
+    versions = StretchVersions(pool, kinds, kinds)
+    older = versions.found((u0, u1), kinds)
+    newer = versions.found((u1, u2), kinds)
+    assert not versions.alone(older) and not versions.alone(newer)
+    versions.release(newer)
+    assert versions.free[kind] == [u2]             # u1 is still the older snapshot's
+    fresh = versions.new(kinds)
+    assert fresh.arrays[0] is u2 and u1 not in fresh.arrays
+    versions.release(older)
+    assert versions.spares[id(kinds)] == [older]
+    assert {id(a): delta for a, delta in versions.hold_changes()} == {id(u0): -1, id(u1): -2}

@@ -1,0 +1,69 @@
+"""A native stretch's one-step recomputations (stepper/native_sweep.py, `_renamed_step`): a step
+whose whole-state copy (``s.next.y = s.prev.x``) is renamed shares that array with the state it
+started from, and neither is written over while the other is held."""
+import pytest
+
+import stepper as sp
+import stepper.native_sweep as native_sweep
+from stepper_models import wave_initial, wave_model
+from test_native_loop import STEPS, copying_model, gradients, loss, renaming_model, same_bits, wave_loss, x_and_z_loss
+
+MODELS = [(copying_model, loss), (lambda: renaming_model(False), x_and_z_loss),
+          (lambda: (wave_model(), wave_initial()), wave_loss)]
+
+
+@pytest.mark.parametrize("make, loss_of", MODELS)
+@pytest.mark.parametrize("schedule", [lambda: sp.Revolve(STEPS, 10),
+                                      lambda: sp.MultiLevel(STEPS, 6, 3, write_cost=0, read_cost=0)])
+def test_one_step_recomputations_share_the_array_their_copy_renames(make, loss_of, schedule, monkeypatch, tmp_path):
+    """Revolve's innermost recomputations advance one step and keep the result as a snapshot: the
+    step runs without its copy and the new snapshot's `y` is the array of the one before. With
+    disk snapshots between (MultiLevel) a later stretch finds snapshots sharing arrays. Store-all's
+    and the Python path's bits, and the copies counted as renamed."""
+    shared = []
+    real = native_sweep._Stretch._renamed_step
+    monkeypatch.setattr(native_sweep._Stretch, "_renamed_step",
+                        lambda self, start, renamed: shared.append(renamed) or real(self, start, renamed))
+    model, initial = make()
+    storage = str(tmp_path / "snapshots.h5")
+    stored = gradients(model, initial, sp.StoreAll(STEPS), False, monkeypatch, loss=loss_of)
+    python = gradients(model, initial, schedule(), False, monkeypatch, loss=loss_of, storage=storage)
+    native = gradients(model, initial, schedule(), True, monkeypatch, loss=loss_of, storage=storage)
+    assert shared and native.stats.renamed_copies >= len(shared)
+    assert native.stats.peak_buffer_bytes <= python.stats.peak_buffer_bytes
+    same_bits(stored, python)
+    same_bits(stored, native)
+
+
+class FromOneSnapshot:
+    """Every step recomputed from one snapshot of step 0: one step (whose copy is renamed: the
+    result shares an array with the snapshot), then the rest in one advance, which must not take
+    the shared result's buffers for its ring."""
+
+    def __init__(self, steps):
+        self.steps = steps
+
+    def __iter__(self):
+        n, ram, work = self.steps, sp.StorageType.RAM, sp.StorageType.WORK
+        yield sp.Forward(0, n - 1, True, False, ram)
+        yield sp.Forward(n - 1, n, False, True, work)
+        yield sp.EndForward()
+        yield sp.Reverse(n, n - 1, True)
+        for k in range(n - 2, -1, -1):
+            yield (sp.Copy if k else sp.Move)(0, ram, work)
+            if k >= 1:
+                yield sp.Forward(0, 1, False, False, work)
+            if k >= 2:
+                yield sp.Forward(1, k, False, False, work)
+            yield sp.Forward(k, k + 1, False, True, work)
+            yield sp.Reverse(k + 1, k, True)
+        yield sp.EndReverse()
+
+
+@pytest.mark.parametrize("make, loss_of", MODELS)
+def test_an_advance_from_a_state_sharing_an_array_leaves_the_sharer_alone(make, loss_of, monkeypatch):
+    model, initial = make()
+    stored = gradients(model, initial, sp.StoreAll(STEPS), False, monkeypatch, loss=loss_of)
+    native = gradients(model, initial, FromOneSnapshot(STEPS), True, monkeypatch, loss=loss_of)
+    assert native.stats.native_steps > 0
+    same_bits(stored, native)
