@@ -159,29 +159,39 @@ class StretchVersions:
         version.refs -= 1
         if version.refs:
             return
-        external = self.external
         if version.ours is None:
-            version.ours = all(a is not None and not external[id(a)] for a in version.arrays)
-        if version.shared:                       # only the arrays no other live version has go back
-            members, gone = self.members, []
-            for a, kind in zip(version.arrays, version.kinds):
-                if a is not None:
-                    members[id(a)] -= 1
-                    if not members[id(a)]:
-                        del members[id(a)]
-                        gone.append((a, kind))
-            if len(gone) < len(version.arrays) or not version.ours:
-                for a, kind in gone:
-                    if not external[id(a)]:
-                        self.free.setdefault(kind, []).append(a)
-                return
-            version.shared = False               # no other version has its arrays any more
+            version.ours = all(a is not None and not self.external[id(a)] for a in version.arrays)
+        if version.shared and not self._unshared(version):
+            return
         if version.ours:
             self.spares[id(version.kinds)].append(version)
             return
+        external = self.external
         for a, kind in zip(version.arrays, version.kinds):
             if a is not None and not external[id(a)]:
                 self.free.setdefault(kind, []).append(a)
+
+    def _unshared(self, version: Version) -> bool:
+        """A shared version just released: whether no other live version has any of its arrays
+        (then it goes back as any other); else its arrays that none has go back one by one."""
+        members, gone = self.members, []
+        for a, kind in zip(version.arrays, version.kinds):
+            if a is not None:
+                key = id(a)
+                left = members[key] - 1
+                if left:
+                    members[key] = left
+                else:
+                    del members[key]
+                    gone.append((a, kind))
+        if len(gone) == len(version.arrays):
+            version.shared = False
+            return True
+        external = self.external
+        for a, kind in gone:
+            if not external[id(a)]:
+                self.free.setdefault(kind, []).append(a)
+        return False
 
     def hold_changes(self):
         """(array, holds gained (> 0) or lost (< 0)) for every array whose holds changed here."""
