@@ -470,7 +470,7 @@ class _Stretch:
                 self.versions.release(nxt)         # its memory may serve the gradient below
             gprev = self.versions.new(self.grad_kinds)
         self.ops += [1, *prev.ptrs, *nxt.ptrs, *gprev.ptrs, *self.carry.ptrs]
-        if self.reads_next and nxt is not gprev:
+        if self.reads_next:
             self.versions.release(nxt)
         self.versions.release(self.carry)
         self.versions.release(prev)
