@@ -5,6 +5,7 @@ import pytest
 
 import stepper as sp
 import stepper.native_sweep as native_sweep
+from stepper.executor import Sweep
 from stepper_models import wave_initial, wave_model
 from test_native_loop import STEPS, copying_model, gradients, loss, renaming_model, same_bits, wave_loss, x_and_z_loss
 
@@ -67,3 +68,21 @@ def test_an_advance_from_a_state_sharing_an_array_leaves_the_sharer_alone(make, 
     native = gradients(model, initial, FromOneSnapshot(STEPS), True, monkeypatch, loss=loss_of)
     assert native.stats.native_steps > 0
     same_bits(stored, native)
+
+
+@pytest.mark.parametrize("make, loss_of", MODELS)
+def test_schedules_of_many_shapes_give_store_alls_bits(make, loss_of, monkeypatch, tmp_path):
+    """Revolve and MultiLevel over step counts and budgets that make one-step recomputations,
+    longer advances, disk snapshots between stretches and snapshots read again: store-all's bits."""
+    model, initial = make()
+    storage = str(tmp_path / "snapshots.h5")
+    for steps in (13, 31):
+        monkeypatch.setattr(Sweep, "native_loops", False)          # the tape's store-all
+        stored = model.gradient(initial, steps, loss=loss_of, schedule=sp.StoreAll(steps))
+        monkeypatch.setattr(Sweep, "native_loops", True)
+        for budget in (2, 3, 6):
+            for schedule in (sp.Revolve(steps, budget), sp.MultiLevel(steps, budget, 2, write_cost=0, read_cost=0),
+                             sp.MultiLevel(steps, 1, budget, write_cost=0, read_cost=0)):
+                native = model.gradient(initial, steps, loss=loss_of, schedule=schedule, storage=storage)
+                assert native.stats.native_steps > 0, (steps, budget, schedule)
+                same_bits(stored, native)
