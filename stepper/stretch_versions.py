@@ -94,15 +94,10 @@ class StretchVersions:
     def renamed(self, start: Version, pairs: list) -> Version:
         """A new version of `start`'s kinds, held once, here, whose state `to` is `start`'s array of
         state `src` for each (to, src) in `pairs`, shared by the two; its other arrays new."""
-        arrays = list(start.arrays)
-        taken = [False] * len(arrays)
-        for to, src in pairs:
-            arrays[to], taken[to] = start.arrays[src], True
-        for k, kind in enumerate(start.kinds):
-            if not taken[k]:
-                arrays[k] = self._array(kind)
+        given = {to: start.arrays[src] for to, src in pairs}
+        arrays = tuple(given[k] if k in given else self._array(kind) for k, kind in enumerate(start.kinds))
         self._share(start)
-        version = self._made(tuple(arrays), start.kinds, None)
+        version = self._made(arrays, start.kinds, None)
         version.shared = True
         members = self.members
         for a in arrays:
