@@ -10,6 +10,7 @@ from stepper_models import wave_initial, wave_model
 from test_native_loop import STEPS, copying_model, gradients, loss, renaming_model, same_bits, wave_loss, x_and_z_loss
 
 MODELS = [(copying_model, loss), (lambda: renaming_model(False), x_and_z_loss),
+          (lambda: renaming_model(True), x_and_z_loss),            # zero fills of s.next but the copy's
           (lambda: (wave_model(), wave_initial()), wave_loss)]
 
 
