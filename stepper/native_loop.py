@@ -74,6 +74,22 @@ static const sp_launch* sp_renamed(const sp_renames* r, const sp_launch& launch,
     return &launch;
 }
 
+// One step on the buffers in slots[]: their pointers patched into the launches, the zero fills,
+// the launches; with `r`, its whole-state copies renamed (a copy launch skipped, a copying kernel
+// run without its copying stores, the renamed states' s.next not zero-filled).
+static void sp_step(const sp_launch* launches, int64_t n_launches, const sp_patch* patches, int64_t n_patches,
+                    void** slots, const sp_zero* zeros, int64_t n_zeros, const sp_renames* r) {
+    for (int64_t p = 0; p < n_patches; ++p)
+        std::memcpy(launches[patches[p].launch].buf + patches[p].offset, &slots[patches[p].slot], sizeof(void*));
+    for (int64_t z = 0; z < (r != nullptr ? r->n_zeros : n_zeros); ++z)
+        std::memset(slots[zeros[z].slot], 0, (size_t)zeros[z].nbytes);
+    for (int64_t l = 0; l < n_launches; ++l) {
+        sp_launch instead;
+        const sp_launch* run = r != nullptr ? sp_renamed(r, launches[l], l, &instead) : &launches[l];
+        if (run != nullptr) run->entry(run->buf, (int)run->serial);
+    }
+}
+
 // Runs `steps` steps. slots[] holds the buffers of the first step; after step k each state's prev
 // slot takes what its next slot held, and its next slot the buffer that is free again (the spare
 // after the first step: the starting state is never written). On return the prev slots hold the
@@ -91,15 +107,7 @@ extern "C" void sp_advance(int64_t steps, const sp_launch* launches, int64_t n_l
                            const sp_renames* r) {
     for (int64_t k = 0; k < steps; ++k) {
         const bool renaming = r != nullptr && k < steps - 1;
-        for (int64_t p = 0; p < n_patches; ++p)
-            std::memcpy(launches[patches[p].launch].buf + patches[p].offset, &slots[patches[p].slot], sizeof(void*));
-        for (int64_t z = 0; z < (renaming ? r->n_zeros : n_zeros); ++z)
-            std::memset(slots[zeros[z].slot], 0, (size_t)zeros[z].nbytes);
-        for (int64_t l = 0; l < n_launches; ++l) {
-            sp_launch instead;
-            const sp_launch* run = renaming ? sp_renamed(r, launches[l], l, &instead) : &launches[l];
-            if (run != nullptr) run->entry(run->buf, (int)run->serial);
-        }
+        sp_step(launches, n_launches, patches, n_patches, slots, zeros, n_zeros, renaming ? r : nullptr);
         if (renaming)
             for (int64_t q = 0; q < r->n_pairs; ++q) {
                 const sp_state& to = states[r->pairs[q].to];

@@ -63,21 +63,6 @@ struct sp_plan {
     const sp_renames* renames;                         // the advance's renamed copies, or null
 };
 
-// One step with its whole-state copies renamed (next.to is prev.from's buffer: nothing writes it).
-static void sp_renamed_step(const sp_plan* p) {
-    const sp_renames* r = p->renames;
-    for (int64_t q = 0; q < p->n_patches; ++q)
-        std::memcpy(p->launches[p->patches[q].launch].buf + p->patches[q].offset, &p->slots[p->patches[q].slot],
-                    sizeof(void*));
-    for (int64_t z = 0; z < r->n_zeros; ++z)
-        std::memset(p->slots[p->zeros[z].slot], 0, (size_t)p->zeros[z].nbytes);
-    for (int64_t l = 0; l < p->n_launches; ++l) {
-        sp_launch instead;
-        const sp_launch* run = sp_renamed(r, p->launches[l], l, &instead);
-        if (run != nullptr) run->entry(run->buf, (int)run->serial);
-    }
-}
-
 // ops: 0, steps, start[S], a[S], b[S]  |  1, prev[S], next[S], gprev[F], carry[F]  |  2, prev[S], next[S]
 extern "C" void sp_sweep(const int64_t* ops, int64_t n_words, const sp_plan* p) {
     const int64_t S = p->S, F = p->F;
@@ -87,7 +72,8 @@ extern "C" void sp_sweep(const int64_t* ops, int64_t n_words, const sp_plan* p) 
         if (op == 2) {
             for (int64_t s = 0; s < 2 * S; ++s) p->slots[s] = (void*)ops[i + s];
             i += 2 * S;
-            sp_renamed_step(p);
+            sp_step(p->launches, p->n_launches, p->patches, p->n_patches, p->slots, p->zeros, p->n_zeros,
+                    p->renames);                       // one step, its copies renamed
             continue;
         }
         if (op == 0) {
