@@ -1,0 +1,312 @@
+"""The field's standard workload against its reference tool: the FWI gradient of Devito's 2-D
+acoustic example (examples.seismic, 'layers-isotropic', a Ricker source, a receiver per grid
+column, damping layer of 20 points), Devito 4.8 + pyrevolve against ours written the README way
+(peer_impls/fwi_ours.py, the same discretisation term for term).
+
+    python benchmarks/fwi.py                                  # 256^2, orders 2 and 8, 3 rounds
+    python benchmarks/fwi.py --n 64 --orders 2 --rounds 1     # a quick look
+    python benchmarks/fwi.py --check                          # float64 gradients, ours vs Devito
+
+Needs the bench extra (`pip install -e ".[bench]"`: devito, pyrevolve). Devito builds the problem
+(velocity models, damping field, wavelet, observed data from the true model) once in the parent;
+every configuration then runs in a fresh process, pinned to one core (`--threads all`: both
+cores; Devito then runs with DEVITO_LANGUAGE=openmp), in interleaved rounds (A B C ... A B C),
+and the table gives medians with (min-max), and peak RSS above the RSS before the timed run.
+
+Per tool and order:
+- forward: one modelling run with the receivers (Devito `forward(save=False)`; ours
+  `model.evaluate` with the misfit as running loss);
+- checkpointed gradient: Devito's `jacobian_adjoint(checkpointing=True)` driven by pyrevolve's
+  Revolver (forward sweep, residual, reverse sweep), ours `model.gradient(schedule=Revolve(n, s))`
+  with s = pyrevolve's snapshot count;
+- store-all gradient: Devito `forward(save=True)` + residual + `jacobian_adjoint`, ours StoreAll.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+RESULTS = os.path.join(HERE, "results")
+NBL = 20
+SPACING = 10.0
+TN = 1000.0
+MODES = ("forward", "revolve", "storeall")
+
+
+# -- the problem, built with Devito ------------------------------------------------------------------
+def _devito_solver(n: int, order: int, dtype, vp=None):
+    os.environ.setdefault("DEVITO_LOGGING", "ERROR")
+    from examples.seismic.acoustic.acoustic_example import acoustic_setup
+    solver = acoustic_setup(shape=(n, n), spacing=(SPACING, SPACING), nbl=NBL, tn=TN, space_order=order,
+                            preset="layers-isotropic", dtype=dtype)
+    return solver
+
+
+def _smooth(vp: np.ndarray) -> np.ndarray:
+    """The starting model: the true one blurred (a 21-point box filter along each axis)."""
+    out = vp.astype(np.float64)
+    k = np.ones(21) / 21
+    for axis in range(out.ndim):
+        out = np.apply_along_axis(lambda v: np.convolve(np.pad(v, 10, mode="edge"), k, mode="valid"), axis, out)
+    return out
+
+
+def build_problem(n: int, order: int, dtype, path: str) -> None:
+    """Write the problem's arrays to `path` (.npz), in `dtype`."""
+    solver = _devito_solver(n, order, dtype)
+    model, geometry = solver.model, solver.geometry
+    rec_true, _, _ = solver.forward(save=False)
+    vp_true = np.array(model.vp.data)                                   # the padded grid, no halo
+    vp0 = _smooth(vp_true)
+    origin = np.array(model.origin, np.float64) - NBL * SPACING          # the padded grid's corner
+    src = (geometry.src_positions[0] - origin) / SPACING
+    corner = np.floor(src).astype(int)
+    p = src - corner
+    weights = np.array([(a * p[0] + (1 - a) * (1 - p[0])) * (b * p[1] + (1 - b) * (1 - p[1]))
+                        for a in (0, 1) for b in (0, 1)])
+    rec = np.rint((geometry.rec_positions - origin) / SPACING).astype(int)
+    nt = geometry.nt
+    np.savez(path, m0=(1.0 / vp0**2).astype(dtype), vp0=vp0.astype(dtype), damp=np.array(model.damp.data),
+             dt=geometry.dt, spacing=SPACING, nt=nt, order=order, n=n,
+             wavelet=np.array(geometry.src.data[1:nt - 1, 0]),          # step k injects Devito's time k + 1
+             observed=np.array(rec_true.data[1:nt - 1]), observed_full=np.array(rec_true.data),
+             src_index=corner, src_weights=weights, rec_index=rec)
+
+
+# -- the workers -----------------------------------------------------------------------------------
+def _rss_kib(key: str = "VmRSS") -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def _reset_peak() -> None:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def devito_runner(problem: dict, mode: str, snapshots: int | None):
+    from devito import Function, TimeFunction
+    from devito.checkpointing import CheckpointOperator, DevitoCheckpoint
+    from pyrevolve import Revolver
+    n, order = int(problem["n"]), int(problem["order"])
+    dtype = problem["m0"].dtype.type
+    solver = _devito_solver(n, order, dtype)
+    vp0 = Function(name="vp0", grid=solver.model.grid, space_order=order)
+    vp0.data[:] = problem["vp0"]
+    observed = problem["observed_full"]
+    geometry = solver.geometry
+    residual = geometry.rec
+    info = {}
+
+    def forward():
+        rec, _, _ = solver.forward(save=False, vp=vp0)
+        return float(0.5 * np.sum((rec.data[1:-1] - observed[1:-1]) ** 2))
+
+    def storeall():
+        rec, u, _ = solver.forward(save=True, vp=vp0)
+        residual.data[:] = rec.data - observed
+        grad, _ = solver.jacobian_adjoint(residual, u, vp=vp0)
+        return np.array(grad.data)
+
+    def revolve():
+        grad = Function(name="grad", grid=solver.model.grid)
+        u = TimeFunction(name="u", grid=solver.model.grid, time_order=2, space_order=order)
+        v = TimeFunction(name="v", grid=solver.model.grid, time_order=2, space_order=order)
+        rec = geometry.new_rec(name="rec_pred")
+        cp = DevitoCheckpoint([u])
+        fw = CheckpointOperator(solver.op_fwd(save=False), src=geometry.src, u=u, rec=rec, vp=vp0, dt=solver.dt)
+        rv = CheckpointOperator(solver.op_grad(save=False), u=u, v=v, rec=residual, grad=grad, vp=vp0,
+                                dt=solver.dt)
+        wrp = Revolver(cp, fw, rv, snapshots, residual.data.shape[0] - 2)
+        info["snapshots"] = int(wrp.n_checkpoints) if hasattr(wrp, "n_checkpoints") else snapshots
+        wrp.apply_forward()
+        residual.data[:] = rec.data - observed
+        wrp.apply_reverse()
+        return np.array(grad.data)
+
+    return {"forward": forward, "storeall": storeall, "revolve": revolve}[mode], info
+
+
+def ours_runner(problem: dict, mode: str, snapshots: int | None):
+    from peer_impls.fwi_ours import make_model, unpadded
+    import stepper as sp
+    order = int(problem["order"])
+    dtype = sp.float64 if problem["m0"].dtype == np.float64 else sp.float32
+    model, initial, misfit = make_model(problem, order, dtype)
+    steps = int(problem["nt"]) - 2
+    info = {}
+
+    def forward():
+        return model.evaluate(initial, steps, running_loss=misfit)
+
+    def gradient(schedule):
+        result = model.gradient(initial, steps, running_loss=misfit, schedule=schedule)
+        info["stats"] = {"forward_steps": result.stats.forward_steps,
+                         "native_steps": getattr(result.stats, "native_steps", None),
+                         "native_reversals": getattr(result.stats, "native_reversals", None)}
+        return unpadded(result.grads["m"].numpy(), order)
+
+    if mode == "forward":
+        return forward, info
+    if mode == "storeall":
+        return (lambda: gradient(sp.StoreAll(steps))), info
+    return (lambda: gradient(sp.Revolve(steps, snapshots))), info
+
+
+def worker(args) -> dict:
+    if args.threads == "one":
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+    problem = dict(np.load(args.problem))
+    run, info = (devito_runner if args.tool == "devito" else ours_runner)(problem, args.mode, args.snapshots)
+    run()                                                     # compiles, warms caches
+    _reset_peak()
+    before = _rss_kib()
+    t0 = time.perf_counter()
+    value = run()
+    seconds = time.perf_counter() - t0
+    out = {"seconds": seconds, "peak_mib": (_rss_kib("VmHWM") - before) / 1024, **info}
+    if np.ndim(value) == 0:
+        out["loss"] = float(value)
+    elif args.grad_out:
+        np.save(args.grad_out, value)
+    return out
+
+
+# -- the parent --------------------------------------------------------------------------------------
+def run_config(tool, mode, problem_path, threads, snapshots, timeout, grad_out=None) -> dict:
+    with tempfile.NamedTemporaryFile("r", suffix=".json", delete=False) as f:
+        result = f.name
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", tool, "--mode", mode, "--problem", problem_path,
+           "--threads", threads, "--result", result]
+    if snapshots:
+        cmd += ["--snapshots", str(snapshots)]
+    if grad_out:
+        cmd += ["--grad-out", grad_out]
+    env = dict(os.environ)
+    env["DEVITO_LANGUAGE"] = "openmp" if threads == "all" else "C"
+    env["DEVITO_LOGGING"] = "ERROR"
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+        if proc.returncode:
+            return {"error": f"exit {proc.returncode}", "log": (proc.stdout + proc.stderr)[-2000:]}
+        with open(result) as f:
+            return json.load(f)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout} s"}
+    finally:
+        if os.path.exists(result):
+            os.unlink(result)
+
+
+def check(n: int, order: int) -> None:
+    """Ours against Devito in float64: relative max-norm difference of the two gradients."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "problem.npz")
+        build_problem(n, order, np.float64, path)
+        grads = {}
+        for tool in ("devito", "ours"):
+            out = os.path.join(tmp, f"{tool}.npy")
+            report = run_config(tool, "storeall", path, "one", None, 900, grad_out=out)
+            if "error" in report:
+                print(tool, report)
+                return
+            grads[tool] = np.load(out)
+        d, o = grads["devito"], grads["ours"]
+        print(f"float64 {n}^2 order {order}: |ours - devito| / |devito| = "
+              f"{np.abs(o - d).max() / np.abs(d).max():.2e} (max norms); physical domain only: "
+              f"{np.abs(o - d)[NBL:-NBL, NBL:-NBL].max() / np.abs(d)[NBL:-NBL, NBL:-NBL].max():.2e}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--n", type=int, default=256)
+    ap.add_argument("--orders", type=int, nargs="+", default=[2, 8])
+    ap.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    ap.add_argument("--tools", nargs="+", default=["devito", "ours"])
+    ap.add_argument("--threads", default="one", choices=["one", "all"])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--snapshots", type=int, default=None, help="Revolve's snapshots (default: pyrevolve's)")
+    ap.add_argument("--timeout", type=float, default=900)
+    ap.add_argument("--check", action="store_true")
+    ap.add_argument("--worker", choices=["devito", "ours"])
+    ap.add_argument("--mode", choices=MODES)
+    ap.add_argument("--problem")
+    ap.add_argument("--result")
+    ap.add_argument("--grad-out")
+    args = ap.parse_args(argv)
+    if args.worker:
+        args.tool = args.worker
+        report = worker(args)
+        with open(args.result, "w") as f:
+            json.dump(report, f)
+        return 0
+    if args.check:
+        for order in args.orders:
+            check(min(args.n, 64), order)
+        return 0
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for order in args.orders:
+            path = os.path.join(tmp, f"problem-{order}.npz")
+            build_problem(args.n, order, np.float32, path)
+            nt = int(np.load(path)["nt"])
+            snapshots = args.snapshots
+            runs: dict = {}
+            for _ in range(args.rounds):
+                for mode in args.modes:
+                    for tool in args.tools:
+                        report = run_config(tool, mode, path, args.threads, snapshots, args.timeout)
+                        if tool == "devito" and mode == "revolve" and snapshots is None and "snapshots" in report:
+                            snapshots = report["snapshots"]
+                        runs.setdefault((mode, tool), []).append(report)
+            for mode in args.modes:
+                for tool in args.tools:
+                    reports = runs[(mode, tool)]
+                    bad = [r for r in reports if "error" in r]
+                    if bad:
+                        rows.append((order, mode, tool, nt, None, None, None, bad[0]["error"] + " " +
+                                     bad[0].get("log", "")[-300:]))
+                        continue
+                    t = sorted(r["seconds"] for r in reports)
+                    rows.append((order, mode, tool, nt, float(np.median(t)), (t[0], t[-1]),
+                                 max(r["peak_mib"] for r in reports), snapshots if mode == "revolve" else ""))
+    lines = [f"# FWI gradient, Devito vs ours ({args.n}^2 + {NBL}-point damping layer, threads: {args.threads})", "",
+             f"`python benchmarks/fwi.py {' '.join(sys.argv[1:])}`, {datetime.datetime.now():%Y-%m-%d %H:%M}, "
+             f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}", "",
+             "| order | mode | tool | steps | median s (min-max) | ours / devito | peak MiB | note |",
+             "|---:|---|---|---:|---:|---:|---:|---|"]
+    medians = {(o, m, t): s for o, m, t, _, s, *_ in rows}
+    for order, mode, tool, nt, sec, spread, peak, note in rows:
+        if sec is None:
+            lines.append(f"| {order} | {mode} | {tool} | {nt} | failed | | | {note} |")
+            continue
+        ref = medians.get((order, mode, "devito"))
+        ratio = f"{sec / ref:.2f}" if tool == "ours" and ref else ""
+        lines.append(f"| {order} | {mode} | {tool} | {nt - 2} | {sec:.3f} ({spread[0]:.3f}-{spread[1]:.3f}) | "
+                     f"{ratio} | {peak:.0f} | {'snapshots ' + str(note) if note else ''} |")
+    text = "\n".join(lines)
+    print(text)
+    os.makedirs(RESULTS, exist_ok=True)
+    with open(os.path.join(RESULTS, f"fwi-{args.n}-{args.threads}.md"), "w") as f:
+        f.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
