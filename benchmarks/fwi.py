@@ -44,17 +44,17 @@ sys.path.insert(0, HERE)
 RESULTS = os.path.join(HERE, "results")
 NBL = 20
 SPACING = 10.0
-TN = 1000.0
+TN = 1000.0                         # ms, Devito's 2-D example
+TN3 = 300.0                         # ms, its 3-D one
 MODES = ("forward", "revolve", "storeall")
 
 
 # -- the problem, built with Devito ------------------------------------------------------------------
-def _devito_solver(n: int, order: int, dtype, vp=None):
+def _devito_solver(n: int, order: int, dtype, ndim: int = 2):
     os.environ.setdefault("DEVITO_LOGGING", "ERROR")
     from examples.seismic.acoustic.acoustic_example import acoustic_setup
-    solver = acoustic_setup(shape=(n, n), spacing=(SPACING, SPACING), nbl=NBL, tn=TN, space_order=order,
-                            preset="layers-isotropic", dtype=dtype)
-    return solver
+    return acoustic_setup(shape=(n,) * ndim, spacing=(SPACING,) * ndim, nbl=NBL, tn=TN if ndim == 2 else TN3,
+                          space_order=order, preset="layers-isotropic", dtype=dtype)
 
 
 def _smooth(vp: np.ndarray) -> np.ndarray:
@@ -66,9 +66,9 @@ def _smooth(vp: np.ndarray) -> np.ndarray:
     return out
 
 
-def build_problem(n: int, order: int, dtype, path: str) -> None:
+def build_problem(n: int, order: int, dtype, path: str, ndim: int = 2) -> None:
     """Write the problem's arrays to `path` (.npz), in `dtype`."""
-    solver = _devito_solver(n, order, dtype)
+    solver = _devito_solver(n, order, dtype, ndim)
     model, geometry = solver.model, solver.geometry
     rec_true, _, _ = solver.forward(save=False)
     vp_true = np.array(model.vp.data)                                   # the padded grid, no halo
@@ -77,8 +77,8 @@ def build_problem(n: int, order: int, dtype, path: str) -> None:
     src = (geometry.src_positions[0] - origin) / SPACING
     corner = np.floor(src).astype(int)
     p = src - corner
-    weights = np.array([(a * p[0] + (1 - a) * (1 - p[0])) * (b * p[1] + (1 - b) * (1 - p[1]))
-                        for a in (0, 1) for b in (0, 1)])
+    corners = np.stack(np.meshgrid(*([[0, 1]] * ndim), indexing="ij"), -1).reshape(-1, ndim)
+    weights = np.prod(np.where(corners == 1, p, 1 - p), axis=1)        # multilinear, Devito's order
     rec = np.rint((geometry.rec_positions - origin) / SPACING).astype(int)
     nt = geometry.nt
     np.savez(path, m0=(1.0 / vp0**2).astype(dtype), vp0=vp0.astype(dtype), damp=np.array(model.damp.data),
@@ -111,7 +111,7 @@ def devito_runner(problem: dict, mode: str, snapshots: int | None):
     from pyrevolve import Revolver
     n, order = int(problem["n"]), int(problem["order"])
     dtype = problem["m0"].dtype.type
-    solver = _devito_solver(n, order, dtype)
+    solver = _devito_solver(n, order, dtype, problem["m0"].ndim)
     vp0 = Function(name="vp0", grid=solver.model.grid, space_order=order)
     vp0.data[:] = problem["vp0"]
     observed = problem["observed_full"]
@@ -219,11 +219,11 @@ def run_config(tool, mode, problem_path, threads, snapshots, timeout, grad_out=N
             os.unlink(result)
 
 
-def check(n: int, order: int) -> None:
+def check(n: int, order: int, ndim: int) -> None:
     """Ours against Devito in float64: relative max-norm difference of the two gradients."""
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "problem.npz")
-        build_problem(n, order, np.float64, path)
+        build_problem(n, order, np.float64, path, ndim)
         grads = {}
         for tool in ("devito", "ours"):
             out = os.path.join(tmp, f"{tool}.npy")
@@ -233,14 +233,16 @@ def check(n: int, order: int) -> None:
                 return
             grads[tool] = np.load(out)
         d, o = grads["devito"], grads["ours"]
-        print(f"float64 {n}^2 order {order}: |ours - devito| / |devito| = "
+        inner = (slice(NBL, -NBL),) * ndim
+        print(f"float64 {n}^{ndim} order {order}: |ours - devito| / |devito| = "
               f"{np.abs(o - d).max() / np.abs(d).max():.2e} (max norms); physical domain only: "
-              f"{np.abs(o - d)[NBL:-NBL, NBL:-NBL].max() / np.abs(d)[NBL:-NBL, NBL:-NBL].max():.2e}")
+              f"{np.abs(o - d)[inner].max() / np.abs(d)[inner].max():.2e}")
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=256)
+    ap.add_argument("--ndim", type=int, default=2, choices=[2, 3])
     ap.add_argument("--orders", type=int, nargs="+", default=[2, 8])
     ap.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     ap.add_argument("--tools", nargs="+", default=["devito", "ours"])
@@ -263,13 +265,13 @@ def main(argv=None) -> int:
         return 0
     if args.check:
         for order in args.orders:
-            check(min(args.n, 64), order)
+            check(min(args.n, 64 if args.ndim == 2 else 24), order, args.ndim)
         return 0
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for order in args.orders:
             path = os.path.join(tmp, f"problem-{order}.npz")
-            build_problem(args.n, order, np.float32, path)
+            build_problem(args.n, order, np.float32, path, args.ndim)
             nt = int(np.load(path)["nt"])
             snapshots = args.snapshots
             runs: dict = {}
@@ -291,7 +293,7 @@ def main(argv=None) -> int:
                     t = sorted(r["seconds"] for r in reports)
                     rows.append((order, mode, tool, nt, float(np.median(t)), (t[0], t[-1]),
                                  max(r["peak_mib"] for r in reports), snapshots if mode == "revolve" else ""))
-    lines = [f"# FWI gradient, Devito vs ours ({args.n}^2 + {NBL}-point damping layer, threads: {args.threads})", "",
+    lines = [f"# FWI gradient, Devito vs ours ({args.n}^{args.ndim} + {NBL}-point damping layer, threads: {args.threads})", "",
              f"`python benchmarks/fwi.py {' '.join(sys.argv[1:])}`, {datetime.datetime.now():%Y-%m-%d %H:%M}, "
              f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}", "",
              "| order | mode | tool | steps | median s (min-max) | ours / devito | peak MiB | note |",
@@ -308,7 +310,7 @@ def main(argv=None) -> int:
     text = "\n".join(lines)
     print(text)
     os.makedirs(RESULTS, exist_ok=True)
-    with open(os.path.join(RESULTS, f"fwi-{args.n}-{args.threads}.md"), "w") as f:
+    with open(os.path.join(RESULTS, f"fwi-{args.ndim}d-{args.n}-{args.threads}.md"), "w") as f:
         f.write(text + "\n")
     return 0
 

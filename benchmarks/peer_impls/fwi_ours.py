@@ -1,4 +1,4 @@
-"""Ours: Devito's 2-D acoustic FWI problem written the README way (see benchmarks/fwi.py).
+"""Ours: Devito's acoustic FWI problem (2-D or 3-D) written the README way (see benchmarks/fwi.py).
 
 The discretisation is Devito's own (`op.ccode` of examples.seismic's forward operator), term for
 term: with r1 = 1/dt^2, r2 = 1/dt, m = 1/vp^2 and the central 2nd-derivative weights w of order k,
@@ -30,13 +30,15 @@ WEIGHTS = {
 }
 
 
-def kernels(order: int, dtype):
-    """The three kernels of the 2-D problem at `order` in `dtype` (a factory, as a user writing one
-    model for several orders does)."""
+def kernels(order: int, dtype, ndim: int = 2):
+    """The three kernels of the problem at `order` in `dtype` on an `ndim`-D grid (a factory, as a
+    user writing one model for several orders does)."""
     R = order // 2
-    A = sp.array(dtype=dtype, ndim=2)
     V = sp.array(dtype=dtype)
     I = sp.array(dtype=sp.int32)                    # noqa: E741
+    if ndim == 3:
+        return _kernels3(R, dtype, V, I)
+    A = sp.array(dtype=dtype, ndim=2)
 
     @sp.kernel
     def acoustic(up: A, u: A, m: A, damp: A, w: V, r1: dtype, r2: dtype, u_next: A):
@@ -62,9 +64,44 @@ def kernels(order: int, dtype):
         u_next[i, j] += dt2 * weights[2 * a + b] * amplitude[0] / m[i, j]
 
     @sp.kernel
-    def misfit(u: A, rx: I, ry: I, observed: V, out: V):
+    def misfit(u: A, rec: I, observed: V, out: V):
         r = sp.tid()
-        d = u[rx[r], ry[r]] - observed[r]
+        d = u[rec[2 * r], rec[2 * r + 1]] - observed[r]
+        sp.atomic_add(out, 0, 0.5 * d * d)
+
+    return acoustic, inject, misfit
+
+
+def _kernels3(R: int, dtype, V, I):                 # noqa: E741
+    A = sp.array(dtype=dtype, ndim=3)
+
+    @sp.kernel
+    def acoustic(up: A, u: A, m: A, damp: A, w: V, r1: dtype, r2: dtype, u_next: A):
+        i, j, l = sp.tid()
+        value = dtype(0.0)
+        if i >= R and j >= R and l >= R and i < u.shape[0] - R and j < u.shape[1] - R and l < u.shape[2] - R:
+            x = u[i, j, l]
+            lap = 3.0 * w[0] * x
+            for k in range(1, R + 1):
+                lap += w[k] * (u[i - k, j, l] + u[i + k, j, l] + u[i, j - k, l] + u[i, j + k, l]
+                               + u[i, j, l - k] + u[i, j, l + k])
+            mm = m[i, j, l]
+            d = damp[i, j, l]
+            value = (mm * r1 * (2.0 * x - up[i, j, l]) + r2 * d * x + lap) / (mm * r1 + r2 * d)
+        u_next[i, j, l] = value
+
+    @sp.kernel
+    def inject(m: A, at: I, weights: V, amplitude: V, dt2: dtype, u_next: A):
+        a, b, c = sp.tid()
+        i = at[0] + a
+        j = at[1] + b
+        l = at[2] + c
+        u_next[i, j, l] += dt2 * weights[4 * a + 2 * b + c] * amplitude[0] / m[i, j, l]
+
+    @sp.kernel
+    def misfit(u: A, rec: I, observed: V, out: V):
+        r = sp.tid()
+        d = u[rec[3 * r], rec[3 * r + 1], rec[3 * r + 2]] - observed[r]
         sp.atomic_add(out, 0, 0.5 * d * d)
 
     return acoustic, inject, misfit
@@ -75,7 +112,8 @@ def make_model(problem: dict, order: int, dtype=sp.float32):
     `problem`), m0 the parameter."""
     R = order // 2
     np_dtype = np.float64 if dtype == sp.float64 else np.float32
-    acoustic, inject, misfit = kernels(order, dtype)
+    ndim = problem["m0"].ndim
+    acoustic, inject, misfit = kernels(order, dtype, ndim)
     h, dt = float(problem["spacing"]), float(problem["dt"])
     shape = tuple(int(n) + 2 * R for n in problem["m0"].shape)     # the padded grid plus a zero halo
 
@@ -87,9 +125,8 @@ def make_model(problem: dict, order: int, dtype=sp.float32):
     src_at = problem["src_index"] + R                               # the injection square's corner
     at = sp.array(src_at.astype(np.int32), dtype=sp.int32)
     weights = sp.array(problem["src_weights"].astype(np_dtype), dtype=dtype)
-    rx = sp.array((problem["rec_index"][:, 0] + R).astype(np.int32), dtype=sp.int32)
-    ry = sp.array((problem["rec_index"][:, 1] + R).astype(np.int32), dtype=sp.int32)
-    nrec = int(rx.shape[0])
+    rec = sp.array((problem["rec_index"] + R).astype(np.int32).ravel(), dtype=sp.int32)
+    nrec = int(problem["rec_index"].shape[0])
 
     model = sp.Model(dt=dt)
     model.state("up", shape, dtype)
@@ -102,12 +139,12 @@ def make_model(problem: dict, order: int, dtype=sp.float32):
     @model.step
     def step(s):
         sp.launch(acoustic, shape, inputs=[s.prev.up, s.prev.u, s.params.m, damp, w, r1, r2], outputs=[s.next.u])
-        sp.launch(inject, (2, 2), inputs=[s.params.m, at, weights, s.series.wavelet, dt * dt], outputs=[s.next.u])
+        sp.launch(inject, (2,) * ndim, inputs=[s.params.m, at, weights, s.series.wavelet, dt * dt], outputs=[s.next.u])
         sp.copy(s.next.up, s.prev.u)
 
     def running_loss(s):
         out = s.scratch("misfit", 1, dtype)
-        sp.launch(misfit, nrec, inputs=[s.prev.u, rx, ry, s.series.observed], outputs=[out])
+        sp.launch(misfit, nrec, inputs=[s.prev.u, rec, s.series.observed], outputs=[out])
         return out
 
     zeros = np.zeros(shape, np_dtype)
@@ -117,4 +154,4 @@ def make_model(problem: dict, order: int, dtype=sp.float32):
 
 def unpadded(grad: np.ndarray, order: int) -> np.ndarray:
     R = order // 2
-    return grad[R:-R, R:-R]
+    return grad[(slice(R, -R),) * grad.ndim]
