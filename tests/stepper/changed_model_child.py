@@ -4,7 +4,8 @@
 
 JOB: ``write`` (8 steps, a checkpoint every 2), ``resume`` (to step 12), ``resume-allowed``
 (``allow_changes=True``) or ``full`` (12 steps, no resume). VARIANT: ``same``, ``stiffer`` (stiffness [4.0, 0.6] for [4.0, 0.5]) or
-``kernel`` (the integrator's source changed: a semi-implicit damping). Prints ``final`` and the
+``kernel`` (the integrator's source changed: a semi-implicit damping) or ``launch`` (the same
+kernels, launched with another rest length). Prints ``final`` and the
 state's bytes in hex, or ``error`` and the message; and the newest checkpoint's ``changes``.
 Run in a child process: a real resume follows a crash, in a new process, maybe with edited code.
 """
@@ -46,12 +47,13 @@ def chain(k1):
     @model.step
     def step(s):
         f = s.scratch("force", 16, sp.float64)
-        sp.launch(chain_force, 16, inputs=[s.prev.x, s.params.k, 1.0, 16], outputs=[f])
+        sp.launch(chain_force, 16, inputs=[s.prev.x, s.params.k, rest, 16], outputs=[f])
         sp.launch(chain_integrate, 16, inputs=[s.prev.x, s.prev.v, f, s.params.c, s.dt],
                   outputs=[s.next.x, s.next.v])
     return model
 
 
+rest = 1.1 if variant == "launch" else 1.0
 model = chain(0.6 if variant == "stiffer" else 0.5)
 try:
     if job in ("write", "full"):

@@ -63,6 +63,15 @@ def test_a_changed_kernel_is_refused_naming_the_kernel(tmp_path):
     assert "chain_force" not in lines["error"] and "parameter" not in lines["error"]
 
 
+def test_a_changed_launch_of_the_same_kernels_is_refused(tmp_path):
+    path = tmp_path / "run.ckpt"
+    run(path, "write", "same")
+    lines, step, _ = run(path, "resume", "launch")
+    assert "final" not in lines and step == 8
+    assert re.search(r"the step's launches changed \(dims, scalar arguments or buffers; launch trace SHA-256 "
+                     r"[0-9a-f]{16} in the checkpoints, [0-9a-f]{16} now\)", lines["error"]), lines["error"]
+
+
 def test_allow_changes_continues_and_the_new_checkpoints_record_what_changed(tmp_path):
     path = tmp_path / "run.ckpt"
     run(path, "write", "same")
