@@ -219,7 +219,8 @@ class KernelModule:
             rendered = self.render(debug)
             safe = "".join(c if c.isalnum() else "_" for c in self.name)[-40:]
             path = build_cpu_library(rendered.source, f"{safe}{'_debug' if debug else ''}",
-                                     include_dirs=[PRELUDE_DIR])
+                                     include_dirs=[PRELUDE_DIR],
+                                     what=f"kernel module '{self.name}' ({len(self.kernels)} kernels)")
             self._libraries[debug] = LoadedModule(load_cpu_library(path), rendered.sites)
         return self._libraries[debug]
 

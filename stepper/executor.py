@@ -28,6 +28,7 @@ from .graph_loop import GraphLoops
 from .native_loop import NativeLoops
 from .native_reverse import Kept, NativeReversal, kept_part
 from .native_sweep import NativeSweep
+from .param_sums import ParamSums
 from .state import State, write_values
 from .step_context import RecordedStep, StepRunner, StepTape, check_scalar_loss
 from .versions import BufferPool, set_grad
@@ -90,6 +91,7 @@ class Sweep:
         self.recorded: dict[int, RecordedStep] = {}
         self.deps: dict = {_RAM: set(), _DISK: set()}     # steps whose adjoint data a tier "holds"
         self.carry: dict[str, array] | None = None        # adjoint of the state at self.adj
+        self.param_sums: ParamSums | None = None           # float32 parameter gradients in float64
         self.adj = None
         self.seen = 0                                      # steps run at least once (first sweep)
         self.step_losses: list[float] = []
@@ -113,6 +115,7 @@ class Sweep:
         """From the final state's adjoint, made of `loss` (a function of the final State returning a
         one-element array) and/or `seeds` (``{name: ndarray}``), run actions up to EndReverse; return
         the adjoint of the initial state (``{name: array}``, owned by the caller)."""
+        self.param_sums = ParamSums(self.model.params, self.model.device)
         self._seed(loss, seeds)
         action = None
         while True:
@@ -136,6 +139,7 @@ class Sweep:
             action = None
         if self.adj != 0:
             raise ModelError(f"the schedule ended its reverse sweep at step {self.adj}, not 0")
+        self.param_sums.finish()
         adjoint = {name: self.pool.give_away(a) for name, a in self.carry.items()}
         self.carry = None
         return adjoint
@@ -420,6 +424,7 @@ class Sweep:
                 self._reverse_kept(rec, keep=not a.clear_adj_deps)
             else:
                 self._reverse_step(rec)
+            self.param_sums.fold()           # as the native sweep does after each step (op 3)
             if a.clear_adj_deps:
                 del self.recorded[k]
                 self._drop(rec)

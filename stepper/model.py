@@ -137,7 +137,10 @@ class Model:
 
     def resume(self, path, steps: int | None = None, **options):
         """Continue a rollout that wrote checkpoints to directory `path` from its newest intact one,
-        to `steps` (default: the run's original length); returns what that rollout would have."""
+        to `steps` (default: the run's original length); returns what that rollout would have.
+        A model whose parameter values or step kernels differ from the writer's is refused (the
+        error names them); ``allow_changes=True`` continues anyway and the new checkpoints record
+        the changes (metadata ``changes``)."""
         return _rollout.resume(self, path, steps, **options)
 
     def gradient(self, initial, steps: int | None = None, loss=None, schedule=None, storage=None, **options):

@@ -64,11 +64,21 @@ struct sp_plan {
 };
 
 // ops: 0, steps, start[S], a[S], b[S]  |  1, prev[S], next[S], gprev[F], carry[F]  |  2, prev[S], next[S]
+//      |  3, count, (float32 gradient, float64 sum, elements) x count
 extern "C" void sp_sweep(const int64_t* ops, int64_t n_words, const sp_plan* p) {
     const int64_t S = p->S, F = p->F;
     int64_t i = 0;
     while (i < n_words) {
         const int64_t op = ops[i++];
+        if (op == 3) {                                 // stepper/param_sums.py's fold, after a reversed step
+            const int64_t count = ops[i++];
+            for (int64_t q = 0; q < count; ++q, i += 3) {
+                float* g = (float*)ops[i];
+                double* sum = (double*)ops[i + 1];
+                for (int64_t e = 0; e < ops[i + 2]; ++e) { sum[e] = sum[e] + (double)g[e]; g[e] = 0.0f; }
+            }
+            continue;
+        }
         if (op == 2) {
             for (int64_t s = 0; s < 2 * S; ++s) p->slots[s] = (void*)ops[i + s];
             i += 2 * S;
@@ -289,6 +299,8 @@ class _Stretch:
         self.dropped: set[int] = set()           # steps recorded natively whose records went here
         self.pos, self.adj, self.seen = sw.pos, sw.adj, sw.seen
         self.ops: list[int] = []
+        folds = sw.param_sums.fold_table()
+        self.fold = [3, len(folds), *(w for entry in folds for w in entry)] if folds else []
         self.pending_record = None
         self.count = dict(forward=0, recorded=0, reverse=0, advanced=0, advances=0, reversals=0, skipped=0,
                           renamed=0, written=0, read=0, bytes_written=0, bytes_read=0)
@@ -456,6 +468,7 @@ class _Stretch:
                 self.versions.release(nxt)         # its memory may serve the gradient below
             gprev = self.versions.new(self.grad_kinds)
         self.ops += [1, *prev.ptrs, *nxt.ptrs, *gprev.ptrs, *self.carry.ptrs]
+        self.ops += self.fold                      # as Sweep._reverse folds after each step
         if self.reads_next:
             self.versions.release(nxt)
         self.versions.release(self.carry)

@@ -2,7 +2,8 @@
 
 Checkpoints go to a `CheckpointDirectory` (one fsynced, atomically renamed HDF5 file each), so a kill
 loses at most the checkpoint being written; each records the model's fingerprint (dt, t0, state and
-parameter shapes and dtypes), which `resume` checks.
+parameter shapes and dtypes, parameter values, the step's kernels and launches: fingerprint.py),
+which `resume` checks; ``allow_changes=True`` continues anyway and records what changed.
 
 Two versions of the state are live at a time: the step's input (``s.prev``) and its output
 (``s.next``); the input goes back to the pool once the step is done.
@@ -18,7 +19,6 @@ function. `until` and `check_finite`, which look at every step, keep every step 
 """
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 
@@ -27,6 +27,7 @@ from compiler.runtime.tape import active_tape
 
 from .errors import ModelError
 from .executor import check_finite_state
+from .fingerprint import fingerprint, mismatches, step_fingerprint
 from .graph_loop import GraphLoops
 from .native_loop import NativeLoops
 from .progress import progress_bar
@@ -34,7 +35,7 @@ from .state import State, check_initial, write_values
 from .step_context import StepRunner
 from .versions import BufferPool
 
-__all__ = ["rollout", "resume", "Rollout", "RolloutStats"]
+__all__ = ["rollout", "resume", "Rollout", "RolloutStats", "fingerprint"]
 
 # Runs of trusted steps go to the native (CPU) or graph (GPU) loops; tests turn this off to compare.
 native_loops = True
@@ -99,15 +100,16 @@ def rollout(model, initial, steps, *, callback=None, every: int = 1, record_ever
 
 
 def resume(model, path, steps=None, *, callback=None, every: int = 1, record_every=None, until=None,
-           check_finite=False, deterministic=False, progress=None):
+           check_finite=False, deterministic=False, progress=None, allow_changes=False):
     """See `Model.resume`."""
     model._check_ready()
     store = CheckpointDirectory(path, mode="a")
     try:
         snap = store.read_latest()
         done = snap.step
-        meta = {k: snap.metadata[k] for k in ("total_steps", "checkpoint_every") if k in snap.metadata}
-        _check_fingerprint(model, snap.metadata, store.path)
+        meta = {k: snap.metadata[k] for k in ("total_steps", "checkpoint_every", "changes") if k in snap.metadata}
+        resumed = _Resumed(str(store.path), done, dict(snap.metadata), bool(allow_changes))
+        resumed.check(meta, fingerprint(model))
         meta.update(fingerprint(model))
         values = check_initial(model.states, dict(snap.arrays), model.device, what=f"snapshot in {path}")
         total = steps if steps is not None else meta.get("total_steps")
@@ -121,32 +123,34 @@ def resume(model, path, steps=None, *, callback=None, every: int = 1, record_eve
         raise
     return _run(model, values, done, total, store, meta, callback=callback, every=every,
                 record_every=record_every, until=until, check_finite=check_finite,
-                deterministic=deterministic, progress=progress)
+                deterministic=deterministic, progress=progress, resumed=resumed)
 
 
-def fingerprint(model) -> dict:
-    """What a checkpoint must match to be resumed by ``model``: its times, states and parameters."""
-    return {"dt": model.dt, "t0": model.t0,
-            "states": {n: [list(s.shape), str(s.dtype)] for n, s in model.states.items()},
-            "params": {n: [list(p.shape), str(p.dtype)] for n, p in model.params.items()}}
+@dataclass(frozen=True)
+class _Resumed:
+    """The checkpoint a `resume` starts from, against which the model is checked."""
+    path: str
+    step: int
+    found: dict                      # its metadata
+    allow_changes: bool
 
-
-def _check_fingerprint(model, metadata, path) -> None:
-    mine = fingerprint(model)
-    for key, value in mine.items():
-        found = metadata.get(key)
-        if key in metadata and _jsonish(found) != _jsonish(value):
-            raise ModelError(f"resume({path!r}): the checkpoints were written by a model with {key}={found!r}, "
-                             f"this model has {key}={value!r}; resume with the model that wrote them, or "
-                             "start a new rollout")
-
-
-def _jsonish(value):
-    return json.loads(json.dumps(value))
+    def check(self, meta: dict, mine: dict) -> None:
+        """Refuse to go on with a model that differs from the checkpoints' (what `mine` holds of
+        it), or, with allow_changes, add the differences to `meta`'s ``changes`` (what the new
+        checkpoints record)."""
+        changed = mismatches(self.found, mine)
+        if not changed:
+            return
+        if not self.allow_changes:
+            raise ModelError(f"resume({self.path!r}): this model is not the one that wrote the checkpoints: "
+                             + "; ".join(changed) + ". Resume with the model that wrote them, start a new "
+                             "rollout, or pass allow_changes=True to continue with this model deliberately "
+                             "(the new checkpoints record the changes)")
+        meta["changes"] = [*meta.get("changes", []), {"step": self.step, "changed": changed}]
 
 
 def _run(model, values, start, steps, store, meta, *, callback, every, record_every, until, check_finite,
-         deterministic, progress):
+         deterministic, progress, resumed: _Resumed | None = None):
     started = time.perf_counter()
     pool = BufferPool(model.device, model.zero_buffers)
     arrays = {}
@@ -176,6 +180,12 @@ def _run(model, values, start, steps, store, meta, *, callback, every, record_ev
             # launches: the run then checks the trace again); the rest, up to the next event or
             # the end, run from the trace where the step is trusted.
             nxt, scratch, _tape, _ = runner.run(n, work)
+            if n == start and store is not None:
+                # the step's kernels are known once it ran: checked before anything is written
+                kernels = step_fingerprint(runner.trace, _tape)
+                if resumed is not None:
+                    resumed.check(meta, kernels)
+                meta.update(kernels)
             pool.release_all((*scratch.values(), *work.values()))
             work = nxt
             n += 1

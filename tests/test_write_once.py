@@ -233,3 +233,137 @@ def test_unprovable_recursions_are_refused_with_the_reason_and_a_local_as_the_fi
     message = str(info.value)
     assert reason in message and "carry a running value in a local" in message
     assert "test_write_once.py" in message
+
+
+# -- while loops counted by an induction variable are range loops to the proof -----------------------
+@sp.kernel
+def ewma_while(x: F2, alpha: sp.float64, cols: int, ys: F2):
+    row = sp.tid()
+    ys[row, 0] = x[row, 0]
+    t = int(1)
+    while t < cols:
+        ys[row, t] = alpha * x[row, t] + (1.0 - alpha) * ys[row, t - 1]
+        t += 1
+
+
+@sp.kernel
+def ewma_for(x: F2, alpha: sp.float64, cols: int, ys: F2):
+    row = sp.tid()
+    ys[row, 0] = x[row, 0]
+    for t in range(1, cols):
+        ys[row, t] = alpha * x[row, t] + (1.0 - alpha) * ys[row, t - 1]
+
+
+@sp.kernel
+def every_other_while(x: F2, cols: int, ys: F2):
+    row = sp.tid()
+    ys[row, 0] = x[row, 0]
+    ys[row, 1] = x[row, 1]
+    t = int(2)
+    while cols > t:                                   # the bound on the left, a step of 2
+        ys[row, t] = sp.sin(ys[row, t - 2]) + x[row, t]
+        t += 2
+
+
+def _run(kernel, values, scalars, seed, device):
+    x = sp.array(values, dtype=sp.float64, requires_grad=True, device=device)
+    ys = sp.zeros(values.shape, dtype=sp.float64, requires_grad=True, device=device)
+    tape = sp.Tape()
+    with tape:
+        sp.launch(kernel, values.shape[0], inputs=[x, *scalars], outputs=[ys])
+    tape.backward(grads={ys: seed})
+    return ys.numpy(), x.grad.numpy()
+
+
+def test_a_while_loop_counted_by_an_induction_variable_is_differentiated_like_the_for_loop(device):
+    values = np.random.default_rng(4).random((3, 9))
+    seed = np.random.default_rng(5).random((3, 9))
+    for_form = _run(ewma_for, values, [0.3, 9], seed, device)
+    while_form = _run(ewma_while, values, [0.3, 9], seed, device)
+    np.testing.assert_array_equal(while_form[0], for_form[0])
+    np.testing.assert_array_equal(while_form[1], for_form[1])
+    e, expected_data, _ = ewma_reference(values, 0.3)                  # and the closed form
+    np.testing.assert_allclose(while_form[0][:, -1], e, rtol=1e-14)
+
+
+def test_a_counted_while_loop_with_a_step_of_2_matches_finite_differences(device):
+    values = np.random.default_rng(6).random((2, 7))
+    seed = np.random.default_rng(7).random((2, 7))
+    _, grad = _run(every_other_while, values, [7], seed, device)
+    fd = np.zeros_like(values)
+    for k in np.ndindex(values.shape):
+        up, down = values.copy(), values.copy()
+        up[k] += 1e-6
+        down[k] -= 1e-6
+        fd[k] = ((_run(every_other_while, up, [7], seed, device)[0] * seed).sum()
+                 - (_run(every_other_while, down, [7], seed, device)[0] * seed).sum()) / 2e-6
+    np.testing.assert_allclose(grad, fd, rtol=1e-7, atol=1e-9)
+
+
+@sp.kernel
+def while_counter_in_a_branch(x: F2, cols: int, ys: F2):
+    row = sp.tid()
+    t = int(1)
+    while t < cols:
+        ys[row, t] = x[row, t] + ys[row, t - 1]
+        if x[row, t] > 0.5:
+            t += 1
+        else:
+            t += 2
+
+
+@sp.kernel
+def while_counting_down(x: F2, cols: int, ys: F2):
+    row = sp.tid()
+    t = cols - 2
+    while t >= 0:
+        ys[row, t] = x[row, t] + ys[row, t + 1]
+        t -= 1
+
+
+@sp.kernel
+def while_counter_decremented(x: F2, cols: int, ys: F2):
+    row = sp.tid()
+    t = int(1)
+    while t < cols:
+        ys[row, t] = x[row, t] + ys[row, t - 1]
+        t -= 1
+        t += 2
+
+
+@sp.kernel
+def while_counter_reassigned(x: F2, cols: int, ys: F2):
+    row = sp.tid()
+    t = int(1)
+    while t < cols:
+        ys[row, t] = x[row, t] + ys[row, t - 1]
+        t = t * 2
+
+
+@sp.kernel
+def while_bound_moves(x: F2, cols: int, ys: F2):
+    row = sp.tid()
+    t = int(1)
+    stop = cols
+    while t < stop:
+        ys[row, t] = x[row, t] + ys[row, t - 1]
+        stop = stop - 1
+        t += 1
+
+
+@pytest.mark.parametrize("kernel, reason", [
+    (while_counter_in_a_branch, "is not changed exactly once in every iteration"),
+    (while_counting_down, "is not set to an int constant just before the loop"),
+    (while_counter_decremented, "is not changed exactly once in every iteration"),
+    (while_counter_reassigned, "is not increased by a positive constant"),
+    (while_bound_moves, "its bound changes in the loop"),
+])
+def test_while_loops_that_are_not_induction_loops_are_refused_with_the_reason(kernel, reason, device):
+    x = sp.array(np.ones((2, 4)), dtype=sp.float64, requires_grad=True, device=device)
+    ys = sp.zeros((2, 4), dtype=sp.float64, requires_grad=True, device=device)
+    with pytest.raises(sp.OverwriteError) as info:
+        with sp.Tape():
+            sp.launch(kernel, 2, inputs=[x, 4], outputs=[ys])
+    message = str(info.value)
+    assert "is not counted by an induction variable" in message and reason in message, message
+    assert "test_write_once.py" in message

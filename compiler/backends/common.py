@@ -7,6 +7,8 @@ a stale binary is never found; files are written under a temporary name and move
 
 The cache directory is, in order: the ``cache_dir=`` argument of a build call, the directory last
 given to :func:`set_cache_dir`, or ``~/.cache/stepper/kernels``. Deleting it at any time is safe.
+It is created 0700, and code is loaded from it only while it and the file are the user's own and
+not writable by group or others (cache_check.check_private).
 """
 from __future__ import annotations
 
@@ -64,7 +66,8 @@ def get_cache_dir(cache_dir: str | os.PathLike | None = None) -> Path:
     else:
         path = DEFAULT_CACHE_DIR
     path = path.expanduser()
-    path.mkdir(parents=True, exist_ok=True)
+    # Private: only we may put code here that we will load (cache_check.check_private).
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
     return path
 
 

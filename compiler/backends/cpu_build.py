@@ -63,12 +63,18 @@ CANDIDATES = ("c++", "g++", "clang++")
 LIB_SUFFIX = ".dylib" if sys.platform == "darwin" else ".so"
 # Bump when the way we build changes in a way that the hashed inputs do not show.
 _RECIPE = "cpu-build-1"
-_build_timeout = [600.0]     # seconds one compiler run may take (set_build_timeout)
+# Seconds one compiler run may take (set_build_timeout). The slowest build in the suite and examples,
+# test_builtin_vectors' 11,600 generated lines of vector and matrix adjoints, took 55 s on a loaded 2-core VM
+# (most take 0.2-9 s): 300 s leaves room for a slower machine without ten minutes of silence.
+_build_timeout = [300.0]
+# A build still running after this long says so, once: a user waiting in silence assumes a hang.
+BUILD_NOTICE_SECONDS = 5.0
 
 
 def set_build_timeout(seconds: float) -> None:
     """How long one C++ compiler run may take before it is killed and the build fails with a
-    `BuildError` (default 600 s; generated kernels build in 0.2-5 s)."""
+    `BuildError` (default 300 s; generated kernels build in 0.2-9 s, the suite's largest module in
+    55 s on a loaded 2-core machine)."""
     if not seconds > 0:
         raise ValueError(f"the build timeout must be a positive number of seconds, got {seconds!r}")
     _build_timeout[0] = float(seconds)
@@ -153,11 +159,13 @@ def find_compiler(cache_dir: str | os.PathLike | None = None) -> Compiler:
 
 def build_cpu_library(source: str, name: str, include_dirs: Iterable[str | os.PathLike] = (),
                       cache_dir: str | os.PathLike | None = None,
-                      flags: Sequence[str] | None = None) -> Path:
+                      flags: Sequence[str] | None = None, what: str | None = None) -> Path:
     """Build ``source`` (C++17) into a shared library and return its path in the cache.
 
     ``include_dirs`` are passed as ``-I`` and every header in them is part of the cache key;
-    ``flags`` are extra compiler flags, appended after the defaults. If the library is already in
+    ``flags`` are extra compiler flags, appended after the defaults; ``what`` names what is built
+    (e.g. "kernel module 'physics' (12 kernels)") in the notice a build still running after
+    BUILD_NOTICE_SECONDS logs (a warning, once per build). If the library is already in
     the cache, no compiler runs. Raises :class:`BuildError` with the compiler's diagnostics (pointing
     at the user's Python lines through ``#line`` directives) and :class:`CompilerNotFoundError`.
     """
@@ -184,7 +192,8 @@ def build_cpu_library(source: str, name: str, include_dirs: Iterable[str | os.Pa
         return lib
     if lib.exists():
         log.warning("kernel cache entry %s does not match its size/hash record: rebuilding it", lib)
-    return _compile(compiler, all_flags, include_dirs, source, name, cache / f"{stem}.cpp", lib)
+    return _compile(compiler, all_flags, include_dirs, source, name, cache / f"{stem}.cpp", lib,
+                    what or f"'{name}'")
 
 
 _loaded: dict[str, ctypes.CDLL] = {}
@@ -199,6 +208,7 @@ def load_cpu_library(path: str | os.PathLike) -> ctypes.CDLL:
             lib = _loaded.get(key)
             if lib is None:
                 _limit_openmp_spinning()
+                cache_check.check_private(Path(key))
                 try:
                     lib = _loaded[key] = ctypes.CDLL(key)
                 except OSError as exc:
@@ -231,13 +241,13 @@ def _limit_openmp_spinning() -> None:
 
 
 def _compile(compiler: Compiler, flags: Sequence[str], include_dirs: Sequence[Path], source: str,
-             name: str, src_path: Path, lib: Path) -> Path:
+             name: str, src_path: Path, lib: Path, what: str) -> Path:
     # The source file's name is a pure function of its text, so concurrent writers agree.
     atomic_write(src_path, source.encode("utf-8"))
     tmp_lib = temp_path_for(lib)
     cmd = [*compiler.command, *flags, *(f"-I{d}" for d in include_dirs), str(src_path), "-o", str(tmp_lib)]
     t0 = time.perf_counter()
-    proc = _run_compiler(cmd, tmp_lib, name)
+    proc = _run_compiler(cmd, tmp_lib, name, what, lib.parent)
     if proc.returncode != 0:
         unlink_quietly(tmp_lib)
         failed = src_path.parent / f"{safe_name(name)}.failed.cpp"
@@ -259,6 +269,7 @@ def _compile(compiler: Compiler, flags: Sequence[str], include_dirs: Sequence[Pa
                          f"compiler ($CXX or {', '.join(CANDIDATES)} on PATH): command {shlex.join(cmd)}",
                          log=proc.stderr, command=shlex.join(cmd))
     try:
+        os.chmod(tmp_lib, 0o700)       # whatever the umask: a group-writable library would be refused
         cache_check.write_record(tmp_lib, lib)       # before the library: whoever sees it sees its record
         os.replace(tmp_lib, lib)
     except OSError as exc:
@@ -270,13 +281,22 @@ def _compile(compiler: Compiler, flags: Sequence[str], include_dirs: Sequence[Pa
     return lib
 
 
-def _run_compiler(cmd: list[str], tmp_lib: Path, name: str) -> subprocess.CompletedProcess:
+def _run_compiler(cmd: list[str], tmp_lib: Path, name: str, what: str, cache: Path) -> subprocess.CompletedProcess:
     """Run the compiler in its own process group, so that on timeout it and its helpers (cc1plus,
-    as, ld) are all killed."""
+    as, ld) are all killed; a run past BUILD_NOTICE_SECONDS says so once."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace",
                             start_new_session=True)
+    limit, notice = _build_timeout[0], BUILD_NOTICE_SECONDS
     try:
-        out, err = proc.communicate(timeout=_build_timeout[0])
+        try:
+            out, err = proc.communicate(timeout=min(notice, limit))
+        except subprocess.TimeoutExpired:
+            if limit <= notice:
+                raise
+            log.warning("compiling %s into the kernel cache %s: still running after %g s (once per change of "
+                        "the source; later runs load it from the cache; killed after %g s, "
+                        "compiler.backends.set_build_timeout(seconds))", what, cache, notice, limit)
+            out, err = proc.communicate(timeout=limit - notice)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()

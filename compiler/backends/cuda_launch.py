@@ -16,8 +16,7 @@ a GPU. Tested on the CUDA simulator (backends/cudasim); see the README for what 
 - Deterministic launches that add into a few elements (serial flag 2: a loss, a shared parameter's
   gradient) run a GPU thread per chunk of ADD_CHUNK threads, each summing its chunk's adds per
   element into partials in device memory, and `sp_apply_adds` then adds the partials in chunk
-  order: the CPU's chunked sums, bit for bit (sp::add_slot in prelude.h). Below the CPU entry's
-  parallel threshold the CPU runs such a launch serially, and so does the GPU.
+  order: the CPU's chunked sums, bit for bit (sp::add_slot in prelude.h), at any launch size.
 - The adjoint's loop tape is measured first (count_only pass; the maximum words per thread lands in
   the device global `sp_tape_words`), then taken from a per-device buffer that only grows (never
   freed per launch: cuMemFree synchronises), interleaved (word w of thread t at `w * n + t`) so
@@ -31,7 +30,7 @@ import os
 import struct
 import weakref
 
-from ..codegen.targets import ADD_CHUNK, ADD_SLOT_SIZE, CUDA_BLOCK_SIZE, LAUNCH_HEADER_SIZE, parallel_threshold
+from ..codegen.targets import ADD_CHUNK, ADD_SLOT_SIZE, CUDA_BLOCK_SIZE, LAUNCH_HEADER_SIZE
 from ..errors import raise_if_out_of_bounds
 from ..runtime.cuda_array import DeviceBuffer
 from ..runtime.device import get_device
@@ -57,13 +56,6 @@ def _grid(n: int, serial: int, ordinal: int) -> tuple[int, int]:
         return 1, 1
     blocks = (n + CUDA_BLOCK_SIZE - 1) // CUDA_BLOCK_SIZE
     return max(1, min(blocks, _sm_count(ordinal) * BLOCKS_PER_SM)), CUDA_BLOCK_SIZE
-
-
-def _logging(serial: int, n: int, function) -> int:
-    """The serial flag a GPU launch of `function` over `n` threads runs with: flag 2 (log the adds)
-    only where the CPU entry logs them too, at or above its parallel threshold; below it the CPU
-    runs the launch serially, in thread order, and so does the GPU (flag 1)."""
-    return 1 if serial == 2 and n < parallel_threshold(function) else serial
 
 
 _ADD_TABLES: dict[int, list[DeviceBuffer]] = {}
@@ -153,7 +145,6 @@ def forward(kernel, compiled, buffer: bytes, n: int, debug: bool, serial: int, d
     loaded = cuda_module(kernel.module, debug, dev)
     if n == 0:
         return
-    serial = _logging(serial, n, compiled.forward)
     grid, block = _grid(n, serial, dev.ordinal)
     stream = graph.cuda_stream(str(dev)) if graph is not None else None
     if serial == 2:
@@ -194,7 +185,6 @@ def adjoint(kernel, compiled, function, buffer: bytes, adj_buffer: bytes, n: int
     if n == 0:
         return
     fn = loaded.function(function.name, adjoint=True)
-    serial = _logging(serial, n, function)
     grid, block = _grid(n, serial, dev.ordinal)
     args, adj = _by_value(buffer), _by_value(adj_buffer)
     tape, capacity = 0, 0

@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
+from .cache_check import check_private
 from .common import BuildError, Hasher, atomic_write, get_cache_dir, package_version, safe_name
 
 __all__ = ["NvrtcNotFoundError", "nvrtc_version", "compile_cuda", "DEFAULT_ARCH", "DEFAULT_OPTIONS"]
@@ -111,10 +112,12 @@ def compile_cuda(source: str, name: str, arch: str | int = DEFAULT_ARCH,
     for header_name in sorted(headers):
         h.add("header_name", header_name).add("header_text", headers[header_name])
     target = get_cache_dir(cache_dir) / f"{safe_name(name)}-{h.hexdigest(24)}.{output}"
-    try:
-        return target.read_bytes()
-    except FileNotFoundError:
-        pass
+    if target.exists():
+        check_private(target, "PTX/CUBIN image")         # code the GPU runs as us
+        try:
+            return target.read_bytes()
+        except FileNotFoundError:
+            pass
     t0 = time.perf_counter()
     image = _compile(source, name, headers, opts, output, target)
     atomic_write(target, image)

@@ -63,7 +63,7 @@ extern "C" __global__ void sp_apply_adds(const int64_t* counts, int64_t chunks, 
         for (int64_t k = 0; k < counts[c]; ++k) {
             const sp::add_slot& e = all[c * slots + k];
             if (e.is_double) *(double*)e.p = *(double*)e.p + e.d;
-            else *(float*)e.p = *(float*)e.p + e.f;
+            else *(float*)e.p = (float)((double)*(float*)e.p + e.d);
         }
 }
 """
@@ -348,15 +348,16 @@ def _adds_into_memory(fn: ir.Function) -> bool:
 
 
 def _logged_loop(ndim: int, threshold: int, body: str, private, result: str, reduction: bool = False) -> str:
-    """The CPU entry's deterministic parallel path (serial flag 2): fixed chunks of the index space
-    shared out among threads, each logging its adds (add_log in prelude.h), applied in chunk order."""
+    """The CPU entry's deterministic path for adds into a few elements (serial flag 2): fixed chunks
+    of the index space, each logging its adds (add_log in prelude.h), applied in chunk order; shared
+    out among threads from `threshold` threads on, and run by one below it in the same order (the
+    same bits, and float32 elements still get double partials)."""
     space = _index_space(ndim)
     inner = "\n".join("                " + line for line in body.split("\n"))
-    return f"""#ifdef _OPENMP
-    if (serial == 2 && L.n >= {threshold}) {{
+    return f"""    if (serial == 2) {{
         const int64_t chunks = (L.end - L.first + sp::ADD_CHUNK - 1) / sp::ADD_CHUNK;
         std::vector<sp::add_log> logs(chunks);
-        #pragma omp parallel for schedule(static) firstprivate({', '.join(private)}){' reduction(|:overflow)' if reduction else ''}
+        #pragma omp parallel for schedule(static) firstprivate({', '.join(private)}){' reduction(|:overflow)' if reduction else ''} if (L.n >= {threshold})
         for (int64_t c = 0; c < chunks; ++c) {{
             sp::adds_log = &logs[c];
             const int64_t first = L.first + c * sp::ADD_CHUNK, end = first + sp::ADD_CHUNK < L.end ? first + sp::ADD_CHUNK : L.end;
@@ -369,7 +370,6 @@ def _logged_loop(ndim: int, threshold: int, body: str, private, result: str, red
         for (const auto& log : logs) log.apply();
         return {result};
     }}
-#endif
 """
 
 

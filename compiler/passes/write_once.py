@@ -12,11 +12,13 @@ after the forward stored it, so it sees the values the forward saw, and the reve
 store (which reads the element's gradient) only after every later load of that element has added to
 it. Everything this module cannot prove stays refused by the launcher (`OverwriteError`).
 
-What it proves, for array `A` (indices are affine: a thread index, a range-loop counter or a
-constant, plus a constant offset):
+What it proves, for array `A` (indices are affine: a thread index, a loop counter or a constant,
+plus a constant offset; a loop counter is a `range` loop's, or a while loop's induction variable:
+set to an int constant before the loop, compared with a fixed bound, increased by a positive
+constant once at the end of every iteration: loop_analysis.while_counter):
 - every store of `A` is injective over its executions: its index holds every `tid()` axis and the
-  counter of every loop around it, each in its own component (loops: `range` with a constant
-  positive step);
+  counter of every loop around it, each in its own component (counters with a constant positive
+  step);
 - no two stores write one element: a component tells them apart (different constants, or a
   constant below a counter's constant start), or they sit in the two branches of one `if` within
   the same iterations;
@@ -29,6 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .. import ir
+from .loop_analysis import Counter, range_counter, while_counter
 
 
 @dataclass(frozen=True)
@@ -68,7 +71,27 @@ class _Walker:
                 self.tid_vars[vid] = thread[stmts[0].value.id]
         self.assigned = assigned
         self.affine.update({tid: (base, 0) for tid, base in thread.items()})
+        self.counters: dict[int, Counter] = {}      # id(loop) -> its counter
+        self.while_refusals: dict[int, str] = {}    # id(loop) -> why a while loop has no counter
+        self._find_counters(fn.body, fn.body)
         self._walk(fn.body, (), (), "body")
+
+    def _find_counters(self, block, fn_body):
+        for s in block:
+            if isinstance(s, ir.Loop):
+                counter = range_counter(s) or while_counter(s, block, fn_body)
+                if isinstance(counter, Counter):
+                    self.counters[id(s)] = counter
+                else:
+                    self.while_refusals[id(s)] = f"the while loop at line {s.loc.lineno} is not counted by an " \
+                                                 f"induction variable: {counter}"
+                self._find_counters(s.body, fn_body)
+            elif isinstance(s, ir.If):
+                self._find_counters(s.then, fn_body)
+                self._find_counters(s.orelse, fn_body)
+
+    def counter(self, loop) -> Counter | None:
+        return self.counters.get(id(loop))
 
     # -- collecting accesses and affine index values, in program order ----------------------------
     def _walk(self, body, path, loops, key):
@@ -96,9 +119,10 @@ class _Walker:
                                                    "a function with a custom adjoint uses it")
 
     def _read_var(self, s, loops):
+        # A while loop's counter is read before its increment (while_counter), so as the iteration's value.
         base = self.tid_vars.get(s.var.id)
-        if base is None and any(loop.counter is not None and loop.counter.id == s.var.id for loop in loops) \
-                and s.var.id not in self.assigned:
+        if base is None and any((c := self.counter(loop)) is not None and c.var.id == s.var.id and
+                                (loop.counter is None or s.var.id not in self.assigned) for loop in loops):
             base = ("loop", s.var.id)
         if base is not None:
             self.affine[s.out.id] = (base, 0)
@@ -131,8 +155,9 @@ class _Walker:
         loads = [a for a in accesses if isinstance(a.stmt, ir.Load)]
         for a in accesses:
             if a.index is None:
-                return (f"an index of '{name}' at line {a.stmt.loc.lineno} is not a thread index or a range "
-                        f"counter plus a constant")
+                why = next((self.while_refusals[id(x)] for x in a.loops if id(x) in self.while_refusals), None)
+                return (f"an index of '{name}' at line {a.stmt.loc.lineno} is not a thread index or a loop "
+                        f"counter plus a constant" + (f" ({why})" if why else ""))
         for s in stores:
             reason = self._injective(s)
             if reason:
@@ -157,10 +182,14 @@ class _Walker:
             if ("tid", axis) not in bases:
                 return f"does not use thread index {axis}, so threads could write the same element"
         for loop in s.loops:
-            if loop.counter is None or not _positive_step(loop):
+            c = self.counter(loop)
+            if c is None:
+                return "is inside a loop that is not a range() or a counted while loop" + (
+                    f" ({self.while_refusals[id(loop)]})" if id(loop) in self.while_refusals else "")
+            if not _positive_step(c):
                 return "is inside a loop that is not a range() with a constant positive step"
-            if ("loop", loop.counter.id) not in bases:
-                return f"does not use the counter '{loop.counter.hint}' of a loop around it, so its iterations " \
+            if ("loop", c.var.id) not in bases:
+                return f"does not use the counter '{c.var.hint}' of a loop around it, so its iterations " \
                        f"write the same element"
         return None
 
@@ -171,8 +200,8 @@ class _Walker:
                 return True
             for (cb, co), (lb, lo), acc in (((ba, oa), (bb, ob), b), ((bb, ob), (ba, oa), a)):
                 if cb is None and lb is not None and lb[0] == "loop":
-                    loop = next((x for x in acc.loops if x.counter is not None and x.counter.id == lb[1]), None)
-                    if loop is not None and isinstance(loop.start, ir.Const) and co < loop.start.value + lo:
+                    c = next((c for x in acc.loops if (c := self.counter(x)) is not None and c.var.id == lb[1]), None)
+                    if c is not None and isinstance(c.start, ir.Const) and co < c.start.value + lo:
                         return True
         return False
 
@@ -188,7 +217,7 @@ class _Walker:
         loops, +1 if later, 0 if the same iteration; None if the indices do not tell."""
         common = [loop for loop in s.loops if any(loop is x for x in load.loops)]
         for loop in common:
-            key = ("loop", loop.counter.id)
+            key = ("loop", self.counter(loop).var.id)
             ks = [(k, o) for k, (b, o) in enumerate(s.index) if b == key]
             kl = [(k, o) for k, (b, o) in enumerate(load.index) if b == key]
             if len(ks) != 1 or len(kl) != 1 or ks[0][0] != kl[0][0]:
@@ -216,8 +245,8 @@ class _Walker:
         return None
 
 
-def _positive_step(loop) -> bool:
-    return isinstance(loop.step, ir.Const) and isinstance(loop.step.value, int) and loop.step.value > 0
+def _positive_step(counter: Counter) -> bool:
+    return isinstance(counter.step, ir.Const) and isinstance(counter.step.value, int) and counter.step.value > 0
 
 
 def _order(a, b) -> str:

@@ -494,7 +494,9 @@ def _adjoint_setup(compiled, sig, args, dims, serial, fresh):
         # Parallel and deterministic by construction; serial only for what still scatters.
         adjoint, serial = gather.function, serial and gather.scatters
     gathered = gather.arrays if gather is not None else ()
-    serial = _serial_flag(serial, sig.adjoint_logs_adds, (args[k] for n, k in sig.read_arrays if n not in gathered))
+    # Only gradients that exist receive adds: an input without one (a table, a series) is no target.
+    serial = _serial_flag(serial, sig.adjoint_logs_adds,
+                          (args[k] for n, k in sig.read_arrays if n not in gathered and args[k].requires_grad))
     return adjoint, adj_buffer, serial, math.prod(space if wide else dims)
 
 

@@ -35,9 +35,28 @@ def test_a_hanging_compiler_is_killed_after_the_build_timeout(tmp_path, monkeypa
                                              r"compiler.backends.set_build_timeout\(seconds\)"):
             build_cpu_library(SOURCE, "hang", cache_dir=tmp_path / "cache")
     finally:
-        set_build_timeout(600)
+        set_build_timeout(300)
     with pytest.raises(ValueError, match="positive number of seconds"):
         set_build_timeout(0)
+
+
+def test_a_slow_build_says_once_what_it_builds_and_where(tmp_path, monkeypatch, caplog):
+    import compiler.backends.cpu_build as cpu_build
+    real = cpu_build.find_cxx()[0]
+    monkeypatch.setenv("CXX", fake_compiler(tmp_path, f'sleep 1.5; exec {real} "$@"'))
+    monkeypatch.setattr(cpu_build, "BUILD_NOTICE_SECONDS", 0.5)
+    with caplog.at_level("WARNING", logger="compiler.backends.cpu_build"):
+        lib = build_cpu_library(SOURCE, "slow", cache_dir=tmp_path / "cache", what="kernel module 'slow' (3 kernels)")
+    notices = [r.getMessage() for r in caplog.records if "still running" in r.getMessage()]
+    assert notices == [f"compiling kernel module 'slow' (3 kernels) into the kernel cache {tmp_path / 'cache'}: "
+                       f"still running after 0.5 s (once per change of the source; later runs load it from the "
+                       f"cache; killed after {cpu_build._build_timeout[0]:g} s, "
+                       f"compiler.backends.set_build_timeout(seconds))"]
+    assert lib.exists()
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="compiler.backends.cpu_build"):
+        build_cpu_library(SOURCE, "slow", cache_dir=tmp_path / "cache")         # a cache hit: silent
+    assert caplog.records == []
 
 
 def test_a_compiler_that_writes_nothing_is_a_build_error(tmp_path, monkeypatch):
@@ -78,3 +97,56 @@ def test_a_damaged_cache_entry_is_rebuilt_not_loaded(tmp_path, how):
                           capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == ["True True", "42"]
+
+
+# -- a private cache: code is loaded only from files and a directory no one else can write ------------
+PRIVATE_CHILD = textwrap.dedent("""
+    import os, stat, sys
+    from pathlib import Path
+    from compiler.backends import BuildError, build_cpu_library, load_cpu_library
+    cache, how = Path(sys.argv[1]), sys.argv[2]
+    source = 'extern "C" int stepper_answer(void) { return 42; }\\n// ' + how + '\\n'
+    if how == "umask":
+        os.umask(0o002)                          # a cluster's group-writable default
+    lib = build_cpu_library(source, "private", cache_dir=cache)
+    if how == "open-file":
+        lib.chmod(0o646)
+    if how == "open-dir":
+        cache.chmod(0o777)
+    print(oct(stat.S_IMODE(lib.stat().st_mode)))
+    try:
+        print(load_cpu_library(lib).stepper_answer())
+    except BuildError as exc:
+        print("BuildError", exc)
+""")
+
+
+def private_child(cache, how):
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-c", PRIVATE_CHILD, str(cache), how],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.splitlines()
+
+
+def test_the_cache_directory_is_created_private_and_libraries_stored_private_whatever_the_umask(tmp_path):
+    cache = tmp_path / "new" / "cache"
+    mode, answer = private_child(cache, "umask")
+    assert stat.S_IMODE(cache.stat().st_mode) == 0o700
+    assert int(mode, 8) & 0o022 == 0 and answer == "42"
+
+
+def test_a_cache_directory_others_can_write_is_refused_naming_it_and_its_mode(tmp_path):
+    cache = tmp_path / "shared"
+    _, error = private_child(cache, "open-dir")
+    assert error.startswith("BuildError refusing to load ")
+    assert f"the kernel cache directory {cache} is writable by group and others (mode 0o777)" in error
+    assert f"chmod go-w {cache}" in error and "compiler.backends.set_cache_dir(path)" in error
+
+
+def test_a_library_others_can_write_is_refused_naming_it_and_its_mode(tmp_path):
+    cache = tmp_path / "cache"
+    mode, error = private_child(cache, "open-file")
+    lib = next(cache.glob("private-*.so"))
+    assert mode == "0o646" and f"the kernel library {lib} is writable by others (mode 0o646)" in error
+    assert stat.S_IMODE(cache.stat().st_mode) == 0o700           # the directory alone would pass

@@ -31,6 +31,7 @@ def enabled() -> bool:
 def build_image(source: str, name: str) -> bytes:
     """The simulator's module image for the CUDA `source`: a host build of it (cached like CPU
     builds) with a launcher per `__global__` entry and the size of each `__device__` global."""
+    from ..cache_check import check_private
     from ..cpu_build import build_cpu_library
     from .driver import image_for
     codegen = SIM_DIR.parent.parent / "codegen"
@@ -38,5 +39,7 @@ def build_image(source: str, name: str) -> bytes:
     tail += [f"SP_SIM_GLOBAL({g})" for g in _GLOBAL.findall(source)]
     full = '#include "cudasim.h"\n' + source + "\n" + "\n".join(tail) + "\n"
     # -O1: simulated modules are built once per test module and run small launches.
-    library = build_cpu_library(full, f"{name}_cudasim", include_dirs=[codegen, SIM_DIR], flags=("-O1",))
+    library = build_cpu_library(full, f"{name}_cudasim", include_dirs=[codegen, SIM_DIR], flags=("-O1",),
+                                what=f"simulated CUDA module '{name}' ({len(tail)} entries and globals)")
+    check_private(library)              # the fake driver loads it as the real one would load PTX
     return image_for(library)
