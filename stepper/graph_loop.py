@@ -29,7 +29,7 @@ from compiler.runtime.launch import relaunch
 
 from .native_reverse import kept_part
 from .state import State
-from .trace import Slot
+from .trace import SeriesRows, Slot
 
 __all__ = ["GraphLoops"]
 
@@ -40,8 +40,9 @@ class GraphLoops:
     MIN_STEPS = 8
     KEEP = 8
 
-    def __init__(self, pool, states: dict, in_place: bool = False):
+    def __init__(self, pool, states: dict, in_place: bool = False, series: dict | None = None):
         self.pool = pool
+        self._series = series or {}
         self.in_place = in_place
         self._names = list(states)
         self._kinds = [pool.kind(spec.shape, spec.dtype) for spec in states.values()]
@@ -51,10 +52,12 @@ class GraphLoops:
         self.renamed_copies = 0                # (copies of a state run as copies in a graph)
         self.captures = self.reuses = 0        # graphs captured, and found again
 
-    def advance(self, trace, prev: State, steps: int) -> State | None:
-        """Run `steps` steps of `trace` from `prev`, taking over the caller's hold on it; return
-        the new state (one hold, the caller's), or None to say: use the Python path."""
-        if steps < self.MIN_STEPS or not trace or trace.reads_series:
+    def advance(self, trace, prev: State, steps: int, n: int = 0, losses=None) -> State | None:
+        """Run `steps` steps of `trace` from `prev` (step `n` first), taking over the caller's
+        hold on it; return the new state (one hold, the caller's), or None to say: use the Python
+        path. A graph bakes in its pointers: steps that read a series (a row a step) or whose
+        running losses are wanted (`losses`) keep to the Python path."""
+        if steps < self.MIN_STEPS or not trace or trace.series_names or losses is not None:
             return None
         starts = [prev[name] for name in self._names]
         if self.in_place and all(self.pool.holds(s) == 1 for s in starts):
@@ -67,20 +70,21 @@ class GraphLoops:
         self.calls += 1
         return result
 
-    def advance_keeping(self, trace, prev: State, steps: int, keep) -> list[State] | None:
-        """NativeLoops.advance_keeping on a GPU: `steps` steps of `trace` from `prev`, each into
-        versions of its own, returned (each held once, the caller's; all but the last only the
-        names in `keep`; `prev` untouched), or None for the tape path. Each step writes new
-        versions, so no graph would be launched twice: the trace's launches are replayed from
-        Python, without a tape (not counted in `steps`)."""
-        if not trace or trace.reads_series:
+    def advance_keeping(self, trace, prev: State, steps: int, keep, n: int = 0, losses=None) -> list[State] | None:
+        """NativeLoops.advance_keeping on a GPU: `steps` steps of `trace` from `prev` (step `n`
+        first), each into versions of its own, returned (each held once, the caller's; all but the
+        last only the names in `keep`; `prev` untouched), or None for the tape path (where running
+        losses are wanted). Each step writes new versions, so no graph would be launched twice:
+        the trace's launches are replayed from Python, without a tape (not counted in `steps`)."""
+        rows = SeriesRows(self._series, trace) if trace else None
+        if not trace or losses is not None or not rows.fits(n + steps):
             return None
         pool, states = self.pool, []
-        for _ in range(steps):
+        for k in range(steps):
             nxt = State({name: pool.take(kind, False) for name, kind in zip(self._names, self._kinds)})
             scratch = {name: pool.acquire(shape, dtype, False) for name, shape, dtype, _ in trace.scratch}
             try:
-                self._step(trace, states[-1] if states else prev, nxt, scratch)
+                self._step(trace, states[-1] if states else prev, nxt, scratch, series=rows.views(n + k))
             except BaseException:
                 pool.release_all((*nxt.values(), *scratch.values()))
                 for state in states:
@@ -160,7 +164,8 @@ class GraphLoops:
         need.update(self.pool.kind(shape, dtype) for _, shape, dtype, _ in trace.scratch)
         return all(len(kind.free) >= count for kind, count in need.items())
 
-    def _step(self, trace, prev: State, nxt: State, scratch: dict, graph: Graph | None = None) -> None:
+    def _step(self, trace, prev: State, nxt: State, scratch: dict, graph: Graph | None = None,
+              series: dict | None = None) -> None:
         """One step from `prev` into `nxt`: run now, or (with `graph`) captured into it."""
         zero = graph.zero if graph is not None else _zero
         if self.pool.zero:
@@ -169,7 +174,7 @@ class GraphLoops:
         for name, _, _, asked in trace.scratch:
             if asked is not False and (asked or self.pool.zero):
                 zero(scratch[name])
-        groups = {"prev": prev, "next": nxt, "scratch": scratch}
+        groups = {"prev": prev, "next": nxt, "scratch": scratch, "series": series}
         for t in trace.launches[:trace.step_launches]:       # a recomputation computes no loss
             args = [groups[x.group][x.name] if type(x) is Slot else x for x in t.args]
             relaunch(t.kernel, t.dims, args, t.deterministic, where=t.where, graph=graph)
