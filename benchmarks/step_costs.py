@@ -9,6 +9,13 @@
 - pendulums: issue 14's ensemble, 10,000 damped pendulums with a running loss (deterministic), a
   Revolve gradient per step evaluation (forward evaluations + reverse steps), against one launch of
   the forward kernel.
+- series: a 2-D acoustic wave (float32, squared slowness `m` a parameter) whose step reads its
+  source's value from a series (``s.series.src``, a row a step) and whose running loss samples
+  receivers against observed data from another series: `evaluate` (forward, running loss) and a
+  Revolve gradient, native and on the Python path (``Sweep.native_loops = False``: what every
+  such step ran before the native paths served series and running losses), against the same
+  kernels on fixed buffers: forward, the step's and the loss's launch (`capture()`); reversed, the
+  step's launch then the two adjoints, as the native reversal runs them, through ctypes.
 """
 from __future__ import annotations
 
@@ -70,9 +77,9 @@ def rollout_costs(rounds: int, steps: int = 3000) -> list[str]:
     t = interleaved({"kernel": kernel, "trusted": roll(True), "stepwise": roll(False)}, rounds)
     rollout_module.native_loops = True
     return [f"| 256^2 wave rollout, trusted steps from the trace | µs / step | {summary(t['trusted'])} | "
-            f"{summary(t['kernel'])} |",
+            f"{summary(t['kernel'])} | |",
             f"| 256^2 wave rollout, step function every step | µs / step | {summary(t['stepwise'])} | "
-            f"{summary(t['kernel'])} |"]
+            f"{summary(t['kernel'])} | |"]
 
 
 def pendulum_costs(rounds: int, steps: int = 4000) -> list[str]:
@@ -97,19 +104,100 @@ def pendulum_costs(rounds: int, steps: int = 4000) -> list[str]:
     gradient()
     t = interleaved({"kernel": kernel, "gradient": gradient}, rounds)
     return [f"| 10,000 pendulums, running loss, Revolve({steps}, 40) gradient | µs / step evaluation | "
-            f"{summary(t['gradient'])} | {summary(t['kernel'])} |"]
+            f"{summary(t['gradient'])} | {summary(t['kernel'])} | |"]
+
+
+def series_costs(rounds: int, n: int = 64, steps: int = 1000, snapshots: int = 20) -> list[str]:
+    import ctypes
+    import stepper as sp
+    from compiler.runtime.launch import packed_adjoint, packed_forward
+    from stepper.executor import Sweep
+    from stepper.native_reverse import _ADJOINT, _FORWARD
+    from acoustic_series import acoustic_model
+    model, initial, running_loss, fixed = acoustic_model(n, steps)
+    with sp.capture() as graph:
+        for kernel, dims, inputs, outputs in fixed:
+            sp.launch(kernel, dims, inputs=inputs, outputs=outputs)
+
+    def forward_kernels():
+        began = time.perf_counter()
+        for _ in range(steps):
+            graph.replay()
+        return time.perf_counter() - began, steps
+
+    calls = []
+    for kernel, dims, inputs, outputs in fixed:
+        args = [*inputs, *outputs]
+        entry, packed, serial, _ = packed_forward(kernel, dims, args, True)
+        buf = ctypes.create_string_buffer(packed, len(packed))
+        adj_entry, adj_packed, adj_serial = packed_adjoint(kernel, dims, args, True, {})
+        adj = ctypes.create_string_buffer(adj_packed, len(adj_packed))
+        calls.append((_FORWARD(entry), buf, serial, _ADJOINT(adj_entry), adj, adj_serial))
+
+    def reverse_kernels():
+        forward, buf, serial = calls[0][:3]          # the loss reads the step's result
+        began = time.perf_counter()
+        for _ in range(steps):
+            forward(buf, serial)
+            for _, fbuf, _, adjoint, adj, adj_serial in reversed(calls):
+                adjoint(fbuf, adj, None, 0, 0, None, adj_serial)
+        return time.perf_counter() - began, steps
+
+    def evaluate(native: bool):
+        def run():
+            Sweep.native_loops = native
+            began = time.perf_counter()
+            model.evaluate(initial, steps, running_loss=running_loss, progress=False)
+            return time.perf_counter() - began, steps
+        return run
+
+    counts = {}
+
+    def gradient(native: bool):
+        def run():
+            Sweep.native_loops = native
+            began = time.perf_counter()
+            r = model.gradient(initial, steps, running_loss=running_loss, schedule=sp.Revolve(steps, snapshots),
+                               progress=False)
+            counts[native] = (r.stats.forward_steps, r.stats.reverse_steps, r.loss)
+            return time.perf_counter() - began, 1
+        return run
+    for fn in (evaluate(True), evaluate(False), gradient(True), gradient(False)):
+        fn()
+    assert counts[True] == counts[False], (counts, "the native and Python paths must agree")
+    t = interleaved({"fwd": forward_kernels, "rev": reverse_kernels, "eval": evaluate(True),
+                     "eval_py": evaluate(False), "grad": gradient(True), "grad_py": gradient(False)}, rounds)
+    Sweep.native_loops = True
+    fwd_steps, rev_steps, _ = counts[True]
+    kernels = [f * fwd_steps + r * rev_steps for f, r in zip(t["fwd"], t["rev"])]     # µs per gradient
+    ratio = lambda ours, base: [a / b for a, b in zip(ours, base)]                   # noqa: E731
+    return [f"| {n}^2 acoustic wave, source from a series, receivers' running loss: forward (`evaluate`), "
+            f"native | µs / step | {summary(t['eval'])} | {summary(t['fwd'])} | {summary(ratio(t['eval'], t['fwd']))}x |",
+            f"| same, Python path | µs / step | {summary(t['eval_py'])} | {summary(t['fwd'])} | "
+            f"{summary(ratio(t['eval_py'], t['fwd']))}x |",
+            f"| same, Revolve({steps}, {snapshots}) gradient ({fwd_steps} forward + {rev_steps} reverse steps), "
+            f"native | ms | {summary([x / 1e3 for x in t['grad']])} | {summary([x / 1e3 for x in kernels])} | "
+            f"{summary(ratio(t['grad'], kernels))}x |",
+            f"| same, Python path | ms | {summary([x / 1e3 for x in t['grad_py']])} | "
+            f"{summary([x / 1e3 for x in kernels])} | {summary(ratio(t['grad_py'], kernels))}x |",
+            f"| (the kernels: one step forward, step + loss / reversed, step + both adjoints) | µs | "
+            f"{summary(t['fwd'])} / {summary(t['rev'])} | | |"]
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--only", choices=["rollout", "pendulums"])
+    parser.add_argument("--only", choices=["rollout", "pendulums", "series"])
+    parser.add_argument("--size", type=int, default=64, help="grid side of the series measurement")
+    parser.add_argument("--steps", type=int, default=1000, help="steps of the series measurement")
     args = parser.parse_args(argv)
-    rows = ["| measurement | unit | ours | kernel alone |", "|---|---|---:|---:|"]
+    rows = ["| measurement | unit | ours | kernel alone | ratio |", "|---|---|---:|---:|---:|"]
     if args.only in (None, "rollout"):
         rows += rollout_costs(args.rounds)
     if args.only in (None, "pendulums"):
         rows += pendulum_costs(args.rounds)
+    if args.only in (None, "series"):
+        rows += series_costs(args.rounds, args.size, args.steps)
     print(f"Medians (min-max) over {args.rounds} interleaved rounds.\n")
     print("\n".join(rows))
     return 0
