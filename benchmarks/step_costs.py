@@ -14,8 +14,9 @@
   receivers against observed data from another series: `evaluate` (forward, running loss) and a
   Revolve gradient, native and on the Python path (``Sweep.native_loops = False``: what every
   such step ran before the native paths served series and running losses), against the same
-  kernels on fixed buffers: forward, the step's and the loss's launch (`capture()`); reversed, the
-  step's launch then the two adjoints, as the native reversal runs them, through ctypes.
+  kernels on fixed buffers called back to back from compiled code (`_LOOP`): forward, the step's
+  and the loss's launch; reversed, the step's launch then the two adjoints, as the native reversal
+  runs them. (The native runs skip the step's copy ``up_next = u``, renamed: they can beat these.)
 """
 from __future__ import annotations
 
@@ -107,40 +108,62 @@ def pendulum_costs(rounds: int, steps: int = 4000) -> list[str]:
             f"{summary(t['gradient'])} | {summary(t['kernel'])} | |"]
 
 
+_LOOP = r"""
+#include <cstdint>
+typedef void (*forward_t)(const char*, int);
+typedef int (*adjoint_t)(const char*, const char*, void*, int64_t, int, void*, int);
+// `steps` times: forward entries (entry, buffer, 0, serial) then adjoints (entry, buffer, adj buffer, serial)
+extern "C" void kernel_loop(int64_t steps, const int64_t* f, int64_t n_f, const int64_t* a, int64_t n_a) {
+    for (int64_t k = 0; k < steps; ++k) {
+        for (int64_t l = 0; l < n_f; ++l)
+            ((forward_t)f[4 * l])((const char*)f[4 * l + 1], (int)f[4 * l + 3]);
+        for (int64_t l = 0; l < n_a; ++l)
+            ((adjoint_t)a[4 * l])((const char*)a[4 * l + 1], (const char*)a[4 * l + 2], nullptr, 0, 0, nullptr,
+                                  (int)a[4 * l + 3]);
+    }
+}
+"""
+
+
+def _kernel_loop():
+    """Kernels back to back in compiled code, on the buffers they were packed with: their own time."""
+    import ctypes
+    from compiler.backends.cpu_build import build_cpu_library, load_cpu_library
+    fn = load_cpu_library(build_cpu_library(_LOOP, "bench_kernel_loop")).kernel_loop
+    fn.argtypes = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64]
+    fn.restype = None
+    return fn
+
+
 def series_costs(rounds: int, n: int = 64, steps: int = 1000, snapshots: int = 20) -> list[str]:
     import ctypes
     import stepper as sp
     from compiler.runtime.launch import packed_adjoint, packed_forward
     from stepper.executor import Sweep
-    from stepper.native_reverse import _ADJOINT, _FORWARD
     from acoustic_series import acoustic_model
     model, initial, running_loss, fixed = acoustic_model(n, steps)
-    with sp.capture() as graph:
-        for kernel, dims, inputs, outputs in fixed:
-            sp.launch(kernel, dims, inputs=inputs, outputs=outputs)
+    entries, buffers = [], []                        # forward: step, loss; then the adjoints: loss, step
+    for kernel, dims, inputs, outputs in fixed:
+        entry, packed, serial, _ = packed_forward(kernel, dims, [*inputs, *outputs], True)
+        buffers.append(ctypes.create_string_buffer(packed, len(packed)))
+        entries.append((entry, ctypes.addressof(buffers[-1]), serial))
+    adjoints = []
+    for (kernel, dims, inputs, outputs), (_, buf, _) in reversed(list(zip(fixed, entries))):
+        entry, packed, serial = packed_adjoint(kernel, dims, [*inputs, *outputs], True, {})
+        buffers.append(ctypes.create_string_buffer(packed, len(packed)))
+        adjoints.append((entry, buf, ctypes.addressof(buffers[-1]), serial))
+    loop = _kernel_loop()
+    forward_table = (ctypes.c_int64 * 12)(*[x for e in entries for x in (e[0], e[1], 0, e[2])])
+    reverse_table = (ctypes.c_int64 * 12)(*[x for e in adjoints for x in e])
 
     def forward_kernels():
         began = time.perf_counter()
-        for _ in range(steps):
-            graph.replay()
+        loop(steps, forward_table, 2, None, 0)
         return time.perf_counter() - began, steps
 
-    calls = []
-    for kernel, dims, inputs, outputs in fixed:
-        args = [*inputs, *outputs]
-        entry, packed, serial, _ = packed_forward(kernel, dims, args, True)
-        buf = ctypes.create_string_buffer(packed, len(packed))
-        adj_entry, adj_packed, adj_serial = packed_adjoint(kernel, dims, args, True, {})
-        adj = ctypes.create_string_buffer(adj_packed, len(adj_packed))
-        calls.append((_FORWARD(entry), buf, serial, _ADJOINT(adj_entry), adj, adj_serial))
-
-    def reverse_kernels():
-        forward, buf, serial = calls[0][:3]          # the loss reads the step's result
+    def reverse_kernels():                           # the step's launch (the loss reads it), the adjoints
         began = time.perf_counter()
-        for _ in range(steps):
-            forward(buf, serial)
-            for _, fbuf, _, adjoint, adj, adj_serial in reversed(calls):
-                adjoint(fbuf, adj, None, 0, 0, None, adj_serial)
+        loop(steps, forward_table, 1, reverse_table, 2)
         return time.perf_counter() - began, steps
 
     def evaluate(native: bool):

@@ -73,18 +73,23 @@ class GraphLoops:
     def advance_keeping(self, trace, prev: State, steps: int, keep, n: int = 0, losses=None) -> list[State] | None:
         """NativeLoops.advance_keeping on a GPU: `steps` steps of `trace` from `prev` (step `n`
         first), each into versions of its own, returned (each held once, the caller's; all but the
-        last only the names in `keep`; `prev` untouched), or None for the tape path (where running
-        losses are wanted). Each step writes new versions, so no graph would be launched twice:
-        the trace's launches are replayed from Python, without a tape (not counted in `steps`)."""
+        last only the names in `keep`; `prev` untouched), or None for the tape path. Each step
+        writes new versions, so no graph would be launched twice: the trace's launches are
+        replayed from Python, without a tape (not counted in `steps`), with the running loss's
+        where `losses` (NativeLoops.advance's) asks for them."""
         rows = SeriesRows(self._series, trace) if trace else None
-        if not trace or losses is not None or not rows.fits(n + steps):
+        if not trace or not rows.fits(n + steps) or losses is not None and (
+                trace.loss is None or trace.loss.group != "scratch"):
             return None
         pool, states = self.pool, []
         for k in range(steps):
             nxt = State({name: pool.take(kind, False) for name, kind in zip(self._names, self._kinds)})
             scratch = {name: pool.acquire(shape, dtype, False) for name, shape, dtype, _ in trace.scratch}
             try:
-                self._step(trace, states[-1] if states else prev, nxt, scratch, series=rows.views(n + k))
+                self._step(trace, states[-1] if states else prev, nxt, scratch, series=rows.views(n + k),
+                           with_loss=losses is not None)
+                if losses is not None:
+                    losses[k] = float(scratch[trace.loss.name].numpy().reshape(-1)[0])
             except BaseException:
                 pool.release_all((*nxt.values(), *scratch.values()))
                 for state in states:
@@ -165,7 +170,7 @@ class GraphLoops:
         return all(len(kind.free) >= count for kind, count in need.items())
 
     def _step(self, trace, prev: State, nxt: State, scratch: dict, graph: Graph | None = None,
-              series: dict | None = None) -> None:
+              series: dict | None = None, with_loss: bool = False) -> None:
         """One step from `prev` into `nxt`: run now, or (with `graph`) captured into it."""
         zero = graph.zero if graph is not None else _zero
         if self.pool.zero:
@@ -175,7 +180,7 @@ class GraphLoops:
             if asked is not False and (asked or self.pool.zero):
                 zero(scratch[name])
         groups = {"prev": prev, "next": nxt, "scratch": scratch, "series": series}
-        for t in trace.launches[:trace.step_launches]:       # a recomputation computes no loss
+        for t in trace.launches if with_loss else trace.launches[:trace.step_launches]:
             args = [groups[x.group][x.name] if type(x) is Slot else x for x in t.args]
             relaunch(t.kernel, t.dims, args, t.deterministic, where=t.where, graph=graph)
 

@@ -125,8 +125,13 @@ class StepTrace:
 def series_row(name: str, values: array, n: int) -> array:
     """Row n of the time-indexed input `values` as step n reads it (``s.series.<name>``): a view,
     one element long for a 1-D `values`."""
-    data = values._data[n] if values.ndim > 1 else values._data[n:n + 1]
-    return array._wrap(data, values.dtype, storage=values._storage, fn=f"s.series.{name}")
+    data = values._data
+    if values.device == "cpu":
+        data = data[n] if values.ndim > 1 else data[n:n + 1]
+    else:                                    # device memory: a view at the row's offset
+        shape = data.shape[1:] if values.ndim > 1 else (1, *data.shape[1:])
+        data = type(data)(data.buffer, shape, data.dtype, data.offset + n * data.strides[0])
+    return array._wrap(data, values.dtype, storage=values._storage, fn=f"s.series.{name}", device=values.device)
 
 
 class SeriesRows:
