@@ -75,7 +75,7 @@ def kernel_only(loops, steps: int) -> float:
     fn = native_loop._driver_functions()[0]
     slots = (ctypes.c_void_p * max(plan.n_slots, 1))()
     t0 = time.perf_counter()
-    fn(steps, plan.launches, len(plan.launches), None, 0, slots, None, 0, None, 0, None)
+    fn(steps, plan.launches, plan.step_launches, None, 0, slots, None, 0, None, 0, None, None)
     return (time.perf_counter() - t0) / steps
 
 

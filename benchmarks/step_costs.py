@@ -9,6 +9,14 @@
 - pendulums: issue 14's ensemble, 10,000 damped pendulums with a running loss (deterministic), a
   Revolve gradient per step evaluation (forward evaluations + reverse steps), against one launch of
   the forward kernel.
+- series: a 2-D acoustic wave (float32, squared slowness `m` a parameter) whose step reads its
+  source's value from a series (``s.series.src``, a row a step) and whose running loss samples
+  receivers against observed data from another series: `evaluate` (forward, running loss) and a
+  Revolve gradient, native and on the Python path (``Sweep.native_loops = False``: what every
+  such step ran before the native paths served series and running losses), against the same
+  kernels on fixed buffers called back to back from compiled code (`_LOOP`): forward, the step's
+  and the loss's launch; reversed, the step's launch then the two adjoints, as the native reversal
+  runs them. (The native runs skip the step's copy ``up_next = u``, renamed: they can beat these.)
 """
 from __future__ import annotations
 
@@ -70,9 +78,9 @@ def rollout_costs(rounds: int, steps: int = 3000) -> list[str]:
     t = interleaved({"kernel": kernel, "trusted": roll(True), "stepwise": roll(False)}, rounds)
     rollout_module.native_loops = True
     return [f"| 256^2 wave rollout, trusted steps from the trace | µs / step | {summary(t['trusted'])} | "
-            f"{summary(t['kernel'])} |",
+            f"{summary(t['kernel'])} | |",
             f"| 256^2 wave rollout, step function every step | µs / step | {summary(t['stepwise'])} | "
-            f"{summary(t['kernel'])} |"]
+            f"{summary(t['kernel'])} | |"]
 
 
 def pendulum_costs(rounds: int, steps: int = 4000) -> list[str]:
@@ -97,19 +105,122 @@ def pendulum_costs(rounds: int, steps: int = 4000) -> list[str]:
     gradient()
     t = interleaved({"kernel": kernel, "gradient": gradient}, rounds)
     return [f"| 10,000 pendulums, running loss, Revolve({steps}, 40) gradient | µs / step evaluation | "
-            f"{summary(t['gradient'])} | {summary(t['kernel'])} |"]
+            f"{summary(t['gradient'])} | {summary(t['kernel'])} | |"]
+
+
+_LOOP = r"""
+#include <cstdint>
+typedef void (*forward_t)(const char*, int);
+typedef int (*adjoint_t)(const char*, const char*, void*, int64_t, int, void*, int);
+// `steps` times: forward entries (entry, buffer, 0, serial) then adjoints (entry, buffer, adj buffer, serial)
+extern "C" void kernel_loop(int64_t steps, const int64_t* f, int64_t n_f, const int64_t* a, int64_t n_a) {
+    for (int64_t k = 0; k < steps; ++k) {
+        for (int64_t l = 0; l < n_f; ++l)
+            ((forward_t)f[4 * l])((const char*)f[4 * l + 1], (int)f[4 * l + 3]);
+        for (int64_t l = 0; l < n_a; ++l)
+            ((adjoint_t)a[4 * l])((const char*)a[4 * l + 1], (const char*)a[4 * l + 2], nullptr, 0, 0, nullptr,
+                                  (int)a[4 * l + 3]);
+    }
+}
+"""
+
+
+def _kernel_loop():
+    """Kernels back to back in compiled code, on the buffers they were packed with: their own time."""
+    import ctypes
+    from compiler.backends.cpu_build import build_cpu_library, load_cpu_library
+    fn = load_cpu_library(build_cpu_library(_LOOP, "bench_kernel_loop")).kernel_loop
+    fn.argtypes = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64]
+    fn.restype = None
+    return fn
+
+
+def series_costs(rounds: int, n: int = 64, steps: int = 1000, snapshots: int = 20) -> list[str]:
+    import ctypes
+    import stepper as sp
+    from compiler.runtime.launch import packed_adjoint, packed_forward
+    from stepper.executor import Sweep
+    from acoustic_series import acoustic_model
+    model, initial, running_loss, fixed = acoustic_model(n, steps)
+    entries, buffers = [], []                        # forward: step, loss; then the adjoints: loss, step
+    for kernel, dims, inputs, outputs in fixed:
+        entry, packed, serial, _ = packed_forward(kernel, dims, [*inputs, *outputs], True)
+        buffers.append(ctypes.create_string_buffer(packed, len(packed)))
+        entries.append((entry, ctypes.addressof(buffers[-1]), serial))
+    adjoints = []
+    for (kernel, dims, inputs, outputs), (_, buf, _) in reversed(list(zip(fixed, entries))):
+        entry, packed, serial = packed_adjoint(kernel, dims, [*inputs, *outputs], True, {})
+        buffers.append(ctypes.create_string_buffer(packed, len(packed)))
+        adjoints.append((entry, buf, ctypes.addressof(buffers[-1]), serial))
+    loop = _kernel_loop()
+    forward_table = (ctypes.c_int64 * 12)(*[x for e in entries for x in (e[0], e[1], 0, e[2])])
+    reverse_table = (ctypes.c_int64 * 12)(*[x for e in adjoints for x in e])
+
+    def forward_kernels():
+        began = time.perf_counter()
+        loop(steps, forward_table, 2, None, 0)
+        return time.perf_counter() - began, steps
+
+    def reverse_kernels():                           # the step's launch (the loss reads it), the adjoints
+        began = time.perf_counter()
+        loop(steps, forward_table, 1, reverse_table, 2)
+        return time.perf_counter() - began, steps
+
+    def evaluate(native: bool):
+        def run():
+            Sweep.native_loops = native
+            began = time.perf_counter()
+            model.evaluate(initial, steps, running_loss=running_loss, progress=False)
+            return time.perf_counter() - began, steps
+        return run
+
+    counts = {}
+
+    def gradient(native: bool):
+        def run():
+            Sweep.native_loops = native
+            began = time.perf_counter()
+            r = model.gradient(initial, steps, running_loss=running_loss, schedule=sp.Revolve(steps, snapshots),
+                               progress=False)
+            counts[native] = (r.stats.forward_steps, r.stats.reverse_steps, r.loss)
+            return time.perf_counter() - began, 1
+        return run
+    for fn in (evaluate(True), evaluate(False), gradient(True), gradient(False)):
+        fn()
+    assert counts[True] == counts[False], (counts, "the native and Python paths must agree")
+    t = interleaved({"fwd": forward_kernels, "rev": reverse_kernels, "eval": evaluate(True),
+                     "eval_py": evaluate(False), "grad": gradient(True), "grad_py": gradient(False)}, rounds)
+    Sweep.native_loops = True
+    fwd_steps, rev_steps, _ = counts[True]
+    kernels = [f * fwd_steps + r * rev_steps for f, r in zip(t["fwd"], t["rev"])]     # µs per gradient
+    ratio = lambda ours, base: [a / b for a, b in zip(ours, base)]                   # noqa: E731
+    return [f"| {n}^2 acoustic wave, source from a series, receivers' running loss: forward (`evaluate`), "
+            f"native | µs / step | {summary(t['eval'])} | {summary(t['fwd'])} | {summary(ratio(t['eval'], t['fwd']))}x |",
+            f"| same, Python path | µs / step | {summary(t['eval_py'])} | {summary(t['fwd'])} | "
+            f"{summary(ratio(t['eval_py'], t['fwd']))}x |",
+            f"| same, Revolve({steps}, {snapshots}) gradient ({fwd_steps} forward + {rev_steps} reverse steps), "
+            f"native | ms | {summary([x / 1e3 for x in t['grad']])} | {summary([x / 1e3 for x in kernels])} | "
+            f"{summary(ratio(t['grad'], kernels))}x |",
+            f"| same, Python path | ms | {summary([x / 1e3 for x in t['grad_py']])} | "
+            f"{summary([x / 1e3 for x in kernels])} | {summary(ratio(t['grad_py'], kernels))}x |",
+            f"| (the kernels: one step forward, step + loss / reversed, step + both adjoints) | µs | "
+            f"{summary(t['fwd'])} / {summary(t['rev'])} | | |"]
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--only", choices=["rollout", "pendulums"])
+    parser.add_argument("--only", choices=["rollout", "pendulums", "series"])
+    parser.add_argument("--size", type=int, default=64, help="grid side of the series measurement")
+    parser.add_argument("--steps", type=int, default=1000, help="steps of the series measurement")
     args = parser.parse_args(argv)
-    rows = ["| measurement | unit | ours | kernel alone |", "|---|---|---:|---:|"]
+    rows = ["| measurement | unit | ours | kernel alone | ratio |", "|---|---|---:|---:|---:|"]
     if args.only in (None, "rollout"):
         rows += rollout_costs(args.rounds)
     if args.only in (None, "pendulums"):
         rows += pendulum_costs(args.rounds)
+    if args.only in (None, "series"):
+        rows += series_costs(args.rounds, args.size, args.steps)
     print(f"Medians (min-max) over {args.rounds} interleaved rounds.\n")
     print("\n".join(rows))
     return 0

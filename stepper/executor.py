@@ -81,8 +81,9 @@ class Sweep:
         tiers.attach(self.pool)
         self._runner = StepRunner(model, self.pool, deterministic=deterministic, running_loss=running_loss,
                                   traced=True)
-        self.native = (NativeLoops if model.device == "cpu" else GraphLoops)(self.pool, model.states)
-        self.reversal = NativeReversal(self.pool, model.states, deterministic)
+        self.native = (NativeLoops if model.device == "cpu" else GraphLoops)(self.pool, model.states,
+                                                                             series=model._series)
+        self.reversal = NativeReversal(self.pool, model.states, deterministic, series=model._series)
         self.stretch = NativeSweep(self)
         self.work: State | None = self._load_initial(initial)
         if check_finite:
@@ -223,10 +224,9 @@ class Sweep:
         while n < n1:
             # Steps that ran before go native where traced; steps that did not, where the step is
             # also trusted (StepRunner.trusted: after its first steps, so asked again each time) and
-            # nothing needs each of them (a running loss, a check).
+            # nothing needs each of them (a check; a running loss the driver reads out is fine).
             runner = self._runner
-            native_end = n1 if runner.trusted and runner.running_loss is None and not self.check_finite \
-                else min(n1, self.seen)
+            native_end = n1 if runner.trusted and not self.check_finite else min(n1, self.seen)
             last_dead = dead_last and n == n1 - 1
             reached = n
             if record and last_dead:
@@ -248,13 +248,27 @@ class Sweep:
         if record and a.storage in (_RAM, _DISK):
             self.deps[a.storage].add(a.n0)
 
+    def _losses(self, n: int, n1: int):
+        """Where steps n .. n1-1 go native: the end of the run to make in one call (steps that ran
+        before and steps that did not are separate calls) and, for steps that did not with a
+        running loss, the array the driver writes their losses to."""
+        if n < self.seen:
+            return min(n1, self.seen), None
+        return n1, np.empty(n1 - n) if self._runner.running_loss is not None else None
+
+    def _record_losses(self, losses) -> None:
+        if losses is not None:
+            self.step_losses.extend(map(float, losses))
+
     def _advance_native(self, n: int, n1: int) -> int:
         """Run steps n .. n1-1 (run before, or trusted) in one native call where the step is traced;
         return the step reached (n where the Python path must do them)."""
         start = time.perf_counter()
-        nxt = self.native.advance(self._runner.trace, self.work, n1 - n)
+        n1, losses = self._losses(n, n1)
+        nxt = self.native.advance(self._runner.trace, self.work, n1 - n, n, losses)
         if nxt is None:
             return n
+        self._record_losses(losses)
         self.work = nxt                  # `advance` took over the hold on the old state
         self.pos = n1
         self.seen = max(self.seen, n1)
@@ -297,11 +311,13 @@ class Sweep:
             states = [None]                      # the record takes the live state's hold
             self._runner.launches_skipped += len(trace.unread)
         else:
-            states = self.native.advance_keeping(trace, self.work, n1 - n, trace.reversal_reads)
+            n1, losses = self._losses(n, n1)
+            states = self.native.advance_keeping(trace, self.work, n1 - n, trace.reversal_reads, n, losses)
             if states is None:
                 return n
+            self._record_losses(losses)
         for k, prev in enumerate((kept_part(self.pool, self.work, trace.reversal_reads), *states[:-1]), n):
-            self.recorded[k] = Kept(prev, trace)     # the live state's hold on prev passes to it
+            self.recorded[k] = Kept(prev, trace, k)     # the live state's hold on prev passes to it
         self.work = states[-1]
         self.pos = n1
         self.seen = max(self.seen, n1)
@@ -474,7 +490,7 @@ class Sweep:
             self.pool.retain_all(prev.values())
         else:
             rec.prev = None
-        self.carry = self.reversal.reverse(rec.trace, prev, self.carry)
+        self.carry = self.reversal.reverse(rec.trace, prev, self.carry, rec.n)
         self.reverse_steps += 1
         self.adjoint_seconds += time.perf_counter() - start
         self.bar.update(1)

@@ -18,7 +18,9 @@ takes the graph path only where the pool has that memory free already (a gradien
 past the step-by-step path's peak for it). A rollout's runs (``in_place``) need no ring of their
 own: the run's starting version and one other alternate, the two a rollout holds anyway.
 Capturing costs about what its launches cost and instantiating more, so runs shorter than
-`MIN_STEPS` keep to the Python path.
+`MIN_STEPS` keep to the Python path. A step that reads a series reads, in the graph, two row
+buffers of the loops' own (one for each step of the pair), which each replay first fills with its
+steps' rows by device-to-device copies on the graph's stream.
 """
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ from compiler.runtime.launch import relaunch
 
 from .native_reverse import kept_part
 from .state import State
-from .trace import Slot
+from .trace import SeriesRows, Slot
 
 __all__ = ["GraphLoops"]
 
@@ -40,47 +42,64 @@ class GraphLoops:
     MIN_STEPS = 8
     KEEP = 8
 
-    def __init__(self, pool, states: dict, in_place: bool = False):
+    def __init__(self, pool, states: dict, in_place: bool = False, series: dict | None = None):
         self.pool = pool
+        self._series = series or {}
         self.in_place = in_place
         self._names = list(states)
         self._kinds = [pool.kind(spec.shape, spec.dtype) for spec in states.values()]
         self._graphs: OrderedDict[tuple, tuple] = OrderedDict()     # versions' pointers -> (trace, Graph)
         self._ring: list = []                  # the last run's ring versions, asked for again
+        self._rows: _RowBuffers | None = None  # the graphs' series rows
         self.steps = self.calls = 0            # steps run here, and the calls that ran them
         self.renamed_copies = 0                # (copies of a state run as copies in a graph)
         self.captures = self.reuses = 0        # graphs captured, and found again
 
-    def advance(self, trace, prev: State, steps: int) -> State | None:
-        """Run `steps` steps of `trace` from `prev`, taking over the caller's hold on it; return
-        the new state (one hold, the caller's), or None to say: use the Python path."""
-        if steps < self.MIN_STEPS or not trace or trace.reads_series:
+    def advance(self, trace, prev: State, steps: int, n: int = 0, losses=None) -> State | None:
+        """Run `steps` steps of `trace` from `prev` (step `n` first), taking over the caller's
+        hold on it; return the new state (one hold, the caller's), or None to say: use the Python
+        path. A graph bakes in its pointers, so the series rows it reads are two row buffers of
+        its own (the pair's first step reads one, its second the other), into which each replay's
+        rows are copied first (`_RowBuffers`). First runs with a running loss (`losses`) keep to
+        the Python path: each step's loss would be read back."""
+        if steps < self.MIN_STEPS or not trace or losses is not None:
             return None
+        rows = SeriesRows(self._series, trace)
+        if not rows.fits(n + steps):
+            return None
+        if self._rows is None or self._rows.trace is not trace:
+            self._rows = _RowBuffers(trace, rows)
         starts = [prev[name] for name in self._names]
         if self.in_place and all(self.pool.holds(s) == 1 for s in starts):
-            result = self._in_place(trace, prev, starts, steps)
+            result = self._in_place(trace, prev, starts, steps, n)
         elif self._spare_memory(trace, starts):
-            result = self._in_ring(trace, prev, starts, steps)
+            result = self._in_ring(trace, prev, starts, steps, n)
         else:
             return None
         self.steps += steps
         self.calls += 1
         return result
 
-    def advance_keeping(self, trace, prev: State, steps: int, keep) -> list[State] | None:
-        """NativeLoops.advance_keeping on a GPU: `steps` steps of `trace` from `prev`, each into
-        versions of its own, returned (each held once, the caller's; all but the last only the
-        names in `keep`; `prev` untouched), or None for the tape path. Each step writes new
-        versions, so no graph would be launched twice: the trace's launches are replayed from
-        Python, without a tape (not counted in `steps`)."""
-        if not trace or trace.reads_series:
+    def advance_keeping(self, trace, prev: State, steps: int, keep, n: int = 0, losses=None) -> list[State] | None:
+        """NativeLoops.advance_keeping on a GPU: `steps` steps of `trace` from `prev` (step `n`
+        first), each into versions of its own, returned (each held once, the caller's; all but the
+        last only the names in `keep`; `prev` untouched), or None for the tape path. Each step
+        writes new versions, so no graph would be launched twice: the trace's launches are
+        replayed from Python, without a tape (not counted in `steps`), with the running loss's
+        where `losses` (NativeLoops.advance's) asks for them."""
+        rows = SeriesRows(self._series, trace) if trace else None
+        if not trace or not rows.fits(n + steps) or losses is not None and (
+                trace.loss is None or trace.loss.group != "scratch"):
             return None
         pool, states = self.pool, []
-        for _ in range(steps):
+        for k in range(steps):
             nxt = State({name: pool.take(kind, False) for name, kind in zip(self._names, self._kinds)})
             scratch = {name: pool.acquire(shape, dtype, False) for name, shape, dtype, _ in trace.scratch}
             try:
-                self._step(trace, states[-1] if states else prev, nxt, scratch)
+                self._step(trace, states[-1] if states else prev, nxt, scratch, series=rows.views(n + k),
+                           with_loss=losses is not None)
+                if losses is not None:
+                    losses[k] = float(scratch[trace.loss.name].numpy().reshape(-1)[0])
             except BaseException:
                 pool.release_all((*nxt.values(), *scratch.values()))
                 for state in states:
@@ -92,7 +111,7 @@ class GraphLoops:
             states.append(nxt)
         return states
 
-    def _in_place(self, trace, prev: State, starts: list, steps: int) -> State:
+    def _in_place(self, trace, prev: State, starts: list, steps: int, n: int) -> State:
         """A rollout's run: `prev` (only the caller holds it) and one other version make the ring,
         pairs prev -> B -> prev by graph and a last prev -> B when `steps` is odd. A rollout has
         these two versions only, so its runs use the same two buffers and find their graphs."""
@@ -101,12 +120,14 @@ class GraphLoops:
         scratch = {name: pool.take(pool.kind(shape, dtype), False, next(ring, None))
                    for name, shape, dtype, _ in trace.scratch}
         other = State(dict(zip(self._names, b)))
+        rows = self._rows
         try:
             graph = self._graph(trace, prev, other, scratch)
-            for _ in range(steps // 2):
+            for k in range(steps // 2):
+                rows.load(n + 2 * k)
                 graph.replay()
             if steps % 2:
-                self._step(trace, prev, other, scratch)
+                self._step(trace, prev, other, scratch, series=rows.rows.views(n + steps - 1))
         except BaseException:
             pool.release_all((*b, *scratch.values()))
             raise
@@ -117,7 +138,7 @@ class GraphLoops:
         pool.release_all([*spare.values(), *scratch.values()])
         return result
 
-    def _in_ring(self, trace, prev: State, starts: list, steps: int) -> State:
+    def _in_ring(self, trace, prev: State, starts: list, steps: int, n: int) -> State:
         """A recomputation's run: the first step from `prev` into ring version A, then pairs
         A -> B -> A by graph, one more A -> B when the count asks, and the last into the result,
         which is `prev`'s own memory where only the caller holds it. The ring goes back to the
@@ -132,14 +153,16 @@ class GraphLoops:
         first, second = State(dict(zip(self._names, a))), State(dict(zip(self._names, b)))
         result = State(dict(zip(self._names, out)))
         extra = (steps - 2) % 2
+        pairs, rows = (steps - 2 - extra) // 2, self._rows
         try:
-            self._step(trace, prev, first, scratch)
+            self._step(trace, prev, first, scratch, series=rows.rows.views(n))
             graph = self._graph(trace, first, second, scratch)
-            for _ in range((steps - 2 - extra) // 2):
+            for k in range(pairs):
+                rows.load(n + 1 + 2 * k)
                 graph.replay()
             if extra:
-                self._step(trace, first, second, scratch)
-            self._step(trace, second if extra else first, result, scratch)
+                self._step(trace, first, second, scratch, series=rows.rows.views(n + 1 + 2 * pairs))
+            self._step(trace, second if extra else first, result, scratch, series=rows.rows.views(n + steps - 1))
         except BaseException:
             pool.release_all((*a, *b, *scratch.values()))
             pool.release_all([x for x, s in zip(out, starts) if x is not s])
@@ -160,7 +183,8 @@ class GraphLoops:
         need.update(self.pool.kind(shape, dtype) for _, shape, dtype, _ in trace.scratch)
         return all(len(kind.free) >= count for kind, count in need.items())
 
-    def _step(self, trace, prev: State, nxt: State, scratch: dict, graph: Graph | None = None) -> None:
+    def _step(self, trace, prev: State, nxt: State, scratch: dict, graph: Graph | None = None,
+              series: dict | None = None, with_loss: bool = False) -> None:
         """One step from `prev` into `nxt`: run now, or (with `graph`) captured into it."""
         zero = graph.zero if graph is not None else _zero
         if self.pool.zero:
@@ -169,8 +193,8 @@ class GraphLoops:
         for name, _, _, asked in trace.scratch:
             if asked is not False and (asked or self.pool.zero):
                 zero(scratch[name])
-        groups = {"prev": prev, "next": nxt, "scratch": scratch}
-        for t in trace.launches[:trace.step_launches]:       # a recomputation computes no loss
+        groups = {"prev": prev, "next": nxt, "scratch": scratch, "series": series}
+        for t in trace.launches if with_loss else trace.launches[:trace.step_launches]:
             args = [groups[x.group][x.name] if type(x) is Slot else x for x in t.args]
             relaunch(t.kernel, t.dims, args, t.deterministic, where=t.where, graph=graph)
 
@@ -184,8 +208,8 @@ class GraphLoops:
             return kept[1]
         graph = Graph()
         try:
-            self._step(trace, first, second, scratch, graph)
-            self._step(trace, second, first, scratch, graph)
+            self._step(trace, first, second, scratch, graph, series=self._rows.buffers[0])
+            self._step(trace, second, first, scratch, graph, series=self._rows.buffers[1])
         finally:
             graph.finish(run=False)
         self._graphs[key] = (trace, graph)
@@ -193,6 +217,29 @@ class GraphLoops:
             self._graphs.popitem(last=False)
         self.captures += 1
         return graph
+
+
+class _RowBuffers:
+    """The series rows a graph of two steps reads: a buffer per series for each of the two steps,
+    baked into the graph, which `load` fills with the rows of steps n and n + 1 before a replay
+    (device-to-device copies on the stream the graph runs on, so in order with it)."""
+
+    def __init__(self, trace, rows: SeriesRows):
+        from compiler import zeros
+        self.trace, self.rows = trace, rows
+        first = rows.views(0)
+        self.buffers = [{name: zeros(view.shape, dtype=view.dtype, device=view.device) for name, view in first.items()}
+                        for _ in range(2)]
+        self._copies = [(a._data, b._data, values._data, values._data.strides[0], a._data.nbytes)
+                        for values, a, b in zip(rows.arrays, self.buffers[0].values(), self.buffers[1].values())]
+
+    def load(self, n: int) -> None:
+        for first, second, values, stride, nbytes in self._copies:
+            first.copy_bytes_from(values, 0, n * stride, nbytes)
+            second.copy_bytes_from(values, 0, (n + 1) * stride, nbytes)
+        for buffers in self.buffers:
+            for a in buffers.values():
+                a._mark_written()
 
 
 def _zero(arr) -> None:

@@ -20,6 +20,7 @@ from . import gradient as _gradient
 from . import rollout as _rollout
 from .errors import ModelError
 from .state import State, StateSpec, make_spec
+from .trace import series_row
 
 __all__ = ["Model"]
 
@@ -96,8 +97,7 @@ class Model:
             if n >= values.shape[0]:
                 raise ModelError(f"series '{name}' has {values.shape[0]} rows, but step {n} ran; give it a row "
                                  f"per step")
-            data = values._data[n] if values.ndim > 1 else values._data[n:n + 1]
-            rows[name] = array._wrap(data, values.dtype, storage=values._storage, fn=f"s.series.{name}")
+            rows[name] = series_row(name, values, n)
         return State(rows)
 
     def step(self, fn):

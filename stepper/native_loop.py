@@ -24,6 +24,12 @@ and the next step reads u's buffer itself as its prev.up (`renamed_copies`; u th
 three buffers); the last step copies, so the state a run returns owns its buffers, as everywhere
 else. Recordings and native stretches copy.
 
+What moves with the step index moves in the driver: a launch argument that is a row of a
+time-indexed input (``s.series.x``, `Model.series`) is a slot the driver points at row n before
+step n's launches. A step run for the first time with a running loss runs the loss's launches
+too, right after the step's, as the Python path does, and the driver reads the one-element loss
+out after each step (`advance`'s ``losses``); a recomputation runs the step's launches only.
+
 A run of recordings kept for the reverse sweep (StoreAll's forward sweep) is one call too
 (`advance_keeping`): each step writes versions of its own of the states its reversal reads, which
 it keeps; the rest take turns in two versions.
@@ -38,7 +44,7 @@ from compiler.runtime.launch import packed_forward
 from compiler.runtime.tape import settle
 
 from .state import State
-from .trace import Slot
+from .trace import SeriesRows, Slot
 
 __all__ = ["NativeLoops"]
 
@@ -52,6 +58,12 @@ struct sp_launch { forward_t entry; char* buf; int64_t serial; };
 struct sp_patch { int64_t launch; int64_t offset; int64_t slot; };   // buf + offset <- slots[slot]
 struct sp_state { int64_t prev; int64_t next; void* spare; };        // slot indices, the second new version
 struct sp_zero { int64_t slot; int64_t nbytes; };
+struct sp_series { int64_t slot; const char* base; int64_t stride; };   // row n at base + n * stride
+struct sp_time {                                                     // what moves with the step index
+    const sp_series* series; int64_t n_series;
+    int64_t n;                                                       // the index of the next step run
+    int64_t loss_slot; int64_t loss_size; double* losses;            // each step's running loss, or null
+};
 struct sp_rename { int64_t to; int64_t from; };                      // state indices: next.to = prev.from
 struct sp_renames {                                                  // copies of a state done by renaming
     const sp_rename* pairs; int64_t n_pairs;
@@ -74,11 +86,15 @@ static const sp_launch* sp_renamed(const sp_renames* r, const sp_launch& launch,
     return &launch;
 }
 
-// One step on the buffers in slots[]: their pointers patched into the launches, the zero fills,
-// the launches; with `r`, its whole-state copies renamed (a copy launch skipped, a copying kernel
-// run without its copying stores, the renamed states' s.next not zero-filled).
+// One step on the buffers in slots[]: the series rows of step t->n in their slots, the pointers
+// patched into the launches, the zero fills, the launches, the running loss read out (where
+// t->losses); with `r`, its whole-state copies renamed (a copy launch skipped, a copying kernel run
+// without its copying stores, the renamed states' s.next not zero-filled).
 static void sp_step(const sp_launch* launches, int64_t n_launches, const sp_patch* patches, int64_t n_patches,
-                    void** slots, const sp_zero* zeros, int64_t n_zeros, const sp_renames* r) {
+                    void** slots, const sp_zero* zeros, int64_t n_zeros, const sp_renames* r, sp_time* t) {
+    if (t != nullptr)
+        for (int64_t q = 0; q < t->n_series; ++q)
+            slots[t->series[q].slot] = (void*)(t->series[q].base + t->n * t->series[q].stride);
     for (int64_t p = 0; p < n_patches; ++p)
         std::memcpy(launches[patches[p].launch].buf + patches[p].offset, &slots[patches[p].slot], sizeof(void*));
     for (int64_t z = 0; z < (r != nullptr ? r->n_zeros : n_zeros); ++z)
@@ -88,6 +104,12 @@ static void sp_step(const sp_launch* launches, int64_t n_launches, const sp_patc
         const sp_launch* run = r != nullptr ? sp_renamed(r, launches[l], l, &instead) : &launches[l];
         if (run != nullptr) run->entry(run->buf, (int)run->serial);
     }
+    if (t == nullptr) return;
+    if (t->losses != nullptr) {
+        const void* loss = slots[t->loss_slot];
+        *t->losses++ = t->loss_size == 4 ? (double)*(const float*)loss : *(const double*)loss;
+    }
+    ++t->n;
 }
 
 // Runs `steps` steps. slots[] holds the buffers of the first step; after step k each state's prev
@@ -104,10 +126,10 @@ static void sp_step(const sp_launch* launches, int64_t n_launches, const sp_patc
 extern "C" void sp_advance(int64_t steps, const sp_launch* launches, int64_t n_launches,
                            const sp_patch* patches, int64_t n_patches, void** slots,
                            const sp_state* states, int64_t n_states, const sp_zero* zeros, int64_t n_zeros,
-                           const sp_renames* r) {
+                           const sp_renames* r, sp_time* t) {
     for (int64_t k = 0; k < steps; ++k) {
         const bool renaming = r != nullptr && k < steps - 1;
-        sp_step(launches, n_launches, patches, n_patches, slots, zeros, n_zeros, renaming ? r : nullptr);
+        sp_step(launches, n_launches, patches, n_patches, slots, zeros, n_zeros, renaming ? r : nullptr, t);
         if (renaming)
             for (int64_t q = 0; q < r->n_pairs; ++q) {
                 const sp_state& to = states[r->pairs[q].to];
@@ -138,13 +160,13 @@ extern "C" void sp_advance(int64_t steps, const sp_launch* launches, int64_t n_l
 extern "C" void sp_advance_each(int64_t steps, const sp_launch* launches, int64_t n_launches,
                                 const sp_patch* patches, int64_t n_patches, void** slots,
                                 const sp_state* states, int64_t n_states, const sp_zero* zeros, int64_t n_zeros,
-                                void* const* versions) {
+                                void* const* versions, sp_time* t) {
     for (int64_t k = 0; k < steps; ++k) {
         for (int64_t s = 0; s < n_states; ++s) {
             slots[states[s].prev] = versions[k * n_states + s];
             slots[states[s].next] = versions[(k + 1) * n_states + s];
         }
-        sp_advance(1, launches, n_launches, patches, n_patches, slots, states, n_states, zeros, n_zeros, nullptr);
+        sp_advance(1, launches, n_launches, patches, n_patches, slots, states, n_states, zeros, n_zeros, nullptr, t);
     }
 }
 """
@@ -164,6 +186,15 @@ class _StateSlots(ctypes.Structure):
 
 class _Zero(ctypes.Structure):
     _fields_ = [("slot", ctypes.c_int64), ("nbytes", ctypes.c_int64)]
+
+
+class _Series(ctypes.Structure):
+    _fields_ = [("slot", ctypes.c_int64), ("base", ctypes.c_void_p), ("stride", ctypes.c_int64)]
+
+
+class _Time(ctypes.Structure):
+    _fields_ = [("series", ctypes.c_void_p), ("n_series", ctypes.c_int64), ("n", ctypes.c_int64),
+                ("loss_slot", ctypes.c_int64), ("loss_size", ctypes.c_int64), ("losses", ctypes.c_void_p)]
 
 
 class _Rename(ctypes.Structure):
@@ -187,8 +218,8 @@ def _driver_functions():
         library = load_cpu_library(build_cpu_library(_DRIVER, "stepper_native_loop"))
         tables = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
                   ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64]
-        # (the tables go in as addresses: plain ints convert fastest; the last: renames or None)
-        for fn, extra in ((library.sp_advance, [ctypes.c_void_p]), (library.sp_advance_each, [ctypes.c_void_p])):
+        # (the tables go in as addresses: plain ints convert fastest; then renames or None, the time)
+        for fn, extra in ((library.sp_advance, [ctypes.c_void_p] * 2), (library.sp_advance_each, [ctypes.c_void_p] * 2)):
             fn.argtypes = tables + extra
             fn.restype = None
         _driver = (library.sp_advance, library.sp_advance_each)
@@ -196,18 +227,23 @@ def _driver_functions():
 
 
 class _Plan:
-    """One trace's step launches packed for the driver, with the tables that do not change between
-    runs. Slot numbering: the states' prev versions, then their next versions, then the scratch
-    buffers the step's launches use."""
+    """One trace's launches packed for the driver, with the tables that do not change between
+    runs: the step's launches, then its running loss's (run only where a run reads the losses
+    out). Slot numbering: the states' prev versions, then their next versions, then the scratch
+    buffers the launches use, then the rows of the series they read (moved by the driver)."""
 
-    def __init__(self, trace, states: list[str], prev: State, nxt: State, scratch: dict, zero_next: bool):
-        launches = trace.launches[:trace.step_launches]        # a recomputation computes no loss
+    def __init__(self, trace, states: list[str], prev: State, nxt: State, scratch: dict, zero_next: bool,
+                 rows: SeriesRows, n: int):
+        launches = trace.launches
+        self.step_launches = trace.step_launches
         used = {a.name for t in launches for a in t.args if type(a) is Slot and a.group == "scratch"}
         self.scratch = [spec for spec in trace.scratch if spec[0] in used]
         index = {("prev", name): k for k, name in enumerate(states)}
         index.update({("next", name): len(states) + k for k, name in enumerate(states)})
         index.update({("scratch", spec[0]): 2 * len(states) + k for k, spec in enumerate(self.scratch)})
-        groups = {"prev": prev, "next": nxt, "scratch": scratch}
+        first_row = 2 * len(states) + len(self.scratch)
+        index.update({("series", name): first_row + k for k, name in enumerate(rows.names)})
+        groups = {"prev": prev, "next": nxt, "scratch": scratch, "series": rows.views(n)}
         self.buffers, patches = [], []
         self.launches = (_Launch * len(launches))()
         for k, t in enumerate(launches):
@@ -218,8 +254,15 @@ class _Plan:
             self.launches[k] = _Launch(entry, ctypes.addressof(buf), serial)
             patches += [_Patch(k, offsets[j], index[(a.group, a.name)]) for j, a in enumerate(t.args) if type(a) is Slot]
         self.patches = (_Patch * len(patches))(*patches)
-        self.n_slots = 2 * len(states) + len(self.scratch)
+        self.n_slots = first_row + len(rows.names)
         self.states = (_StateSlots * len(states))(*[_StateSlots(k, len(states) + k, None) for k in range(len(states))])
+        self.series = (_Series * max(len(rows.names), 1))(
+            *[_Series(first_row + k, base, stride) for k, (base, stride) in enumerate(rows.bases)])
+        loss = trace.loss
+        self.reads_losses = loss is not None and loss.group == "scratch"
+        self.time = _Time(ctypes.addressof(self.series), len(rows.names), 0,
+                          index[("scratch", loss.name)] if self.reads_losses else -1,
+                          scratch[loss.name]._data.nbytes if self.reads_losses else 0, None)
         copies = renamed_copies(launches, nxt)
         pairs = [pair for _, launch_pairs, _ in copies for pair in launch_pairs]
         renamed = {to for to, _ in pairs}
@@ -233,8 +276,8 @@ class _Plan:
         self.renames = None
         self.rename_pairs = pairs                    # (to, from) state names
         if copies:
-            rows = [_Rename(states.index(to), states.index(src)) for to, src in pairs]
-            self._renaming = ((_Rename * len(pairs))(*rows),       # kept alive with the plan
+            renames = [_Rename(states.index(to), states.index(src)) for to, src in pairs]
+            self._renaming = ((_Rename * len(pairs))(*renames),       # kept alive with the plan
                               (ctypes.c_int64 * len(copies))(*[k for k, _, _ in copies]),
                               (ctypes.c_void_p * len(copies))(*[instead for _, _, instead in copies]),
                               (ctypes.c_void_p * (3 * len(pairs)))())
@@ -298,30 +341,42 @@ class NativeLoops:
     """Runs recomputations of a traced step for a Sweep (see the module docstring). `advance`
     returns None where it cannot help (no trace, or the driver could not be built), and the caller
     keeps to the Python path. Revolve's recomputations come one or two steps at a time (9,899
-    calls for 14,748 steps at 10,000 steps and 100 snapshots), so a call's own cost counts."""
+    calls for 14,748 steps at 10,000 steps and 100 snapshots), so a call's own cost counts.
+    `series`: the model's time-indexed inputs (`Model.series`), whose rows the driver moves."""
 
-    def __init__(self, pool, states: dict):
+    def __init__(self, pool, states: dict, series: dict | None = None):
         self.pool = pool
         self._names = list(states)
         self._kinds = [pool.kind(spec.shape, spec.dtype) for spec in states.values()]
+        self._series = series or {}
         self._plan: tuple | None = None            # (trace, _Plan, its call arguments)
+        self._rows: tuple | None = None            # (trace, SeriesRows)
         self._broken = pool.device != "cpu"        # the driver calls CPU entry points only
         self.steps = 0                              # steps run natively (for stats and tests)
         self.calls = 0
         self.renamed_copies = 0                     # copies not run: their buffers renamed (sp_advance)
 
-    def _prepare(self, trace, prev: State, a: list, scratch: dict):
-        plan = _Plan(trace, self._names, prev, State(dict(zip(self._names, a))), scratch, self.pool.zero)
+    def rows(self, trace) -> SeriesRows:
+        if self._rows is None or self._rows[0] is not trace:
+            self._rows = (trace, SeriesRows(self._series, trace))
+        return self._rows[1]
+
+    def _prepare(self, trace, prev: State, a: list, scratch: dict, n: int):
+        plan = _Plan(trace, self._names, prev, State(dict(zip(self._names, a))), scratch, self.pool.zero,
+                     self.rows(trace), n)
         slots = (ctypes.c_void_p * max(plan.n_slots, 1))()
-        args = (ctypes.addressof(plan.launches), len(plan.launches), ctypes.addressof(plan.patches),
+        args = (ctypes.addressof(plan.launches), plan.step_launches, ctypes.addressof(plan.patches),
                 len(plan.patches), ctypes.addressof(slots), ctypes.addressof(plan.states), len(self._names),
                 ctypes.addressof(plan.zeros), len(plan.zeros))
         self._plan = (trace, plan, slots, args)
         return self._plan
 
-    def _functions(self, trace):
-        """The driver's entry points, or None where the Python path must run `trace`'s steps."""
-        if self._broken or not trace or trace.reads_series:
+    def _functions(self, trace, n1: int, losses):
+        """The driver's entry points, or None where the Python path must run `trace`'s steps up to
+        n1 (with their running losses where `losses` is not None)."""
+        if self._broken or not trace or not self.rows(trace).fits(n1):
+            return None
+        if losses is not None and (trace.loss is None or trace.loss.group != "scratch"):
             return None
         try:
             return _driver_functions()
@@ -330,7 +385,7 @@ class NativeLoops:
             self._broken = True
             return None
 
-    def _ready(self, trace, prev: State, a: list):
+    def _ready(self, trace, prev: State, a: list, n: int):
         """`trace`'s plan and call arguments (planned now on `prev` -> `a` if it is new) and the
         scratch buffers a call lends its launches (taken from the pool: the caller releases them)."""
         pool = self.pool
@@ -339,7 +394,7 @@ class NativeLoops:
         scratch = {spec[0]: pool.acquire(spec[1], spec[2], False) for spec in specs}
         if ready is None:
             try:
-                ready = self._prepare(trace, prev, a, scratch)
+                ready = self._prepare(trace, prev, a, scratch, n)
             except BaseException:
                 pool.release_all(scratch.values())
                 raise
@@ -347,11 +402,23 @@ class NativeLoops:
                 pool.release(scratch.pop(name))
         return ready, scratch
 
-    def advance(self, trace, prev: State, steps: int) -> State | None:
-        """Run `steps` (>= 1) recomputations of `trace` from `prev`, taking over the caller's hold
-        on it; return the new state (one hold, the caller's), or None to say: use the Python path
-        (`prev` is then still the caller's)."""
-        functions = self._functions(trace)
+    @staticmethod
+    def _timed(plan, args: tuple, n: int, losses) -> tuple:
+        """The call arguments for steps from n, the running losses read out into `losses` (a
+        float64 NumPy array, one per step) where it is given: the loss's launches run too."""
+        time = plan.time
+        time.n = n
+        time.losses = losses.ctypes.data if losses is not None else None
+        if losses is not None:
+            args = (args[0], len(plan.launches), *args[2:])
+        return args
+
+    def advance(self, trace, prev: State, steps: int, n: int = 0, losses=None) -> State | None:
+        """Run `steps` (>= 1) steps of `trace` from `prev` (step `n` first), taking over the
+        caller's hold on it; return the new state (one hold, the caller's), or None to say: use
+        the Python path (`prev` is then still the caller's). Recomputations compute no running
+        loss; with `losses` (a float64 array of `steps` elements) each step's is written there."""
+        functions = self._functions(trace, n + steps, losses)
         if functions is None:
             return None
         pool = self.pool
@@ -362,12 +429,14 @@ class NativeLoops:
         b = [s if holds(s) == 1 else take(kind, False) for s, kind in zip(starts, self._kinds)]
         scratch = {}
         try:
-            (_, plan, slots, args), scratch = self._ready(trace, prev, a)
-            slots[:] = [*map(_ptr, starts), *map(_ptr, a), *map(_ptr, scratch.values())] or [None]
+            (_, plan, slots, args), scratch = self._ready(trace, prev, a, n)
+            slots[:len(starts) * 2 + len(scratch)] = [*map(_ptr, starts), *map(_ptr, a), *map(_ptr, scratch.values())]
             for k, arr in enumerate(b):
                 plan.states[k].spare = _ptr(arr)
+            args = self._timed(plan, args, n, losses)
             settle()                                 # launches a Tape holds run first
-            functions[0](steps, *args, ctypes.addressof(plan.renames) if plan.renames is not None else None)
+            functions[0](steps, *args, ctypes.addressof(plan.renames) if plan.renames is not None else None,
+                         ctypes.addressof(plan.time))
         except BaseException:
             pool.release_all((*a, *scratch.values()))
             pool.release_all([x for x, s in zip(b, starts) if x is not s])
@@ -387,14 +456,15 @@ class NativeLoops:
             self.renamed_copies += (steps - 1) * plan.renames.n_pairs
         return State(result)
 
-    def advance_keeping(self, trace, prev: State, steps: int, keep) -> list[State] | None:
-        """Run `steps` (>= 1) steps of `trace` from `prev`, each into versions of its own (a
-        recording kept for the reverse sweep: StoreAll's); return the state after each step, each
-        held once (the caller's), or None to say: use the Python path. The states but the last hold
-        only the names in `keep` (what their reversal reads): the others take turns in two versions
-        (what the run writes, nothing keeps). `prev` and its holds are left as they are. Same
-        launches, fills and order as `steps` calls of `advance`: the same bits."""
-        functions = self._functions(trace)
+    def advance_keeping(self, trace, prev: State, steps: int, keep, n: int = 0, losses=None) -> list[State] | None:
+        """Run `steps` (>= 1) steps of `trace` from `prev` (step `n` first), each into versions of
+        its own (a recording kept for the reverse sweep: StoreAll's); return the state after each
+        step, each held once (the caller's), or None to say: use the Python path. The states but
+        the last hold only the names in `keep` (what their reversal reads): the others take turns
+        in two versions (what the run writes, nothing keeps). `prev` and its holds are left as they
+        are. `losses` as in `advance`. Same launches, fills and order as `steps` calls of
+        `advance`: the same bits."""
+        functions = self._functions(trace, n + steps, losses)
         if functions is None:
             return None
         pool = self.pool
@@ -409,13 +479,14 @@ class NativeLoops:
                  *(a for version in versions[:-1] for a, turn in zip(version, turns) if not turn)]
         scratch = {}
         try:
-            (_, plan, slots, args), scratch = self._ready(trace, prev, last)
+            (_, plan, slots, args), scratch = self._ready(trace, prev, last, n)
             states = len(self._names)
-            slots[2 * states:] = list(map(_ptr, scratch.values()))    # the driver sets the states' slots
+            slots[2 * states:2 * states + len(scratch)] = list(map(_ptr, scratch.values()))    # the driver sets the rest
             pointers = (ctypes.c_void_p * (states * (steps + 1)))(
                 *map(_ptr, (prev[name] for name in self._names)), *map(_ptr, (a for v in versions for a in v)))
+            args = self._timed(plan, args, n, losses)
             settle()                                 # launches a Tape holds run first
-            functions[1](steps, *args, ctypes.addressof(pointers))
+            functions[1](steps, *args, ctypes.addressof(pointers), ctypes.addressof(plan.time))
         except BaseException:
             pool.release_all((*taken, *scratch.values()))
             raise

@@ -34,7 +34,7 @@ from compiler.runtime.tape import settle
 
 from .native_loop import _ptr
 from .state import State
-from .trace import Slot
+from .trace import SeriesRows, Slot
 from .versions import set_grad
 
 __all__ = ["Kept", "NativeReversal", "kept_part"]
@@ -49,11 +49,11 @@ class Kept:
     """A step recorded natively (Sweep._keep_natively): the state it started from and its trace,
     from which its reversal replays it; nothing else is kept. Of the state only what the reversal
     reads (`StepTrace.reversal_reads`): a state it never reads is not there (its reversal packs a
-    stand-in's pointer, or none, in its place)."""
-    __slots__ = ("prev", "trace")
+    stand-in's pointer, or none, in its place). `n`: the step's index (the rows of its series)."""
+    __slots__ = ("prev", "trace", "n")
 
-    def __init__(self, prev: State, trace):
-        self.prev, self.trace = prev, trace
+    def __init__(self, prev: State, trace, n: int):
+        self.prev, self.trace, self.n = prev, trace, n
 
 
 def kept_part(pool, state: State, names) -> State:
@@ -82,16 +82,18 @@ class _Fills(dict):
 class _Plan:
     """One trace's step, packed. Keys name each step's arrays: ("prev", name), ("next", name),
     ("scratch", name) and their gradients ("gprev", name), ("carry", name) (s.next's: the carried
-    adjoint) and ("gscratch", name). Built in two halves, as a step runs: the launches from the
-    step's versions, then the adjoints once the gradients are there."""
+    adjoint) and ("gscratch", name); ("series", name) the step's row of a series (not
+    differentiated: only the forward arguments point at it). Built in two halves, as a step runs:
+    the launches from the step's versions, then the adjoints once the gradients are there."""
 
     def __init__(self, trace, arrays: dict, device: str):
         self.trace, self.device, self.cpu = trace, device, device == "cpu"
-        self.groups = groups = {"prev": {}, "next": {}, "scratch": {}}
+        self.groups = groups = {"prev": {}, "next": {}, "scratch": {}, "series": {}}
         for (group, name), a in arrays.items():
             groups[group][name] = a
         self.buffers = []                   # every packed buffer, kept alive for its address
         self.forward_patches = []           # (buffer, byte offset, key): the step's pointers
+        self.series_patches = []            # (buffer, byte offset, series name): its rows
         self.forward, self._launches = [], []
         self.reads_next = False
         for k, t in enumerate(trace.launches):
@@ -99,7 +101,9 @@ class _Plan:
             entry, packed, serial, offsets = packed_forward(t.kernel, t.dims, args, t.deterministic, device)
             buf = self._keep(packed)
             self.forward_patches += [(buf, offset, (a.group, a.name)) for a, offset in zip(t.args, offsets)
-                                     if type(a) is Slot]
+                                     if type(a) is Slot and a.group != "series"]
+            self.series_patches += [(buf, offset, a.name) for a, offset in zip(t.args, offsets)
+                                    if type(a) is Slot and a.group == "series"]
             if k not in trace.unread:                   # outputs some later launch reads
                 self.forward.append((_FORWARD(entry), ctypes.addressof(buf), serial, entry) if self.cpu
                                     else (entry, buf))
@@ -156,7 +160,7 @@ class _Plan:
 
 def plannable(trace) -> bool:
     """Whether `trace`'s step can be reversed natively (see the module docstring)."""
-    if not trace or not trace.differentiable or trace.reads_series:
+    if not trace or not trace.differentiable:
         return False
     if trace.loss is not None and trace.loss.group != "scratch":
         return False
@@ -172,8 +176,10 @@ def _patch(patches, arrays: dict) -> None:
 class NativeReversal:
     """Records and reverses traced steps for a Sweep (see the module docstring)."""
 
-    def __init__(self, pool, states: dict, deterministic: bool):
+    def __init__(self, pool, states: dict, deterministic: bool, series: dict | None = None):
         self.pool = pool
+        self._series = series or {}
+        self._rows: tuple | None = None           # (trace, SeriesRows)
         self.deterministic = deterministic
         self._kinds = [(name, pool.kind(spec.shape, spec.dtype)) for name, spec in states.items()]
         self._plan: _Plan | None = None
@@ -188,9 +194,14 @@ class NativeReversal:
             return False
         return True
 
-    def reverse(self, trace, prev: State, carry: dict) -> dict:
-        """Step `prev` (the caller's hold passes here) with `trace` and reverse it at once from
-        `carry` (the adjoint of the step's result, by state name; its hold passes here too);
+    def rows(self, trace) -> SeriesRows:
+        if self._rows is None or self._rows[0] is not trace:
+            self._rows = (trace, SeriesRows(self._series, trace))
+        return self._rows[1]
+
+    def reverse(self, trace, prev: State, carry: dict, n: int) -> dict:
+        """Step n from `prev` (the caller's hold passes here) with `trace` and reverse it at once
+        from `carry` (the adjoint of the step's result, by state name; its hold passes here too);
         return the adjoint of `prev` (held once, the caller's)."""
         pool = self.pool
         take, acquire, acquire_like = pool.take, pool.acquire, pool.acquire_like
@@ -204,9 +215,13 @@ class NativeReversal:
         plan = self._plan if self._plan is not None and self._plan.trace is trace else None
         grads: dict = {}
         try:
+            rows = self.rows(trace)
             if plan is None:
-                plan = _Plan(trace, arrays, pool.device)
+                plan = _Plan(trace, {**arrays, **{("series", name): a for name, a in rows.views(n).items()}},
+                             pool.device)
             _patch(plan.forward_patches, arrays)
+            for buf, offset, name in plan.series_patches:
+                _POINTER.pack_into(buf, offset, rows.pointer(rows.names.index(name), n))
             settle()                                   # launches a Tape holds run first
             if plan.cpu:
                 for entry, buf, serial, _ in plan.forward:

@@ -33,7 +33,7 @@ from checkpoint import Copy, EndReverse, Forward, Move, Reverse, StorageType
 from compiler.backends.cpu_build import build_cpu_library, load_cpu_library
 from compiler.runtime.tape import settle
 
-from .native_loop import _DRIVER, _Launch, _ptr
+from .native_loop import _DRIVER, _Launch, _Series, _ptr
 from .native_reverse import Kept
 from .snapshots import HeldStates
 from .state import State
@@ -59,11 +59,14 @@ struct sp_plan {
     int64_t seed_slot; int64_t seed_size;              // the running loss's gradient, or -1
     const sp_rcall* calls; int64_t n_calls;
     const sp_fill* fills; int64_t after_begin; int64_t after_end;
-    void** rslots;                                     // prev[S] next[S] gprev[F] carry[F] scratch.. (set)
+    void** rslots;                                     // prev[S] next[S] gprev[F] carry[F] scratch.. series..
     const sp_renames* renames;                         // the advance's renamed copies, or null
+    sp_time* time;                                     // the advance's series rows (no losses)
+    const sp_series* rseries; int64_t n_rseries;       // the reversal's
 };
 
-// ops: 0, steps, start[S], a[S], b[S]  |  1, prev[S], next[S], gprev[F], carry[F]  |  2, prev[S], next[S]
+// ops: 0, steps, n, start[S], a[S], b[S]  |  1, n, prev[S], next[S], gprev[F], carry[F]
+//      |  2, n, prev[S], next[S]   (n: the index of the (first) step)
 //      |  3, count, (float32 gradient, float64 sum, elements) x count
 extern "C" void sp_sweep(const int64_t* ops, int64_t n_words, const sp_plan* p) {
     const int64_t S = p->S, F = p->F;
@@ -79,11 +82,13 @@ extern "C" void sp_sweep(const int64_t* ops, int64_t n_words, const sp_plan* p) 
             }
             continue;
         }
+        const int64_t n = ops[i++];
         if (op == 2) {
             for (int64_t s = 0; s < 2 * S; ++s) p->slots[s] = (void*)ops[i + s];
             i += 2 * S;
+            p->time->n = n;
             sp_step(p->launches, p->n_launches, p->patches, p->n_patches, p->slots, p->zeros, p->n_zeros,
-                    p->renames);                       // one step, its copies renamed
+                    p->renames, p->time);              // one step, its copies renamed
             continue;
         }
         if (op == 0) {
@@ -94,12 +99,15 @@ extern "C" void sp_sweep(const int64_t* ops, int64_t n_words, const sp_plan* p) 
                 p->states[s].spare = (void*)ops[i + 2 * S + s];
             }
             i += 3 * S;
+            p->time->n = n;
             sp_advance(steps, p->launches, p->n_launches, p->patches, p->n_patches, p->slots, p->states, S,
-                       p->zeros, p->n_zeros, nullptr);
+                       p->zeros, p->n_zeros, nullptr, p->time);
             continue;
         }
         for (int64_t k = 0; k < 2 * S + 2 * F; ++k) p->rslots[k] = (void*)ops[i + k];
         i += 2 * S + 2 * F;
+        for (int64_t q = 0; q < p->n_rseries; ++q)
+            p->rslots[p->rseries[q].slot] = (void*)(p->rseries[q].base + n * p->rseries[q].stride);
         for (int64_t q = 0; q < p->n_rpatches; ++q)
             std::memcpy(p->rpatches[q].buf + p->rpatches[q].offset, &p->rslots[p->rpatches[q].slot], sizeof(void*));
         for (int64_t z = 0; z < p->n_before; ++z)
@@ -148,7 +156,8 @@ class _PlanTables(ctypes.Structure):
                 ("seed_slot", ctypes.c_int64), ("seed_size", ctypes.c_int64),
                 ("calls", ctypes.c_void_p), ("n_calls", ctypes.c_int64),
                 ("fills", ctypes.c_void_p), ("after_begin", ctypes.c_int64), ("after_end", ctypes.c_int64),
-                ("rslots", ctypes.c_void_p), ("renames", ctypes.c_void_p)]
+                ("rslots", ctypes.c_void_p), ("renames", ctypes.c_void_p), ("time", ctypes.c_void_p),
+                ("rseries", ctypes.c_void_p), ("n_rseries", ctypes.c_int64)]
 
 
 _function = None
@@ -167,7 +176,7 @@ def _sweep_function():
 class _Tables:
     """The two plans of one trace as the C++ driver reads them (kept alive with the plans)."""
 
-    def __init__(self, advance_plan, advance_slots, reverse_plan, names, floats, trace, zero_next: bool):
+    def __init__(self, advance_plan, advance_slots, reverse_plan, names, floats, trace, zero_next: bool, rows):
         S, F = len(names), len(floats)
         scratch = [spec[0] for spec in trace.scratch]
         gscratch = [name for name in scratch if ("gscratch", name) in reverse_plan.nbytes]
@@ -177,6 +186,10 @@ class _Tables:
         index.update({("carry", n): 2 * S + F + k for k, n in enumerate(floats)})
         index.update({("scratch", n): 2 * S + 2 * F + k for k, n in enumerate(scratch)})
         index.update({("gscratch", n): 2 * S + 2 * F + len(scratch) + k for k, n in enumerate(gscratch)})
+        first_row = len(index)
+        index.update({("series", n): first_row + k for k, n in enumerate(rows.names)})
+        self.rseries = (_Series * max(len(rows.names), 1))(
+            *[_Series(first_row + k, base, stride) for k, (base, stride) in enumerate(rows.bases)])
         self.index, self.gscratch = index, gscratch
         rp = reverse_plan
         self.rslots = (ctypes.c_void_p * len(index))()
@@ -184,6 +197,8 @@ class _Tables:
                                                              for _, buf, serial, addr in rp.forward])
         patches = [_RPatch(ctypes.addressof(buf), offset, index[key])
                    for buf, offset, key in (*rp.forward_patches, *rp.adjoint_patches)]
+        patches += [_RPatch(ctypes.addressof(buf), offset, index[("series", name)])
+                    for buf, offset, name in rp.series_patches]
         self.rpatches = (_RPatch * max(len(patches), 1))(*patches)
         before = [_Fill(index[("next", n)], rp.nbytes[("next", n)]) for n in names] if zero_next else []
         before += [_Fill(index[("scratch", name)], rp.nbytes[("scratch", name)])
@@ -202,16 +217,18 @@ class _Tables:
         seed_size = rp.nbytes[rp.seed] if rp.seed is not None else 0
         ap = advance_plan
         self.plan = _PlanTables(
-            S, F, ctypes.addressof(ap.launches), len(ap.launches), ctypes.addressof(ap.patches), len(ap.patches),
+            S, F, ctypes.addressof(ap.launches), ap.step_launches, ctypes.addressof(ap.patches), len(ap.patches),
             ctypes.addressof(advance_slots), ctypes.addressof(ap.states), ctypes.addressof(ap.zeros), len(ap.zeros),
             ctypes.addressof(self.rforward), len(rp.forward), ctypes.addressof(self.rpatches), len(patches),
             ctypes.addressof(self.before), len(before), seed_slot, seed_size,
             ctypes.addressof(self.calls), len(calls), ctypes.addressof(self.fills), after, len(fills),
             ctypes.addressof(self.rslots),
-            ctypes.addressof(ap.renames) if ap.renames is not None else None)
+            ctypes.addressof(ap.renames) if ap.renames is not None else None,
+            ctypes.addressof(ap.time), ctypes.addressof(self.rseries), len(rows.names))
         # the advance's renamed copies (state indices: to, from), which a one-step advance shares
         self.renamed = [(names.index(to), names.index(src)) for to, src in ap.rename_pairs]
         self.advance_scratch = [spec[0] for spec in ap.scratch]
+        self.time = ap.time
         self.advance_slots = advance_slots
 
 
@@ -242,7 +259,7 @@ class NativeSweep:
         if self._tables is None or self._tables[0] is not advance_plan or self._tables[1] is not reverse_plan:
             floats = [n for n in self.names if n in sw.carry]
             tables = _Tables(advance_plan, advance_slots, reverse_plan, self.names, floats, sw._runner.trace,
-                             sw.pool.zero)
+                             sw.pool.zero, sw.native.rows(sw._runner.trace))
             self._tables = (advance_plan, reverse_plan, tables)
         return self._tables[2]
 
@@ -420,7 +437,7 @@ class _Stretch:
             a = self.versions.new(self.kinds)
             reuse = self.versions.alone(start)
             b = start if reuse else self.versions.new(self.kinds)
-            self.ops += [0, steps, *start.ptrs, *a.ptrs, *b.ptrs]
+            self.ops += [0, self.pos, steps, *start.ptrs, *a.ptrs, *b.ptrs]
             if reuse:
                 start.refs += 1                         # the ring's; the live state's is released below
             mine, other = (a, b) if steps % 2 else (b, a)
@@ -439,7 +456,7 @@ class _Stretch:
         snapshots hold one less each. Where they outgrow the cache that counts: a 256^2 wave's
         one-step recomputation in a Revolve-200 gradient took 26 us with its copy, 20 us without."""
         result = self.versions.renamed(start, renamed)
-        self.ops += [2, *start.ptrs, *result.ptrs]
+        self.ops += [2, self.pos, *start.ptrs, *result.ptrs]
         self.versions.release(start)
         self.work = result
         self.count["renamed"] += len(renamed)
@@ -467,7 +484,7 @@ class _Stretch:
             if not self.reads_next:
                 self.versions.release(nxt)         # its memory may serve the gradient below
             gprev = self.versions.new(self.grad_kinds)
-        self.ops += [1, *prev.ptrs, *nxt.ptrs, *gprev.ptrs, *self.carry.ptrs]
+        self.ops += [1, n, *prev.ptrs, *nxt.ptrs, *gprev.ptrs, *self.carry.ptrs]
         self.ops += self.fold                      # as Sweep._reverse folds after each step
         if self.reads_next:
             self.versions.release(nxt)
@@ -496,6 +513,7 @@ class _Stretch:
                 for name, arr in arrays.items():
                     tables.rslots[tables.index[(group, name)]] = _ptr(arr)
             if self.ops:
+                tables.time.losses = None               # recomputations compute no running loss
                 ops = np.array(self.ops, dtype=np.int64)
                 settle()                                # launches a Tape holds run first
                 _sweep_function()(ops.ctypes.data, len(ops), ctypes.addressof(tables.plan))

@@ -165,8 +165,8 @@ def _run(model, values, start, steps, store, meta, *, callback, every, record_ev
     runner = StepRunner(model, pool, deterministic=deterministic, traced=True)
     loops = None
     if native_loops and until is None and not check_finite:
-        loops = NativeLoops(pool, model.states) if model.device == "cpu" else \
-            GraphLoops(pool, model.states, in_place=True)
+        loops = NativeLoops(pool, model.states, model._series) if model.device == "cpu" else \
+            GraphLoops(pool, model.states, in_place=True, series=model._series)
     events = [k for k in (every if callback is not None else None, record_every,
                           every_ck if store is not None else None) if k]
     try:
@@ -191,7 +191,7 @@ def _run(model, values, start, steps, store, meta, *, callback, every, record_ev
             n += 1
             bar.update(1)
             ahead = min([steps if steps is not None else n] + [(n // k + 1) * k if n % k else n for k in events])
-            nxt = loops.advance(runner.trace, work, ahead - n) if loops and runner.trusted and ahead > n else None
+            nxt = loops.advance(runner.trace, work, ahead - n, n) if loops and runner.trusted and ahead > n else None
             if nxt is not None:
                 bar.update(ahead - n)
                 work, n = nxt, ahead

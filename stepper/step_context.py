@@ -220,15 +220,16 @@ class StepRunner:
         # differed (stepper/trace.py).
         self.traced = traced
         self.trace: StepTrace | None | bool = None
-        # Steps run so far whose function read neither s.n, s.t nor array data on the host (None
-        # once one did): see `trusted`.
+        # Steps run so far whose function and running loss read neither s.n, s.t nor array data
+        # on the host (None once one did): see `trusted`.
         self._blind_runs: int | None = 0
 
     @property
     def trusted(self) -> bool:
         """Whether steps not run yet may run from the trace, without their function: every step so
-        far (two at least) made the same launches, and no step function read s.n, s.t or array
-        data on the host, so nothing it could branch on changes from step to step. (A function
+        far (two at least) made the same launches, and neither the step function nor the running
+        loss read s.n, s.t or array data on the host, so nothing they could branch on changes from
+        step to step. (A function
         that changes its launches by state of its own, a call counter say, must read s.n instead.)"""
         return bool(self.trace) and (self._blind_runs or 0) >= 2
 
@@ -334,12 +335,12 @@ class StepRunner:
                 with tape:
                     looked = host_accesses()
                     model.step_fn(ctx)
-                    if self._blind_runs is not None:
-                        blind = not ctx.read_time and host_accesses() == looked
-                        self._blind_runs = self._blind_runs + 1 if blind else None
                     step_ops = len(tape._ops)            # the rest are the running loss's
                     if self.running_loss is not None:
                         loss = check_scalar_loss(self.running_loss(ctx), "running_loss(s)")
+                    if self._blind_runs is not None:     # (the running loss runs from the trace too)
+                        blind = not ctx.read_time and host_accesses() == looked
+                        self._blind_runs = self._blind_runs + 1 if blind else None
             finally:
                 self.launches_skipped += tape.drop_deferred()
             tape.end_step()

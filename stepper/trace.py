@@ -23,7 +23,7 @@ import numpy as np
 from compiler import array
 from compiler.runtime.launch import relaunch
 
-__all__ = ["Slot", "StepTrace", "trace_step"]
+__all__ = ["SeriesRows", "Slot", "StepTrace", "series_row", "trace_step"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,11 +69,9 @@ class StepTrace:
     reversal_reads: frozenset      # the states a reversal from the step's start reads (`reversal_reads`)
 
     @property
-    def reads_series(self) -> bool:
-        """Whether a launch of the step reads a time-indexed input (``s.series``, a different row
-        every step): the native and graph loops do not move those pointers, so such steps keep the
-        Python path."""
-        return any(type(a) is Slot and a.group == "series" for t in self.launches[:self.step_launches] for a in t.args)
+    def series_names(self) -> tuple:
+        """The time-indexed inputs (``s.series``) any launch of the step or its running loss reads."""
+        return tuple(sorted({a.name for t in self.launches for a in t.args if type(a) is Slot and a.group == "series"}))
 
     def matches(self, tape, prev, nxt, scratch: dict, scratch_zero: dict, loss, step_ops: int, series=None) -> bool:
         """Whether the step that just ran under `tape` (as for `trace_step`) made this trace.
@@ -122,6 +120,40 @@ class StepTrace:
         for k, t in enumerate(launches):
             args = [groups[a.group][a.name] if type(a) is Slot else a for a in t.args]
             relaunch(t.kernel, t.dims, args, t.deterministic, tape, t.where, run=k not in skip)
+
+
+def series_row(name: str, values: array, n: int) -> array:
+    """Row n of the time-indexed input `values` as step n reads it (``s.series.<name>``): a view,
+    one element long for a 1-D `values`."""
+    data = values._data
+    if values.device == "cpu":
+        data = data[n] if values.ndim > 1 else data[n:n + 1]
+    else:                                    # device memory: a view at the row's offset
+        shape = data.shape[1:] if values.ndim > 1 else (1, *data.shape[1:])
+        data = type(data)(data.buffer, shape, data.dtype, data.offset + n * data.strides[0])
+    return array._wrap(data, values.dtype, storage=values._storage, fn=f"s.series.{name}", device=values.device)
+
+
+class SeriesRows:
+    """The time-indexed inputs a trace reads, as native drivers move them: row n of a series
+    starts at ``base + n * stride`` (its first dimension's stride), the row `series_row` views."""
+
+    def __init__(self, series: dict, trace):
+        self.names = trace.series_names
+        self.arrays = [series[name] for name in self.names]
+        self.bases = [(a.ptr, a.strides[0]) for a in self.arrays]
+
+    def fits(self, n1: int) -> bool:
+        """Whether every series has rows for steps up to n1 - 1 (else the Python path runs the
+        steps and names the series that is short, at the step that needs the missing row)."""
+        return all(a.shape[0] >= n1 for a in self.arrays)
+
+    def views(self, n: int) -> dict:
+        return {name: series_row(name, a, n) for name, a in zip(self.names, self.arrays)}
+
+    def pointer(self, k: int, n: int) -> int:
+        base, stride = self.bases[k]
+        return base + n * stride
 
 
 def trace_step(tape, prev, nxt, scratch: dict, scratch_zero: dict, loss, step_ops: int,

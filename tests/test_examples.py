@@ -60,3 +60,10 @@ def test_diffusivity_is_recovered_with_scipy_lbfgsb():
     pytest.importorskip("scipy", reason="the L-BFGS-B example needs scipy")
     first, last, error0, error = load("diffusivity_inverse").main(cells=20, steps=150, iterations=40)
     assert last < 1e-3 * first and error < 0.2 * error0
+
+
+def test_fwi_recovers_part_of_the_velocity_anomaly(tmp_path):
+    pytest.importorskip("scipy", reason="the FWI example's L-BFGS-B needs scipy")
+    history, error0, error = load("fwi").main(size=21, shots=3, iterations=4, snapshots=8,
+                                              png=str(tmp_path / "fwi.png"))
+    assert min(history) < 0.2 * history[0] and error < 0.9 * error0

@@ -191,9 +191,9 @@ def test_store_all_keeps_only_the_states_its_reversals_read(make, monkeypatch):
     real_keep = native_loop.NativeLoops.advance_keeping
     keep_all = False
 
-    def keeping(self, trace, prev, steps, keep):
+    def keeping(self, trace, prev, steps, keep, *at):
         kept.append(keep)
-        return real_keep(self, trace, prev, steps, frozenset(self._names) if keep_all else keep)
+        return real_keep(self, trace, prev, steps, frozenset(self._names) if keep_all else keep, *at)
     monkeypatch.setattr(native_loop.NativeLoops, "advance_keeping", keeping)
     tape = gradients(model, initial, sp.StoreAll(STEPS), False, monkeypatch, loss=loss_of)
     native = gradients(model, initial, sp.StoreAll(STEPS), True, monkeypatch, loss=loss_of)
@@ -233,7 +233,7 @@ def test_store_all_records_in_one_native_call_and_reverses_in_one_stretch(schedu
     runs, stretches = [], []
     real_keep, real_run = native_loop.NativeLoops.advance_keeping, native_sweep.NativeSweep.run
     monkeypatch.setattr(native_loop.NativeLoops, "advance_keeping",
-                        lambda self, t, prev, steps, keep: runs.append(steps) or real_keep(self, t, prev, steps, keep))
+                        lambda self, t, prev, steps, keep, *at: runs.append(steps) or real_keep(self, t, prev, steps, keep, *at))
     monkeypatch.setattr(native_sweep.NativeSweep, "run", lambda self, a: stretches.append(a) or real_run(self, a))
     model, initial = make()
     tape = gradients(model, initial, sp.StoreAll(STEPS), False, monkeypatch)
@@ -259,9 +259,9 @@ def test_recomputations_make_one_native_call_per_forward_action_and_no_python_la
     monkeypatch.setattr(trace, "relaunch", lambda kernel, *a, **k: (relaunched.append(kernel),
                                                                     real_relaunch(kernel, *a, **k)))
 
-    def advance(self, trace_, prev, steps):
+    def advance(self, trace_, prev, steps, *at):
         calls.append(steps)
-        return real_advance(self, trace_, prev, steps)
+        return real_advance(self, trace_, prev, steps, *at)
     monkeypatch.setattr(native_loop.NativeLoops, "advance", advance)
     model, initial = chain_model(), chain_initial()
     result = model.gradient(initial, STEPS, loss=loss, schedule=sp.Revolve(STEPS, 3))
@@ -427,30 +427,6 @@ def vec_square_sum(x: V3, out: F32):
 
 
 @sp.kernel
-def blend_row(x: F64, row: F64, y: F64):
-    i = sp.tid()
-    y[i] = 0.7 * x[i] + 0.3 * row[i] * x[i]
-
-
-def test_a_step_reading_a_series_keeps_the_python_path_and_store_alls_bits(monkeypatch):
-    """`s.series.<name>` is a different row every step; the driver does not move those pointers,
-    so such a step is recomputed from Python (still from its trace)."""
-    n = 6
-    model = sp.Model()
-    model.state("x", n, sp.float64)
-    model.series("row", sp.array(np.random.default_rng(2).random((STEPS, n)), dtype=sp.float64))
-
-    @model.step
-    def step(s):
-        sp.launch(blend_row, n, inputs=[s.prev.x, s.series.row], outputs=[s.next.x])
-    initial = {"x": sp.array(np.linspace(0.5, 1.5, n), dtype=sp.float64)}
-    stored = gradients(model, initial, sp.StoreAll(STEPS), True, monkeypatch)
-    result = gradients(model, initial, sp.Revolve(STEPS, 3), True, monkeypatch)
-    assert result.stats.native_steps == 0
-    same_bits(stored, result)
-
-
-@sp.kernel
 def damped_by_product(x: F64, n: int, y: F64):
     i = sp.tid()
     p = sp.float64(1.0)
@@ -547,7 +523,7 @@ def test_a_recording_reversed_at_once_runs_only_the_launches_a_later_one_reads(m
     traces = []
     real = native_reverse.NativeReversal.reverse
     monkeypatch.setattr(native_reverse.NativeReversal, "reverse",
-                        lambda self, trace, prev, carry: traces.append(trace) or real(self, trace, prev, carry))
+                        lambda self, trace, prev, carry, n: traces.append(trace) or real(self, trace, prev, carry, n))
     model, initial = make()
     stored = gradients(model, initial, sp.StoreAll(STEPS), False, monkeypatch)
     python = gradients(model, initial, sp.Revolve(STEPS, 3), False, monkeypatch)
