@@ -19,7 +19,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from compiler import array, clone
+from compiler import array, clone, zeros_like
 from compiler.runtime.tape import RecordedOp, active_tape, caller_location, outside_tapes, settle_for_host
 
 from .errors import ModelError
@@ -217,11 +217,13 @@ def check_call_arrays(who: str, inputs, outputs) -> tuple[list, list]:
 
 
 def record_call(name: str, inputs: list, outputs: list, forward, vjp, check=None) -> None:
-    """Run ``forward([NumPy value of each input]) -> [values of each output]`` and write the outputs;
-    on a recording Tape whose inputs carry gradients, record it with a backward that adds
-    ``vjp([input values], [output cotangents], wanted) -> [cotangent of inputs[i] for i in wanted]``
-    to the inputs' gradients (`wanted`: the float inputs that have one). `check(where)` runs before a
-    recording (a differentiability check that raises naming the user's function and line)."""
+    """Run ``forward(inputs) -> [value of each output]`` and write the outputs; on a recording Tape
+    whose inputs carry gradients, record it with a backward that adds
+    ``vjp(inputs, [cotangent of each output], wanted) -> [cotangent of inputs[i] for i in wanted]``
+    to the inputs' gradients (`wanted`: the float inputs that have one). The framework's functions
+    get stepper arrays and return NumPy arrays or stepper arrays sharing the framework's memory
+    (DLPack, for GPU results). `check(where)` runs before a recording (a differentiability check
+    that raises naming the user's function and line)."""
     settle_for_host()                   # the data leaves for another library (see stepper/trace.py)
     tape = active_tape()
     where = caller_location()
@@ -238,11 +240,9 @@ def record_call(name: str, inputs: list, outputs: list, forward, vjp, check=None
             wanted = [i for i, a in enumerate(inputs) if a.grad is not None and a.dtype.is_float]
             if not wanted:
                 return
-            cotangents = [o.grad.numpy() if o.grad is not None else
-                          np.zeros(o.shape + o.dtype.inner_shape, o.dtype.np_dtype) for o in outputs]
-            grads = vjp([a.numpy() for a in inputs], cotangents, wanted)
-            for i, g in zip(wanted, grads):
-                inputs[i].grad._add_host(np.asarray(g))
+            cotangents = [o.grad if o.grad is not None else zeros_like(o, requires_grad=False) for o in outputs]
+            for i, g in zip(wanted, vjp(inputs, cotangents, wanted)):
+                inputs[i].grad._add_host(g.numpy() if isinstance(g, array) else np.asarray(g))
 
         op.backward = backward
     if tape is not None:
@@ -250,14 +250,19 @@ def record_call(name: str, inputs: list, outputs: list, forward, vjp, check=None
         # cannot be traced, overwrites) name this call; before writing, so a refused overwrite
         # leaves the data untouched.
         tape.record(op)
-    results = list(forward([a.numpy() for a in inputs]))
+    results = list(forward(inputs))
     if len(results) != len(outputs):
         raise ModelError(f"{name} ({where}) returned {len(results)} array(s) for {len(outputs)} output(s); return "
                          f"one array per output, in order")
     for j, (o, value) in enumerate(zip(outputs, results)):
         want = o.shape + o.dtype.inner_shape
-        if np.shape(value) != want or np.asarray(value).dtype != np.dtype(o.dtype.np_dtype):
-            raise ModelError(f"{name} ({where}) returned {np.asarray(value).dtype} of shape {np.shape(value)} for "
-                             f"outputs[{j}], which is {np.dtype(o.dtype.np_dtype)} of shape {want}")
-        o._write_host(value)
+        shape, dtype = (value.shape, np.dtype(value.dtype.np_dtype)) if isinstance(value, array) else \
+            (np.shape(value), np.asarray(value).dtype)
+        if shape != want or dtype != np.dtype(o.dtype.np_dtype):
+            raise ModelError(f"{name} ({where}) returned {dtype} of shape {shape} for outputs[{j}], which is "
+                             f"{np.dtype(o.dtype.np_dtype)} of shape {want}")
+        if isinstance(value, array) and value.device == o.device and o.device != "cpu":
+            write_values(o, value)      # device to device
+        else:
+            o._write_host(value.numpy() if isinstance(value, array) else value)
         o._mark_written()

@@ -209,11 +209,12 @@ def call(fn, inputs, outputs) -> None:
     compiled = _compile(fn)
     name = f"stepper.jax.call({getattr(fn, '__name__', 'fn')})"
 
-    def forward(values):
-        return [np.asarray(r) for r in compiled.forward(*values)]
+    # Through the host: jax.jit takes NumPy arguments (one copy in) and gives results NumPy reads.
+    def forward(arrays):
+        return [np.asarray(r) for r in compiled.forward(*(a.numpy() for a in arrays))]
 
-    def vjp(values, cotangents, wanted):
-        grads = compiled.vjp(tuple(values), tuple(cotangents))
+    def vjp(arrays, cotangents, wanted):
+        grads = compiled.vjp(tuple(a.numpy() for a in arrays), tuple(c.numpy() for c in cotangents))
         return [np.asarray(grads[i]) for i in wanted]
 
     record_call(name, ins, outs, forward, vjp, lambda where: compiled.check(name, where, ins, outs))
