@@ -102,8 +102,9 @@ class RolloutFunction:
         missing = [n for n in self.inputs if n not in given]
         extra = [n for n in given if n not in self.inputs]
         if missing or extra:
-            parts = ([f"missing {', '.join(map(repr, missing))}"] if missing else []) + \
-                    ([f"{', '.join(map(repr, extra))} not in inputs" if extra else ""] if extra else [])
+            parts = [f"missing {', '.join(map(repr, missing))}"] if missing else []
+            if extra:
+                parts.append(f"{', '.join(map(repr, extra))} not in inputs")
             raise ModelError(f"{self.who}: {'; '.join(parts)} (the function takes {', '.join(self.inputs)} by "
                              f"keyword; other states go in initial=, other parameters keep the model's values)")
 

@@ -82,6 +82,9 @@ def test_vjp_of_the_final_state_is_the_gradient_of_the_weighted_sum(chain):
     gx, gk = pull({"x": jnp.asarray(w), "v": jnp.zeros(16)})
     np.testing.assert_array_equal(np.asarray(gx), ref.grads["x"].numpy())
     np.testing.assert_array_equal(np.asarray(gk), ref.grads["k"].numpy())
+    jitted = jax.jit(lambda x, k: jax.grad(lambda x, k: f(x=x, k=k)["x"] @ jnp.asarray(w), argnums=(0, 1))(x, k))
+    for ours, name in zip(jitted(jnp_of(init["x"]), jnp_of(model.params.k)), "xk"):
+        np.testing.assert_array_equal(np.asarray(ours), ref.grads[name].numpy())
 
 
 def test_vmap_runs_one_rollout_per_batch_member(chain):
