@@ -20,6 +20,15 @@ from .step_context import StepContext
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name):
+    # stepper.jax and stepper.torch import their framework: loaded on first use, never by `import stepper`
+    if name in ("jax", "torch"):
+        import importlib
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module 'stepper' has no attribute '{name}'")
+
+
 __all__ = [
     *_compiler_all, *_checkpoint_all,
     "Model", "State", "StateSpec", "StepContext", "Rollout", "RolloutStats", "GradientResult",

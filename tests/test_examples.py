@@ -67,3 +67,13 @@ def test_fwi_recovers_part_of_the_velocity_anomaly(tmp_path):
     history, error0, error = load("fwi").main(size=21, shots=3, iterations=4, snapshots=8,
                                               png=str(tmp_path / "fwi.png"))
     assert min(history) < 0.2 * history[0] and error < 0.9 * error0
+
+
+def test_learned_forcing_trains_a_network_inside_the_step(tmp_path):
+    pytest.importorskip("jax", reason="the example needs jax (in the test extra)")
+    pytest.importorskip("optax", reason="the example needs optax (in the test extra)")
+    losses, error, jax_bytes, ours_bytes, agreement = load("learned_forcing").main(
+        cells=16, steps=120, iterations=6, snapshots=6, png=str(tmp_path / "learned.png"), verbose=False)
+    assert losses[-1] < 0.3 * losses[0]
+    assert agreement < 1e-10                  # our gradient is pure JAX's (different kernels, same maths)
+    assert jax_bytes > 10 * ours_bytes        # every step's activations against Revolve's snapshots
