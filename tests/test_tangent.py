@@ -32,7 +32,7 @@ def _run(kernel, dim, specs, device, shift=None):
     args = [_fresh(s, device) for s in specs]
     for k, delta in (shift or {}).items():
         args[k].assign(args[k].numpy() + delta)
-    sp.launch(kernel, dim, inputs=args)
+    sp.launch(kernel, dim, inputs=args, deterministic=True)
     return args
 
 
@@ -46,7 +46,7 @@ def check_kernel(kernel, dim, specs, device, rng=None, fd_rtol=1e-7):
     args = [_fresh(s, device) for s in specs]
     seeds = {args[k]: sp.array(v[k], dtype=args[k].dtype, device=device) for k in ins}
     with sp.Tangents(seeds) as tan:
-        sp.launch(kernel, dim, inputs=args)
+        sp.launch(kernel, dim, inputs=args, deterministic=True)
     jv = {k: tan[args[k]].numpy().astype(np.float64) for k in outs}
     plain = _run(kernel, dim, specs, device)
     for k in outs:
@@ -67,7 +67,7 @@ def check_kernel(kernel, dim, specs, device, rng=None, fd_rtol=1e-7):
         args[k].requires_grad = True
     tape = sp.Tape()
     with tape:
-        sp.launch(kernel, dim, inputs=args)
+        sp.launch(kernel, dim, inputs=args, deterministic=True)
     tape.backward(grads={args[k]: w[k] for k in outs})
     lhs = sum(float(np.sum(w[k] * jv[k])) for k in outs)
     rhs = sum(float(np.sum(args[k].grad.numpy() * v[k])) for k in ins)

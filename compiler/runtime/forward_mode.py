@@ -48,9 +48,10 @@ class Tangents:
     array without a tangent gives it a new one (zero-filled, from `new(array)` if given, else
     `zeros_like`). Scalar arguments have tangent zero unless passed as `Dual(value, tangent)`."""
 
-    def __init__(self, seeds: dict | None = None, *, new=None):
+    def __init__(self, seeds: dict | None = None, *, new=None, shared_zeros: dict | None = None):
         self._map: dict[int, tuple] = {}          # id(array) -> (array, tangent): keeps both alive
-        self._zeros: dict[tuple, array] = {}      # shared read-only zero tangents
+        # read-only zero tangents, one per (shape, dtype, device); the stepper shares them across steps
+        self._zeros: dict[tuple, array] = {} if shared_zeros is None else shared_zeros
         self._new = new
         self._token = None
         for arr, tangent in (seeds or {}).items():
@@ -96,7 +97,8 @@ class Tangents:
     def _written(self, arr: array) -> array:
         t = self.get(arr)
         if t is None:
-            t = self._new(arr) if self._new is not None else zeros(arr.shape, arr.dtype, arr.device)
+            t = self._new(arr) if self._new is not None else zeros(arr.shape, arr.dtype, arr.device,
+                                                                     requires_grad=arr.requires_grad)
             self._map[id(arr)] = (arr, t)
         return t
 
