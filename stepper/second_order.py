@@ -28,7 +28,7 @@ from compiler.runtime.forward_mode import check_tangent
 from compiler.runtime.tape import outside_tapes
 
 from .errors import ModelError
-from .gradient import GradientResult, GradientStats, start_sweep
+from .gradient import GradientStats, start_sweep
 from .state import State, check_initial
 from .step_context import check_scalar_loss
 
@@ -51,11 +51,11 @@ class HvpResult:
     """``loss`` and ``grads`` (exactly `gradient`'s), ``hvp`` (``{name: array}``: the Hessian of the
     loss times the direction, for every float initial state and parameter), ``stats`` (the
     second-order sweep's `GradientStats`) and ``gradient_stats`` (the gradient run's)."""
-    loss: float
-    grads: dict
+    loss: float | None
+    grads: dict | None
     hvp: dict
     stats: GradientStats
-    gradient_stats: GradientStats
+    gradient_stats: GradientStats | None
 
 
 class TangentModel:
@@ -270,9 +270,10 @@ def jvp(model, initial, steps, tangents=None, loss=None, running_loss=None, *, d
     return JvpResult(primal, {n: final[t] for n, t in tm.names.items() if n in model.states}, value, value_tangent)
 
 
-def hvp(model, initial, steps, direction, loss=None, running_loss=None, schedule=None, storage=None,
-        **options) -> HvpResult:
-    """See `Model.hvp`."""
+def hvp(model, initial, steps, direction, loss=None, running_loss=None, schedule=None, storage=None, *,
+        gradient=True, **options) -> HvpResult:
+    """See `Model.hvp`. ``gradient=False`` skips the plain gradient run (``loss``, ``grads`` and
+    ``gradient_stats`` are then None): Newton-CG asks for many products at one point."""
     if loss is None and running_loss is None:
         raise ModelError("hvp() needs loss= (a function of the final state) and/or running_loss= "
                          "(a function of each step's s)")
@@ -286,11 +287,16 @@ def hvp(model, initial, steps, direction, loss=None, running_loss=None, schedule
         except Exception:
             raise ModelError(f"hvp(schedule=...) runs two sweeps and this {type(schedule).__name__} cannot be "
                              "copied; pass a function steps -> schedule") from None
-    first: GradientResult = model.gradient(initial, steps, loss=loss, schedule=schedule, storage=storage,
-                                           running_loss=running_loss, **options)
+    first = None
+    if gradient:
+        first = model.gradient(initial, steps, loss=loss, schedule=schedule, storage=storage,
+                               running_loss=running_loss, **options)
     second = tm.aug.gradient(tm.aug_initial, steps, loss=tm.loss(loss) if loss is not None else None,
                              schedule=second_schedule, storage=storage,
                              running_loss=tm.running_loss(running_loss) if running_loss is not None else None,
                              **options)
     names = [n for n, s in model.states.items() if s.dtype.is_float] + list(model.params)
-    return HvpResult(first.loss, first.grads, {n: second.grads[n] for n in names}, second.stats, first.stats)
+    hv = {n: second.grads[n] for n in names}
+    if first is None:
+        return HvpResult(None, None, hv, second.stats, None)
+    return HvpResult(first.loss, first.grads, hv, second.stats, first.stats)

@@ -167,3 +167,46 @@ def test_tangents_on_another_device_or_of_another_kind_are_refused(device):
     if device != "cpu":
         with pytest.raises(sp.ModelError, match=r"tangents\['x'\] is on 'cpu' but its array is on 'cuda"):
             model.jvp(initial, 2, tangents={"x": sp.zeros(16, dtype=sp.float64)})
+
+
+# ---- hessp and the second-order Taylor test --------------------------------------------------------
+def test_taylor_test_with_the_hessian_falls_as_h_cubed():
+    from physics_models import final_theta_squared, omega_squared, pendulum_model, wave_energy, wave_model
+    model, initial = wave_model(n=12)
+    result = sp.taylor_test(model, initial, 60, loss=wave_energy, h=1.25e-4, halvings=3, hessian=True)
+    print("\nwave, 60 steps, 12x12:\n" + str(result))
+    assert result.passed and all(2.85 < r < 3.15 for r in result.rates2)
+    model, initial = pendulum_model(n=16)
+    result = sp.taylor_test(model, initial, 100, loss=final_theta_squared, running_loss=omega_squared, h=1e-2,
+                            halvings=4, hessian=True)
+    print("\npendulums, 100 steps, running loss:\n" + str(result))
+    assert result.passed and all(2.85 < r < 3.15 for r in result.rates2)
+
+
+def test_taylor_test_catches_a_wrong_hessian(monkeypatch):
+    from physics_models import final_theta_squared, pendulum_model
+    model, initial = pendulum_model(n=8)
+    right = model.hvp
+
+    def one_percent_off(*args, **kwargs):
+        result = right(*args, **kwargs)
+        for g in result.hvp.values():
+            g.numpy()[...] *= 1.01
+        return result
+    monkeypatch.setattr(model, "hvp", one_percent_off)
+    wrong = sp.taylor_test(model, initial, 50, loss=final_theta_squared, h=1e-2, hessian=True)
+    assert not wrong.passed and abs(wrong.rates2[-1] - 2.0) < 0.15      # second order: the Hessian is off
+
+
+def test_hessp_matches_differences_of_the_gradient_and_drives_newton_cg():
+    from physics_models import final_theta_squared, pendulum_model
+    scipy_optimize = pytest.importorskip("scipy.optimize")
+    model, initial = pendulum_model(n=6)
+    f = sp.value_and_grad(model, initial, 40, loss=final_theta_squared, params=["length", "omega"])
+    p = np.random.default_rng(0).standard_normal(f.x0.size)
+    hp = f.hessp(f.x0, p)
+    eps = 1e-6
+    fd = (f(f.x0 + eps * p)[1] - f(f.x0 - eps * p)[1]) / (2 * eps)
+    np.testing.assert_allclose(hp, fd, rtol=1e-6, atol=1e-6 * np.abs(fd).max())
+    res = scipy_optimize.minimize(f, f.x0, jac=True, hessp=f.hessp, method="Newton-CG", options={"maxiter": 20})
+    assert res.fun < 1e-3 * f(f.x0)[0]
