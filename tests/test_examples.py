@@ -60,3 +60,11 @@ def test_diffusivity_is_recovered_with_scipy_lbfgsb():
     pytest.importorskip("scipy", reason="the L-BFGS-B example needs scipy")
     first, last, error0, error = load("diffusivity_inverse").main(cells=20, steps=150, iterations=40)
     assert last < 1e-3 * first and error < 0.2 * error0
+
+
+def test_diffusivity_with_hessian_vector_products_reaches_lbfgsb_misfit():
+    pytest.importorskip("scipy", reason="the example needs scipy")
+    rows, ratio = load("diffusivity_newton").main(cells=20, steps=150, iterations=40, methods=("trust-ncg",))
+    (_, lbfgs_iters, _, _, _, lbfgs_misfit, _, _), (_, iters, _, hessps, _, misfit, error, _) = rows
+    assert misfit <= lbfgs_misfit and iters < lbfgs_iters and hessps > 0 and error < 0.1
+    assert ratio > 0
