@@ -13,6 +13,7 @@ from .kernel import Kernel, kernel
 from .runtime.launch import LaunchError, launch
 from .runtime.array import (array, clone, copy, empty, empty_like, from_dlpack, full, full_like, ones, ones_like,
                             zeros, zeros_like)
+from .runtime.forward_mode import Dual, Tangents
 from .runtime.tape import Tape
 from .types import (bool_, float32, float64, int32, int64, mat22, mat33, mat44, matrix, vec2, vec3, vec4,
                     vector)
@@ -20,7 +21,7 @@ from .types import (bool_, float32, float64, int32, int64, mat22, mat33, mat44, 
 globals().update(_BUILTINS)
 
 __all__ = [
-    "kernel", "capture", "Graph", "func", "func_grad", "func_replay", "func_native", "adjoint", "launch", "Kernel", "LaunchError", "Tape", "CompileError", "OverwriteError", "autograd",
+    "kernel", "capture", "Graph", "func", "func_grad", "func_replay", "func_native", "adjoint", "launch", "Kernel", "LaunchError", "Tape", "Tangents", "Dual", "CompileError", "OverwriteError", "autograd",
     "array", "zeros", "ones", "full", "empty", "zeros_like", "ones_like", "full_like", "empty_like", "clone", "copy",
     "from_dlpack",
     "float32", "float64", "int32", "int64", "bool_", "vec2", "vec3", "vec4", "mat22", "mat33", "mat44",

@@ -3,7 +3,9 @@
 An adjoint rule receives a builder `b`, the adjoint `g` of the op's result, the result `out` and the
 op's arguments, and adds to the arguments' adjoints with `b.accum(arg, value)`, building values from
 other builtins with `b.op(name, ...)`. Rules are written once for both targets; the reverse sweep is
-plain IR like the forward.
+plain IR like the forward. A tangent rule (forward mode, passes/tangent.py) receives `b`, `out`, the
+arguments and their tangents (None where structurally zero) and returns the result's tangent, or
+None; `b.lin(d, f)` is f(d) or None, `b.plus`/`b.minus` add tangents, `b.dense(d, t)` fills a zero.
 
 The Python-facing objects (`sin`, `dot`, `atomic_add`, ...) are `Builtin` markers: the frontend sees
 them in a kernel's namespace and emits the op; calling them from plain Python is an error.
@@ -26,6 +28,7 @@ class OpDef:
     c_name: str
     adjoint: Callable | None = None
     definition: str | None = None     # C++ source the op needs in its module (native functions)
+    tangent: Callable | None = None   # forward mode; ops with scalar results may derive it from adjoint
 
 
 OPS: dict[str, OpDef] = {}
@@ -41,6 +44,22 @@ def adjoint(*names):
             OPS[n] = replace(OPS[n], adjoint=rule)
         return rule
     return register
+
+
+def tangent(*names):
+    def register(rule):
+        for n in names:
+            OPS[n] = replace(OPS[n], tangent=rule)
+        return rule
+    return register
+
+
+def _bilinear(name):
+    """Products (mul, dot, cross, outer, ...): d(x op y) = dx op y + x op dy."""
+    @tangent(name)
+    def _(b, out, args, d):
+        (x, y), (dx, dy) = args, d
+        return b.plus(b.lin(dx, lambda t: b.op(name, t, y)), b.lin(dy, lambda t: b.op(name, x, t)))
 
 
 # ---- arithmetic -------------------------------------------------------------------------------
@@ -111,6 +130,50 @@ def _(b, g, out, x, y):
         b.accum(y, b.op("neg", b.op("mul", g, b.op("floordiv", x, y))))
 
 
+@tangent("add")
+def _(b, out, args, d):
+    return b.plus(*d)
+
+
+@tangent("sub")
+def _(b, out, args, d):
+    return b.minus(*d)
+
+
+@tangent("neg")
+def _(b, out, args, d):
+    return b.lin(d[0], lambda t: b.op("neg", t))
+
+
+for _n in ("mul", "matmul"):
+    _bilinear(_n)
+
+
+@tangent("div")
+def _(b, out, args, d):
+    (x, y), (dx, dy) = args, d
+    return b.minus(b.lin(dx, lambda t: b.op("div", t, y)), b.lin(dy, lambda t: b.op("div", b.op("mul", out, t), y)))
+
+
+@tangent("mod")
+def _(b, out, args, d):
+    (x, y), (dx, dy) = args, d
+    return b.minus(dx, b.lin(dy, lambda t: b.op("mul", b.op("floordiv", x, y), t)))
+
+
+@tangent("pow")
+def _(b, out, args, d):
+    (x, y), (dx, dy) = args, d
+    one = b.const(1, y.type)
+    by_x = b.lin(dx, lambda t: b.op("mul", t, b.op("mul", y, b.op("pow", x, b.op("sub", y, one)))))
+
+    def by_y(t):
+        positive = b.op("gt", x, b.const(0, x.type))
+        safe_x = b.op("where", positive, x, b.const(1, x.type))
+        return b.op("where", positive, b.op("mul", t, b.op("mul", out, b.op("log", safe_x))), b.const(0, y.type))
+    return b.plus(by_x, b.lin(dy, by_y))
+
+
 @adjoint("pow")
 def _(b, g, out, x, y):
     one = b.const(1, y.type)
@@ -150,6 +213,10 @@ def _unary(name, derivative):
     def _(b, g, out, x):
         b.accum(x, b.op("mul", g, derivative(b, out, x)))
 
+    @tangent(name)
+    def _(b, out, args, d):
+        return b.lin(d[0], lambda t: b.op("mul", t, derivative(b, out, args[0])))
+
 
 _unary("sin", lambda b, out, x: b.op("cos", x))
 _unary("cos", lambda b, out, x: b.op("neg", b.op("sin", x)))
@@ -171,6 +238,19 @@ _unary("atan", lambda b, out, x: b.op("div", b.const(1, x.type), b.op("add", b.c
 def _(b, g, out, x):
     if scalar_is_float(x):
         b.accum(x, b.op("cw_mul", g, b.op("sign", x)))        # cw_mul: abs() also takes vectors
+
+
+@tangent("abs")
+def _(b, out, args, d):
+    return b.lin(d[0], lambda t: b.op("cw_mul", t, b.op("sign", args[0])))
+
+
+@tangent("atan2")
+def _(b, out, args, d):
+    (y, x), (dy, dx) = args, d
+    r2 = b.op("add", b.op("mul", x, x), b.op("mul", y, y))
+    return b.minus(b.lin(dy, lambda t: b.op("div", b.op("mul", t, x), r2)),
+                   b.lin(dx, lambda t: b.op("div", b.op("mul", t, y), r2)))
 
 
 @adjoint("atan2")
@@ -197,6 +277,13 @@ def _min_max(name, first_wins):
         b.accum(x, _pick(b, first, g))
         b.accum(y, _pick(b, b.op("not", first), g))
 
+    @tangent(name)
+    def _(b, out, args, d):
+        (x, y), (dx, dy) = args, [b.dense(t, a.type) for t, a in zip(d, args)]
+        if not isinstance(x.type, ScalarType):
+            return b.op("add", b.op("pick_" + first_wins, x, y, dx), b.op("sub", dy, b.op("pick_" + first_wins, x, y, dy)))
+        return b.op("where", b.op(first_wins, x, y), dx, dy)
+
 
 defop("pick_le", tr.same_shape_elementwise)      # adjoint helpers: g where a <= b (a >= b), else 0
 defop("pick_ge", tr.same_shape_elementwise)
@@ -221,6 +308,18 @@ def _(b, g, out, x, lo, hi):
     b.accum(hi, _pick(b, b.op("gt", x, hi), g))
 
 
+@tangent("clamp")
+def _(b, out, args, d):
+    (x, lo, hi), (dx, dlo, dhi) = args, [b.dense(t, a.type) for t, a in zip(d, args)]
+    if not isinstance(x.type, ScalarType):
+        m = b.op("max", x, lo)
+        dm = b.op("add", b.op("pick_ge", x, lo, dx), b.op("sub", dlo, b.op("pick_ge", x, lo, dlo)))
+        return b.op("add", b.op("pick_le", m, hi, dm), b.op("sub", dhi, b.op("pick_le", m, hi, dhi)))
+    inside = b.op("and", b.op("ge", x, lo), b.op("le", x, hi))
+    above = b.op("where", b.op("gt", x, hi), dhi, b.const(0, x.type))
+    return b.op("where", inside, dx, b.op("where", b.op("lt", x, lo), dlo, above))
+
+
 def _where_typing(name, types, weaks):
     c, x, y = types
     if c != bool_ and not (isinstance(c, ScalarType) and c.is_int):
@@ -239,6 +338,11 @@ def _(b, g, out, c, x, y):
     b.accum(y, b.op("where", c, zero, g))
 
 
+@tangent("where")
+def _(b, out, args, d):
+    return b.op("where", args[0], b.dense(d[1], args[1].type), b.dense(d[2], args[2].type))
+
+
 # ---- casts and constructors ---------------------------------------------------------------------
 def _cast_typing(target, name, types, weaks):
     return list(types), target
@@ -248,13 +352,20 @@ def cast_op(target) -> str:
     """The op name that casts to `target` (a scalar type)."""
     name = f"cast_{target.name}"
     if name not in OPS:
-        OPS[name] = OpDef(name, partial(_cast_typing, target, name), f"cast<{target.ctype}>", _cast_adjoint)
+        OPS[name] = OpDef(name, partial(_cast_typing, target, name), f"cast<{target.ctype}>", _cast_adjoint,
+                          tangent=_cast_tangent)
     return name
 
 
 def _cast_adjoint(b, g, out, x):
     if scalar_is_float(x) and tr.scalar_of(out.type).is_float:
         b.accum(x, b.op(cast_op(x.type), g))
+
+
+def _cast_tangent(b, out, args, d):
+    if scalar_is_float(args[0]) and tr.scalar_of(out.type).is_float:
+        return b.lin(d[0], lambda t: b.op(cast_op(out.type), t))
+    return None
 
 
 def _construct_typing(target, name, types, weaks):
@@ -282,7 +393,7 @@ def construct_op(target) -> str:
     name = f"make_{target.name}"
     if name not in OPS:
         OPS[name] = OpDef(name, partial(_construct_typing, target, name), f"construct<{target.ctype}>",
-                          _construct_adjoint)
+                          _construct_adjoint, tangent=_construct_tangent)
     return name
 
 
@@ -298,6 +409,10 @@ def _construct_adjoint(b, g, out, *args):
             b.accum(a, b.op("extract", g, b.const(k, tr.int32)))
         else:
             b.accum(a, b.op("extract", g, b.const(k // t.cols, tr.int32), b.const(k % t.cols, tr.int32)))
+
+
+def _construct_tangent(b, out, args, d):
+    return b.op(construct_op(out.type), *(b.dense(t, a.type) for t, a in zip(d, args)))
 
 
 # ---- vectors and matrices ----------------------------------------------------------------------
@@ -320,6 +435,51 @@ defop("transpose", lambda n, t, w: ([t[0]], MatrixType(t[0].cols, t[0].rows, t[0
 defop("determinant", partial(tr.square_matrix, result=_scalar_result))
 defop("inverse", partial(tr.square_matrix, result=lambda m: m, sizes=(2, 3)))
 defop("cofactor", partial(tr.square_matrix, result=lambda m: m, sizes=(2, 3, 4)))
+
+
+for _n in ("dot", "inner", "cross", "outer", "cw_mul"):
+    _bilinear(_n)
+
+
+@tangent("length")
+def _(b, out, args, d):
+    nonzero = b.op("gt", out, b.const(0, out.type))
+    return b.op("where", nonzero, b.op("div", b.op("dot", args[0], d[0]), out), b.const(0, out.type))
+
+
+@tangent("length_sq")
+def _(b, out, args, d):
+    return b.op("mul", b.const(2, out.type), b.op("dot", args[0], d[0]))
+
+
+@tangent("normalize")
+def _(b, out, args, d):
+    length = b.op("length", args[0])
+    nonzero = b.op("gt", length, b.const(0, length.type))
+    inv = b.op("where", nonzero, b.op("div", b.const(1, length.type), length), b.const(0, length.type))
+    return b.op("mul", b.op("sub", d[0], b.op("mul", out, b.op("dot", out, d[0]))), inv)
+
+
+@tangent("cw_div")
+def _(b, out, args, d):
+    (x, y), (dx, dy) = args, d
+    return b.minus(b.lin(dx, lambda t: b.op("cw_div", t, y)),
+                   b.lin(dy, lambda t: b.op("cw_div", b.op("cw_mul", out, t), y)))
+
+
+@tangent("sum", "transpose")
+def _(b, out, args, d):
+    return b.op("sum" if isinstance(out.type, ScalarType) else "transpose", d[0])
+
+
+@tangent("determinant")
+def _(b, out, args, d):
+    return b.op("inner", b.op("cofactor", args[0]), d[0])
+
+
+@tangent("inverse")
+def _(b, out, args, d):
+    return b.op("neg", b.op("matmul", out, b.op("matmul", d[0], out)))
 
 
 @adjoint("dot", "inner")
@@ -428,6 +588,17 @@ defop("insert", _insert_typing)
 @adjoint("extract")
 def _(b, g, out, x, *idx):
     b.accum(x, b.op("insert", b.const(0, x.type), *idx, g))
+
+
+@tangent("extract")
+def _(b, out, args, d):
+    return b.op("extract", d[0], *args[1:])
+
+
+@tangent("insert")
+def _(b, out, args, d):
+    x, *idx, v = args
+    return b.op("insert", b.dense(d[0], x.type), *idx, b.dense(d[-1], v.type))
 
 
 @adjoint("insert")

@@ -8,12 +8,14 @@ on disk by content hash (backends.cpu_build), so a second process loads without 
 from __future__ import annotations
 
 import ctypes
+import linecache
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import ir
 from .backends import build_cpu_library, load_cpu_library
 from .codegen.targets import render_cpu, render_cuda
+from .errors import CompileError
 from .frontend import Frontend
 from .frontend.calls import namespace_of
 from .passes import write_once
@@ -22,6 +24,7 @@ from .passes.dce import eliminate_dead_code
 from .passes.gather import GatherAdjoint, gather_adjoint
 from .passes.identity_stores import IdentityStores, identity_stores
 from .passes.interior import Interior, interior_variant
+from .passes.tangent import TangentUnsupported, tangent_function
 from .passes.verify import verify
 from .types import ArrayType
 
@@ -137,7 +140,7 @@ class Kernel:
 
     def compiled(self) -> Compiled:
         if self._compiled is None:
-            forward = Frontend(self.fn.__name__).kernel(self.fn, namespace_of(self.fn))
+            forward = self._forward_ir()
             forward = ir.Function(self.c_name, forward.params, forward.body, forward.loc, forward.tid_ndim)
             verify(forward)
             adjoint, error = None, None
@@ -168,6 +171,17 @@ class Kernel:
             self._compiled = Compiled(forward, adjoint, error, uses, needs_tape, gather, interior, identity)
         return self._compiled
 
+    def _forward_ir(self) -> ir.Function:
+        return Frontend(self.fn.__name__).kernel(self.fn, namespace_of(self.fn))
+
+    def tangent(self) -> "Kernel":
+        """The forward-mode kernel of this one (`TangentKernel`), made on first use."""
+        if self.__dict__.get("_tangent") is None:
+            name = self.module.name + ":tangent"
+            self._tangent = TangentKernel(self, _MODULES.setdefault(name, KernelModule(name)))
+            self._tangent.module.add(self._tangent)
+        return self._tangent
+
     @property
     def c_name(self) -> str:
         return f"k{self.module.index_of(self)}_{self.fn.__name__}"
@@ -185,6 +199,28 @@ class Kernel:
 
     def __repr__(self) -> str:
         return f"<kernel {self.fn.__module__}.{self.__qualname__}>"
+
+
+class TangentKernel(Kernel):
+    """The tangent (forward mode) of a kernel: its parameters, then a tangent for each float one
+    (passes/tangent.py); a kernel like any other, with an adjoint of its own (reverse over forward)."""
+
+    def __init__(self, base: Kernel, module: "KernelModule"):
+        super().__init__(base.fn, module)
+        self.base = base
+        self.__name__ = base.__name__ + "_tangent"
+
+    def _forward_ir(self) -> ir.Function:
+        try:
+            return tangent_function(self.base.compiled().forward)
+        except TangentUnsupported as e:
+            line = linecache.getline(e.loc.filename, e.loc.lineno).rstrip("\n")
+            raise CompileError(f"kernel '{self.base.__name__}' has no tangent: {e}", e.loc.filename,
+                               e.loc.lineno, e.loc.col, line) from None
+
+    @property
+    def c_name(self) -> str:
+        return f"k{self.module.index_of(self)}_{self.fn.__name__}_tangent"
 
 
 @dataclass

@@ -14,6 +14,7 @@ from .gradient import GradientResult, GradientStats
 from .model import Model
 from .optimize import TaylorResult, taylor_test, value_and_grad
 from .rollout import Rollout, RolloutStats
+from .second_order import HvpResult, JvpResult
 from .snapshots import TierStats
 from .state import State, StateSpec
 from .step_context import StepContext
@@ -32,5 +33,5 @@ def __getattr__(name):
 __all__ = [
     *_compiler_all, *_checkpoint_all,
     "Model", "State", "StateSpec", "StepContext", "Rollout", "RolloutStats", "GradientResult",
-    "GradientStats", "TierStats", "ModelError", "NonFiniteError", "value_and_grad", "taylor_test", "TaylorResult",
+    "GradientStats", "JvpResult", "HvpResult", "TierStats", "ModelError", "NonFiniteError", "value_and_grad", "taylor_test", "TaylorResult",
 ]

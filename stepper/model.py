@@ -162,6 +162,27 @@ class Model:
         ``.final`` and ``.stats`` (`GradientStats`)."""
         return _gradient.gradient(self, initial, steps, loss, schedule, storage, **options)
 
+    def jvp(self, initial, steps: int, tangents=None, loss=None, running_loss=None, **options):
+        """One sweep with the tangent carried beside the state (forward mode; nothing stored):
+        ``tangents={name: array}`` names initial states and parameters (the others have tangent
+        zero). Returns a `JvpResult`: ``.final`` (State), ``.tangents[name]`` (the final state's
+        tangent: d final / d(initial, params) . tangents), ``.loss`` and ``.loss_tangent`` (terminal
+        + running loss and its directional derivative; None without a loss). Options
+        ``deterministic`` (default True), ``check_finite``, ``progress``."""
+        from .second_order import jvp
+        return jvp(self, initial, steps, tangents, loss, running_loss, **options)
+
+    def hvp(self, initial, steps: int, direction, loss=None, running_loss=None, schedule=None, storage=None,
+            **options):
+        """The Hessian of the loss times ``direction={name: array}`` (initial states and parameters;
+        the others zero), reversed through the same schedules and storage as `gradient` (reverse over
+        forward: the gradient of the loss's tangent). Returns an `HvpResult`: ``.loss`` and
+        ``.grads`` (those of `gradient`, bit for bit), ``.hvp[name]`` for every float initial state
+        and parameter, ``.stats`` (the second-order sweep) and ``.gradient_stats``. A schedule object
+        is copied for the second sweep; options as for `gradient`."""
+        from .second_order import hvp
+        return hvp(self, initial, steps, direction, loss, running_loss, schedule, storage, **options)
+
     def evaluate(self, initial, steps: int | None = None, loss=None, *, running_loss=None, **options) -> float:
         """The loss of a rollout of `steps` steps from `initial`, as a Python float, without its
         gradient and without recording anything: the same steps, kernels and order as `gradient`,

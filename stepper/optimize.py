@@ -5,7 +5,8 @@
   ``scipy.optimize.minimize(f, f.x0, jac=True, method="L-BFGS-B")``.
 - `taylor_test`: the standard check of adjoint codes. For a direction dm and shrinking h, the
   remainders |J(m + h dm) - J(m)| and |J(m + h dm) - J(m) - h dJ.dm| must fall as h and h^2; the
-  convergence rates (log2 of the ratio of successive remainders, h halving) are reported.
+  convergence rates (log2 of the ratio of successive remainders, h halving) are reported; with
+  ``hessian=True`` the second-order remainder (through `Model.hvp`) must fall as h^3.
 """
 from __future__ import annotations
 
@@ -65,6 +66,14 @@ class _Variables:
                 initial[name] = array(value, dtype=self.model.states[name].dtype)
         return initial
 
+    def arrays(self, flat) -> dict:
+        """A flat vector as ``{name: array}`` of each name's dtype on the model's device."""
+        out = {}
+        for name, value in self.split(flat).items():
+            dtype = self.model.params[name].dtype if name in self.model.params else self.model.states[name].dtype
+            out[name] = array(value, dtype=dtype, device=self.model.device)
+        return out
+
     def flat(self, grads) -> np.ndarray:
         return np.concatenate([np.asarray(grads[n].numpy(), np.float64).ravel() for n in self.names])
 
@@ -74,12 +83,15 @@ def value_and_grad(model, initial, steps, *, loss=None, running_loss=None, param
     """``f(theta) -> (loss, gradient)``: `theta` is the flat float64 vector of the arrays named in
     `params` (parameters and/or initial states; default: all of them), in that order. Each call
     sets the parameters to `theta` (in place), runs `Model.gradient` and returns the loss as a float
-    and the gradient as a float64 vector. ``f.x0`` is the starting vector (today's values),
+    and the gradient as a float64 vector. ``f.hessp(theta, p)`` is the Hessian at `theta` times
+    the vector `p` (`Model.hvp`: one second-order sweep, about twice a gradient), for scipy's
+    ``Newton-CG``, ``trust-ncg`` and ``trust-krylov``. ``f.x0`` is the starting vector (today's values),
     ``f.split(theta)`` gives ``{name: ndarray}``. `schedule`: a function ``steps -> schedule`` (a
     schedule runs once; the default is Revolve). Example::
 
         f = stepper.value_and_grad(model, initial, 500, loss=misfit, params=["kappa"])
         res = scipy.optimize.minimize(f, f.x0, jac=True, method="L-BFGS-B")
+        res = scipy.optimize.minimize(f, f.x0, jac=True, hessp=f.hessp, method="Newton-CG")
     """
     if schedule is not None and hasattr(schedule, "__iter__"):
         raise ModelError("value_and_grad(schedule=...) runs many gradients and a schedule runs once; pass a "
@@ -91,6 +103,13 @@ def value_and_grad(model, initial, steps, *, loss=None, running_loss=None, param
         result = model.gradient(start, steps, loss=loss, running_loss=running_loss, schedule=schedule, **options)
         return float(result.loss), variables.flat(result.grads)
 
+    def hessp(theta, p):
+        start = variables.apply(theta)
+        result = model.hvp(start, steps, variables.arrays(p), loss=loss, running_loss=running_loss,
+                           schedule=schedule, gradient=False, **options)
+        return variables.flat(result.hvp)
+
+    f.hessp = hessp
     f.x0 = variables.x0
     f.split = variables.split
     f.names = tuple(variables.names)
@@ -102,29 +121,41 @@ class TaylorResult:
     """``h``: the step sizes; ``remainders0``: |J(m+h dm) - J(m)| (falls as h);
     ``remainders1``: |J(m+h dm) - J(m) - h dJ.dm| (falls as h^2 if the gradient is right);
     ``rates0``/``rates1``: their convergence rates between successive h; ``passed``: every
-    ``rates1`` above ``min_rate``, or the remainders at rounding level (exact for linear losses)."""
+    ``rates1`` above ``min_rate``, or the remainders at rounding level (exact for linear losses).
+    With ``hessian=True`` also ``remainders2``: |J(m+h dm) - J(m) - h dJ.dm - h^2/2 dm.H.dm|
+    (falls as h^3 if the Hessian-vector product is right) and ``rates2``, which must be above
+    ``min_rate + 1`` too."""
     h: list
     remainders0: list
     remainders1: list
     rates0: list
     rates1: list
     passed: bool
+    remainders2: list | None = None
+    rates2: list | None = None
 
     def __str__(self) -> str:
-        rows = [f"{'h':>10} {'|J(m+h dm)-J(m)|':>18} {'rate':>6} {'|... - h dJ.dm|':>16} {'rate':>6}"]
+        second = self.remainders2 is not None
+        rows = [f"{'h':>10} {'|J(m+h dm)-J(m)|':>18} {'rate':>6} {'|... - h dJ.dm|':>16} {'rate':>6}"
+                + (f" {'|... - h^2/2 dm.H.dm|':>22} {'rate':>6}" if second else "")]
         for k, h in enumerate(self.h):
             r0 = f"{self.rates0[k - 1]:6.3f}" if k else " " * 6
             r1 = f"{self.rates1[k - 1]:6.3f}" if k else " " * 6
-            rows.append(f"{h:10.3e} {self.remainders0[k]:18.6e} {r0} {self.remainders1[k]:16.6e} {r1}")
+            row = f"{h:10.3e} {self.remainders0[k]:18.6e} {r0} {self.remainders1[k]:16.6e} {r1}"
+            if second:
+                r2 = f"{self.rates2[k - 1]:6.3f}" if k else " " * 6
+                row += f" {self.remainders2[k]:22.6e} {r2}"
+            rows.append(row)
         return "\n".join(rows)
 
 
 def taylor_test(model, initial, steps, *, loss=None, running_loss=None, params=None, direction=None,
-                h=1e-2, halvings=4, seed=0, min_rate=1.9, **options) -> TaylorResult:
+                h=1e-2, halvings=4, seed=0, min_rate=1.9, hessian=False, **options) -> TaylorResult:
     """Taylor-remainder test of `Model.gradient` on the whole model. `params`: names of parameters
     and/or initial states to perturb (default: all); `direction`: a flat vector (default: random,
     scaled like the values, seeded by `seed`); `h` the first step, halved `halvings` times. The
-    parameters are restored afterwards. Check ``result.passed``; print ``result`` for the table."""
+    parameters are restored afterwards. ``hessian=True`` also tests `Model.hvp` (the second-order
+    remainder, which falls as h^3). Check ``result.passed``; print ``result`` for the table."""
     variables = _Variables(model, initial, params)
     m = variables.x0
     if direction is None:
@@ -138,7 +169,10 @@ def taylor_test(model, initial, steps, *, loss=None, running_loss=None, params=N
     try:
         result = model.gradient(variables.apply(m), steps, **run)
         j0, dj = float(result.loss), float(variables.flat(result.grads) @ direction)
-        hs, r0, r1 = [], [], []
+        if hessian:
+            second = model.hvp(variables.apply(m), steps, variables.arrays(direction), gradient=False, **run)
+            d2j = float(variables.flat(second.hvp) @ direction)
+        hs, r0, r1, r2 = [], [], [], []
         for k in range(halvings + 1):
             hk = h / 2 ** k
             j = model.evaluate(variables.apply(m + hk * direction), steps, loss=loss, running_loss=running_loss,
@@ -146,13 +180,19 @@ def taylor_test(model, initial, steps, *, loss=None, running_loss=None, params=N
             hs.append(hk)
             r0.append(abs(j - j0))
             r1.append(abs(j - j0 - hk * dj))
+            if hessian:
+                r2.append(abs(j - j0 - hk * dj - 0.5 * hk * hk * d2j))
     finally:
         variables.apply(m)                   # the parameters as they were
     rates0 = [_rate(a, b) for a, b in zip(r0, r0[1:])]
     rates1 = [_rate(a, b) for a, b in zip(r1, r1[1:])]
     floor = 64 * np.finfo(np.float64).eps * max(abs(j0), 1e-300)
     passed = all(r >= min_rate or small <= floor for r, small in zip(rates1, r1[1:]))
-    return TaylorResult(hs, r0, r1, rates0, rates1, passed)
+    if not hessian:
+        return TaylorResult(hs, r0, r1, rates0, rates1, passed)
+    rates2 = [_rate(a, b) for a, b in zip(r2, r2[1:])]
+    passed = passed and all(r >= min_rate + 1 or small <= floor for r, small in zip(rates2, r2[1:]))
+    return TaylorResult(hs, r0, r1, rates0, rates1, passed, r2, rates2)
 
 
 def _rate(a, b) -> float:

@@ -19,6 +19,7 @@ from ..kernel import Kernel
 from ..passes.bounds import check_extents, tid_indexed
 from ..types import ArrayType, ScalarType, VectorType
 from .array import array
+from .forward_mode import active_tangents
 from .graph import CapturedLaunch, capturing
 from .tape import RecordedOp, active_tape, caller_location, settle, untaped_deterministic, zero_fresh
 
@@ -220,6 +221,10 @@ def launch(kernel: Kernel, dim, inputs=(), outputs=(), device=None, debug: bool 
     `deterministic=True` runs the threads serially in index order, so float atomics accumulate in the
     same order every run; by default it follows the recording Tape's `deterministic` setting.
     """
+    forward_mode = active_tangents()
+    if forward_mode is not None:            # inside `Tangents`: the tangent kernel runs instead
+        forward_mode.launch(kernel, dim, inputs, outputs, device, debug, deterministic)
+        return
     _launch(kernel, dim, inputs, outputs, device, debug, deterministic, None)
 
 
@@ -235,6 +240,10 @@ def launch_in_parts(kernel: Kernel, dim, inputs=(), outputs=(), *, first_rows: t
     the kernel's tid() unpacks, one inside capture(), or a CPU launch that a Tape holds for later
     (a recorded step whose outputs nothing reads: the stepper drops it unrun, see
     Tape.defer_launches) runs whole after `between()` instead; returns whether it ran in parts."""
+    if active_tangents() is not None:       # forward mode: the tangent kernel, whole
+        between()
+        launch(kernel, dim, inputs, outputs, deterministic=deterministic)
+        return False
     sig = _signature(kernel)
     dims = _dims(kernel, dim, sig.tid_ndim)
     a, b = first_rows
