@@ -12,7 +12,6 @@ import numpy as np
 
 from .. import ir
 from ..builtins import OPS
-from ..passes.adjoint import is_reverse_mark
 from ..types import ArrayType, MatrixType, ScalarType, VectorType
 
 ARRAY_SLOT = 72          # bytes of one array argument: data pointer, shape[4], strides[4]
@@ -106,9 +105,6 @@ class FunctionEmitter:
 
     def block(self, stmts):
         for s in stmts:
-            if is_reverse_mark(s):
-                self.line("if (tp.count_only) return;")
-                continue
             self.at(s.loc)
             getattr(self, "s_" + type(s).__name__)(s)
 
@@ -222,6 +218,9 @@ class FunctionEmitter:
         self.line(f"for ({i} = {self.x(s.count)} - 1; {i} >= 0; --{i}) {{")
         self.nested(s.body)
         self.line("}")
+
+    def s_ReverseMark(self, s):
+        self.line("if (tp.count_only) return;")
 
     def s_Push(self, s):
         for v in s.values:
