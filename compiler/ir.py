@@ -211,6 +211,14 @@ class Pop:
 
 
 @dataclass(frozen=True)
+class ReverseMark:
+    """Adjoint functions only: where the replay ends and the reverse sweep begins. A counting launch
+    (which measures the loop tape) stops here. A statement type of its own, so that every pass that
+    rebuilds a body keeps it for what it is."""
+    loc: Loc
+
+
+@dataclass(frozen=True)
 class AccumGrad:
     """Adjoint functions only: `adj_array[indices] += value` (no-op without a grad). Atomic unless the
     launch is serial, or `exclusive`: no other thread of the launch touches that element.
@@ -258,7 +266,7 @@ class CustomReplay:
 
 
 Stmt = Union[CustomAdjoint, CustomReplay, Op, ReadVar, Assign, ReadParam, ThreadIndex, ArrayDim, Load, Store, Atomic, Print, If, Loop,
-             ReverseLoop, Push, Pop, AccumGrad, ReadGrad]
+             ReverseLoop, Push, Pop, ReverseMark, AccumGrad, ReadGrad]
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from ..codegen.targets import ADD_CHUNK, ADD_SLOT_SIZE, CUDA_BLOCK_SIZE, LAUNCH_
 from ..errors import raise_if_out_of_bounds
 from ..runtime.cuda_array import DeviceBuffer
 from ..runtime.device import get_device
-from . import cuda_driver
+from . import cuda_driver, grads_variants
 from .cuda_module import cuda_module
 
 BLOCKS_PER_SM = 32       # enough resident blocks to hide latency; the grid-stride loop does the rest
@@ -176,15 +176,20 @@ def _tape_memory(ordinal: int, nbytes: int, kernel, compiled, capacity: int, n: 
 
 
 def adjoint(kernel, compiled, function, buffer: bytes, adj_buffer: bytes, n: int, debug: bool, serial: int,
-            device: str, add_slots: int = 0) -> None:
+            device: str, add_slots: int = 0, grads: int | None = None) -> None:
     """Run the adjoint entry `function` (the adjoint or its gather form) of `kernel`: gradients
-    accumulate into the arrays in `adj_buffer`. `serial` and `add_slots` as for `forward`."""
+    accumulate into the arrays in `adj_buffer`. `serial` and `add_slots` as for `forward`; `grads`:
+    the gradient mask of the gather form's specialised entry to run instead (except in debug mode,
+    whose checks the module's entries make; see grads_variants.py)."""
     dev = get_device(device)
     cuda_driver.primary_context(dev.ordinal)
     loaded = cuda_module(kernel.module, debug, dev)
     if n == 0:
         return
-    fn = loaded.function(function.name, adjoint=True)
+    if grads is not None and not debug:
+        fn = grads_variants.cuda_function(kernel, compiled, grads, dev)
+    else:
+        fn = loaded.function(function.name, adjoint=True)
     grid, block = _grid(n, serial, dev.ordinal)
     args, adj = _by_value(buffer), _by_value(adj_buffer)
     tape, capacity = 0, 0

@@ -12,7 +12,6 @@ import numpy as np
 
 from .. import ir
 from ..builtins import OPS
-from ..passes.adjoint import is_reverse_mark
 from ..types import ArrayType, MatrixType, ScalarType, VectorType
 
 ARRAY_SLOT = 72          # bytes of one array argument: data pointer, shape[4], strides[4]
@@ -106,9 +105,6 @@ class FunctionEmitter:
 
     def block(self, stmts):
         for s in stmts:
-            if is_reverse_mark(s):
-                self.line("if (tp.count_only) return;")
-                continue
             self.at(s.loc)
             getattr(self, "s_" + type(s).__name__)(s)
 
@@ -173,16 +169,19 @@ class FunctionEmitter:
     def s_AccumGrad(self, s):
         idx = ", ".join(self.x(i) for i in s.indices)
         grad = "adj_" + s.array.param.name
+        has = f"sp::has_grad<KNOWN, HAS, {s.array.param.index}>({grad})" if s.array.param.index < 64 else f"{grad}.data"
         if s.fresh_bit is not None:
-            self.line(f"if (GRADS || {grad}.data) sp::gather_grad(sp::address({grad}, {idx}), {self.x(s.value)}, "
+            self.line(f"if ({has}) sp::gather_grad(sp::address({grad}, {idx}), {self.x(s.value)}, "
                       f"(tp.fresh >> {s.fresh_bit}) & 1);")
             return
         serial = "1" if s.exclusive else "tp.serial"
-        self.line(f"if (GRADS || {grad}.data) sp::accum_grad(sp::address({grad}, {idx}), {self.x(s.value)}, {serial}, L);")
+        self.line(f"if ({has}) sp::accum_grad(sp::address({grad}, {idx}), {self.x(s.value)}, {serial}, L);")
 
     def s_ReadGrad(self, s):
         idx = ", ".join(self.x(i) for i in s.indices)
-        self.line(f"{s.out.name} = sp::read_grad<GRADS>(adj_{s.array.param.name}, {idx});")
+        k = s.array.param.index
+        known = "KNOWN, HAS" if k < 64 else "0, 0"
+        self.line(f"{s.out.name} = sp::read_grad<{known}, {min(k, 63)}>(adj_{s.array.param.name}, {idx});")
 
     def s_Print(self, s):
         values = [v for a in s.args for v in _printf(self.x(a), a.type)[1]]
@@ -222,6 +221,9 @@ class FunctionEmitter:
         self.line(f"for ({i} = {self.x(s.count)} - 1; {i} >= 0; --{i}) {{")
         self.nested(s.body)
         self.line("}")
+
+    def s_ReverseMark(self, s):
+        self.line("if (tp.count_only) return;")
 
     def s_Push(self, s):
         for v in s.values:

@@ -437,11 +437,17 @@ template <int R, int C, typename T> SP_FUNC mat_t<R, C, T> atomic_add_at(mat_t<R
     mat_t<R, C, T> old; for (int i = 0; i < R; ++i) old[i] = atomic_add_at(&p->r[i], v[i], L); return old; }
 template <typename T> SP_FUNC T atomic_sub_at(T* p, const T& v, const launch_t& L) { return atomic_add_at(p, neg(v), L); }
 
-// Gradient arrays may be absent (data == nullptr) for arguments that do not require grad.
-// GRADS: the launcher passed a gradient for every array, so no access needs the null check (the
-// branch-free instantiation is the one whose thread loop can vectorise).
-template <bool GRADS, typename T, typename... I> SP_FUNC T read_grad(const array_t<T>& a, I... idx) {
-    return (GRADS || a.data) ? *address(a, idx...) : T(); }
+// Gradient arrays may be absent (data == nullptr) for arguments that do not require grad. An adjoint
+// body is a template on two masks over its parameters: bit K of KNOWN says whether parameter K's
+// gradient is settled at compile time, present (bit K of HAS) or absent; an unsettled one is tested
+// at run time. A settled body has no null tests (its thread loop can vectorise) and an absent
+// gradient's accumulations are dead code.
+constexpr uint64_t ALL_GRADS = ~uint64_t(0);
+template <uint64_t KNOWN, uint64_t HAS, int K, typename T> SP_FUNC bool has_grad(const array_t<T>& a) {
+    return ((KNOWN >> K) & 1) ? bool((HAS >> K) & 1) : a.data != nullptr; }
+template <uint64_t KNOWN, uint64_t HAS, int K, typename T, typename... I> SP_FUNC T read_grad(const array_t<T>& a,
+                                                                                             I... idx) {
+    return has_grad<KNOWN, HAS, K>(a) ? *address(a, idx...) : T(); }
 
 // ---- the per-thread tape of the dynamic-loop adjoint ---------------------------------------------
 // Word w of thread t lives at base[w * stride + t]: consecutive threads touch consecutive words.

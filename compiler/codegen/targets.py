@@ -21,11 +21,12 @@ maximum words per thread).
 """
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass
 
 from .. import ir
 from ..builtins import OPS
-from ..types import ArrayType
 from .emit import FunctionEmitter, arg_offsets, slot_size
 
 LAUNCH_HEADER_SIZE = 72      # sizeof(launch_t): n, dim[4], first, end, adds, add_slots
@@ -68,15 +69,21 @@ extern "C" __global__ void sp_apply_adds(const int64_t* counts, int64_t chunks, 
 }
 """
 
-# Below this many threads a launch runs on one thread: OpenMP's fork/join costs more than the work.
-# For a kernel whose threads each do a fixed, small amount of work (no loops, no user snippets) the
-# bar is higher: measured with benchmarks/parallel_threshold.py on a 2-core VM, the 2-D wave step
-# takes 4.5 us at 64 x 64 and 14 us at 128 x 128 on one thread, while a parallel launch that waits
-# at OpenMP's barrier for a thread the busy machine descheduled took 0.4-2 ms at every size (load
-# average 5); on a quiet machine 2 threads gain at most a few microseconds below ~32k threads.
-# A kernel with loops may do any amount of work per thread, so it keeps the lower bar.
-PARALLEL_THRESHOLD = 4096
-LOOP_FREE_PARALLEL_THRESHOLD = 32768
+# A launch forks OpenMP threads when its work (thread_cost per thread, times its threads) reaches
+# PARALLEL_WORK units; below, it runs on one thread, as fork/join would cost more than the work it
+# splits. Measured with benchmarks/parallel_threshold.py on the 2-core VM (forward and adjoint of a
+# 5-point and an 8th-order damped wave step at 32^2..256^2, 1 vs 2 threads, benchmarks/README.md):
+# in quiet stretches a second thread paid from about 100k-250k units (5-point forward at 96^2,
+# 267k units: 4.1 -> 3.2 us) and not below (32^2, 30k units: 1.5 us on one thread, hundreds on two
+# whenever a thread was descheduled; 48^2 adjoint, 392k units: 4.3 -> 4.2 us). 400k keeps a margin.
+# While other work holds both cores, a second thread loses at every size (medians 2-4x slower):
+# set OMP_NUM_THREADS=1 there. The bar is never above the 32,768 threads of an earlier, fixed
+# bar, so the cheapest kernels fork where they did.
+PARALLEL_WORK = 400_000
+MAX_PARALLEL_THRESHOLD = 32768
+# A kernel whose threads loop (or run user adjoints) may do any amount of work per thread: its
+# launches fork from this many threads on.
+LOOP_PARALLEL_THRESHOLD = 4096
 # Threads per CUDA block; the launcher must use the same number (`__launch_bounds__`).
 CUDA_BLOCK_SIZE = 256
 # Blocks each SM must fit (`__launch_bounds__`' second number): 2 x 256 threads caps a thread at 128
@@ -139,7 +146,7 @@ CPU = Target(
 {loops}        const int64_t t = {flat};
         // Thread-major on the CPU: a thread's words are contiguous, as its core walks them in order.
         sp::tape_t tp = {{tape + t * capacity, 1, 0, capacity, count_only, 0, in_order, fresh}};
-        {name}_thread<false>({tids}, L, A, G, tp);
+        {name}_thread<{checked}>({tids}, L, A, G, tp);
         if (count_only) counts[t] = tp.pos;
         overflow |= tp.overflow;
 {closing}    return overflow;
@@ -182,7 +189,7 @@ extern "C" __global__ void __launch_bounds__({block}, {min_blocks}) {name}_forwa
     adjoint_entry=_CUDA_ADJOINT_HEAD + """    """ + _GRID_STRIDE + """ {{
 {decompose}
         sp::tape_t tp = {{tape + t, L.n, 0, capacity, count_only, 0, 0, fresh}};
-        {name}_thread<false>({tids}, L, A, G, tp);
+        {name}_thread<{checked}>({tids}, L, A, G, tp);
         if (count_only) {{
             if (counts) counts[t] = tp.pos;
             atomicMax(&sp_tape_words, (unsigned long long)tp.pos);
@@ -195,8 +202,8 @@ extern "C" __global__ void __launch_bounds__({block}, {min_blocks}) {name}_forwa
 {box}    """ + _GRID_STRIDE + """ {{
 {decompose}
         sp::tape_t tp = {{nullptr, L.n, 0, 0, 0, 0, 0, fresh}};
-        if (all_grads) {pick}{name}_thread<true>({tids}, L, A, G, tp);
-        else {name}_thread<false>({tids}, L, A, G, tp);
+        if (all_grads) {pick}{name}_thread<{fast}>({tids}, L, A, G, tp);
+        else {name}_thread<{checked}>({tids}, L, A, G, tp);
     }}
 }}
 """,
@@ -286,9 +293,39 @@ def buffer_size(params) -> int:
     return LAUNCH_HEADER_SIZE + (offsets[-1] + slot_size(params[-1].type) if params else 0)
 
 
-def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, interior=None) -> str:
+def grad_params(*functions: ir.Function) -> tuple[int, ...]:
+    """Indices of the array parameters whose gradients the adjoint `functions` (a gather form and
+    its interior variant) read or accumulate into: the bits of a gradient mask that matter (see
+    has_grad in prelude.h)."""
+    return tuple(sorted({s.array.param.index for fn in functions for s in ir.walk(fn.body)
+                         if isinstance(s, (ir.AccumGrad, ir.ReadGrad))}))
+
+
+def grads_variant_name(name: str, grads: int) -> str:
+    """The entry point of adjoint function `name` specialised on gradient mask `grads`."""
+    return f"{name}_grads{grads:x}"
+
+
+def render_grads_variant(functions: tuple, grads: int, target: Target) -> RenderedModule:
+    """The source of one entry point: the gather form of a kernel (`functions` as `render` takes
+    them) specialised on which gradients the launch carries: bit k of `grads` set where array
+    parameter k has one (of `grad_params`; the others do not matter). The body has no null tests
+    and no accumulations into absent gradients, and so vectorises whatever subset of arguments
+    carries gradients. Named `grads_variant_name(gather name, grads)`; no debug checks."""
+    gather = functions[3]
+    fn = dataclasses.replace(gather.function, name=grads_variant_name(gather.function.name, grads))
+    parts = [target.header, native_definitions([fn]),
+             _kernel(fn, False, [], target, target.gather_entry, gather.interior, grads=grads)]
+    return RenderedModule("\n".join(parts), [])
+
+
+def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, interior=None,
+            grads: int | None = None) -> str:
     """One entry point: `fn`'s thread body (and its interior variant, which shares `fn`'s argument
-    struct, where the target runs one) and the target's entry around it."""
+    struct, where the target runs one) and the target's entry around it. An adjoint entry picks an
+    instantiation of the body (see has_grad in prelude.h): with `grads` the one for that gradient
+    mask throughout; without, the gather entry runs the branch-free one where every gradient the
+    body touches is present and the one that tests each gradient otherwise."""
     adjoint = entry_template is not target.forward_entry
     interior = interior if target.interiors else None
     threshold = parallel_threshold(fn)
@@ -296,12 +333,17 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
     lines += _thread_function(fn, debug, sites, target, adjoint, fn.name)
     if interior is not None:
         lines += _thread_function(interior.function, debug, sites, target, adjoint, fn.name)
-    arrays = [p for p in fn.params if isinstance(p.type, ArrayType)]
-    all_grads = " && ".join(f"G.{p.name}.data" for p in arrays) or "true"
+    if grads is None:
+        fast, checked = "sp::ALL_GRADS, sp::ALL_GRADS", "0, 0"
+        touched = grad_params(fn, *((interior.function,) if interior is not None else ()))
+        all_grads = " && ".join(f"G.{fn.params[k].name}.data" for k in touched) or "true"
+    else:
+        fast = checked = f"sp::ALL_GRADS, {grads:#x}ull"
+        all_grads = "true"
     space = _index_space(fn.tid_ndim)
     tids = space["tids"]
     if adjoint:     # the gather entry's common case: every gradient present, no tape
-        call, private = f"_thread<true>({tids}, L, A, G, tp);", ("A", "G")
+        call, private = f"_thread<{fast}>({tids}, L, A, G, tp);", ("A", "G")
         prelude = "sp::tape_t tp = {nullptr, 1, 0, 0, 0, 0, in_order, fresh};"
     else:
         call, private, prelude = f"_thread({tids}, L, A);", ("A",), ""
@@ -316,7 +358,7 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
     else:
         nest = _plain_nest(fn.tid_ndim, fn.name + call, private, prelude, threshold)
     # the gather entry without every gradient: the instantiation with null checks, everywhere
-    plain_nest = _plain_nest(fn.tid_ndim, f"{fn.name}_thread<false>({tids}, L, A, G, tp);", private, prelude,
+    plain_nest = _plain_nest(fn.tid_ndim, f"{fn.name}_thread<{checked}>({tids}, L, A, G, tp);", private, prelude,
                              threshold)
     logged = ""
     if target is CPU and _adds_into_memory(fn):
@@ -324,17 +366,17 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
             logged = _logged_loop(fn.tid_ndim, threshold, f"{fn.name}_thread({tids}, L, A);", ("A",), "")
         elif entry_template is target.gather_entry:
             logged = _logged_loop(fn.tid_ndim, threshold, "sp::tape_t tp = {nullptr, 1, 0, 0, 0, 0, 0, fresh};\n"
-                                  f"if ({all_grads}) {fn.name}_thread<true>({tids}, L, A, G, tp);\n"
-                                  f"else {fn.name}_thread<false>({tids}, L, A, G, tp);", ("A", "G"), "0")
+                                  f"if ({all_grads}) {fn.name}_thread<{fast}>({tids}, L, A, G, tp);\n"
+                                  f"else {fn.name}_thread<{checked}>({tids}, L, A, G, tp);", ("A", "G"), "0")
         else:
             logged = _logged_loop(fn.tid_ndim, threshold,
                                   "sp::tape_t tp = {tape + t * capacity, 1, 0, capacity, count_only, 0, 0, fresh};\n"
-                                  f"{fn.name}_thread<false>({tids}, L, A, G, tp);\n"
+                                  f"{fn.name}_thread<{checked}>({tids}, L, A, G, tp);\n"
                                   "if (count_only) counts[t] = tp.pos;\noverflow |= tp.overflow;",
                                   ("A", "G"), "overflow", reduction=True)
     entry = entry_template.format(
         name=fn.name, size=buffer_size(fn.params), threshold=threshold, block=CUDA_BLOCK_SIZE,
-        min_blocks=CUDA_MIN_BLOCKS_PER_SM, logged=logged,
+        min_blocks=CUDA_MIN_BLOCKS_PER_SM, logged=logged, fast=fast, checked=checked,
         all_grads=all_grads, nest=nest, plain_nest=plain_nest, box=box, pick=pick, **space)
     return "\n".join(lines) + "\n" + entry
 
@@ -374,8 +416,8 @@ def _logged_loop(ndim: int, threshold: int, body: str, private, result: str, red
 
 
 def _thread_function(fn: ir.Function, debug, sites, target: Target, adjoint: bool, args: str) -> list[str]:
-    # Adjoint bodies are templates on GRADS (see read_grad in prelude.h); the entry picks one.
-    signature = (("template <bool GRADS> " if adjoint else "") +
+    # Adjoint bodies are templates on their gradient masks (see has_grad in prelude.h); the entry picks one.
+    signature = (("template <uint64_t KNOWN, uint64_t HAS> " if adjoint else "") +
                  f"{target.thread_qualifier} void {fn.name}_thread(int32_t tid_0, int32_t tid_1, int32_t tid_2, "
                  f"int32_t tid_3, const launch_t& L, "
                  f"const {args}_args_t& A{f', const {args}_args_t& G, sp::tape_t& tp' if adjoint else ''})")
@@ -383,10 +425,44 @@ def _thread_function(fn: ir.Function, debug, sites, target: Target, adjoint: boo
     return [signature + " {", *em.params(adjoint), *em.declarations(), *em.body(), "}"]
 
 
+# Relative costs of one thread's statements, in units of an add (scaled by the scalars an op handles):
+# a division or square root costs several, a transcendental function a few dozen (on a core that
+# vectorises the adds but calls libm for these), an atomic a cache line's round trip.
+_OP_COST = {**dict.fromkeys(("div", "cw_div", "mod", "floordiv", "sqrt", "normalize", "length", "inverse"), 4),
+            **dict.fromkeys(("sin", "cos", "tan", "asin", "acos", "atan", "atan2", "sinh", "cosh", "tanh", "exp",
+                             "log", "log2", "log10", "pow"), 24)}
+_NATIVE_COST = 24
+_STMT_COST = {ir.Load: 1, ir.Store: 1, ir.ReadGrad: 1, ir.AccumGrad: 1, ir.Atomic: 8}
+
+
+def thread_cost(fn: ir.Function) -> int | None:
+    """An estimate of one thread's work in `fn` (see _OP_COST; both branches of an `if` count), or
+    None where it has no bound: loops, whose trip counts are not known, and user adjoints."""
+    total = 0
+    for s in ir.walk(fn.body):
+        if isinstance(s, (ir.Loop, ir.ReverseLoop, ir.CustomAdjoint, ir.CustomReplay)):
+            return None
+        if isinstance(s, ir.Op):
+            scalars = max(_scalars(a.type) for a in (s.out, *s.args))
+            total += (_NATIVE_COST if OPS[s.op].definition else _OP_COST.get(s.op, 1)) * scalars
+        else:
+            total += _STMT_COST.get(type(s), 0)
+    return max(total, 1)
+
+
+def _scalars(t) -> int:
+    shape = getattr(t, "inner_shape", ())
+    return math.prod(shape) if shape else 1
+
+
 def parallel_threshold(fn: ir.Function) -> int:
-    """Threads below which `fn`'s CPU entry runs on one thread (see PARALLEL_THRESHOLD)."""
-    heavy = (ir.Loop, ir.ReverseLoop, ir.CustomAdjoint, ir.CustomReplay)
-    return PARALLEL_THRESHOLD if any(isinstance(s, heavy) for s in ir.walk(fn.body)) else LOOP_FREE_PARALLEL_THRESHOLD
+    """Threads from which `fn`'s CPU entry forks OpenMP threads (see PARALLEL_WORK); a launch with
+    fewer runs on one thread. A deterministic launch that logs its adds does so from there on, on
+    the CPU and a GPU alike (and serially below), so the bits never depend on the thread count."""
+    cost = thread_cost(fn)
+    if cost is None:
+        return LOOP_PARALLEL_THRESHOLD
+    return min(MAX_PARALLEL_THRESHOLD, max(1, -(-PARALLEL_WORK // cost)))
 
 
 def _share(private, threshold: int) -> str:

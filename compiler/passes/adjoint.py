@@ -39,16 +39,12 @@ def adjoint_function(fn: ir.Function) -> ir.Function:
     sweep = _Sweep(used)
     replay = sweep.replay(fn.body, push=True)
     reverse = sweep.reverse(fn.body)
-    return ir.Function(fn.name + "_adjoint", fn.params, tuple(replay) + (_REVERSE_MARK,) + tuple(reverse),
-                       fn.loc, fn.tid_ndim)
-
-
-# Separates replay from reverse in the adjoint body: codegen stops there in counting mode.
-_REVERSE_MARK = ir.Print("__reverse__", (), ir.Loc("<adjoint>", 0))
+    mark = ir.ReverseMark(ir.Loc("<adjoint>", 0))      # codegen stops there in counting mode
+    return ir.Function(fn.name + "_adjoint", fn.params, tuple(replay) + (mark,) + tuple(reverse), fn.loc, fn.tid_ndim)
 
 
 def is_reverse_mark(s) -> bool:
-    return s is _REVERSE_MARK
+    return isinstance(s, ir.ReverseMark)
 
 
 class _Sweep:

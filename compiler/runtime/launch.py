@@ -13,7 +13,8 @@ import struct
 
 import numpy as np
 
-from ..backends import cuda_launch
+from ..backends import cuda_launch, grads_variants
+from ..codegen.targets import grad_params
 from ..errors import CompileError, OverwriteError, raise_if_out_of_bounds
 from ..kernel import Kernel
 from ..passes.bounds import check_extents, tid_indexed
@@ -87,6 +88,9 @@ class _Signature:
                                if u.overwrites_read is not None), None)
         self.op_name = f"launch of kernel '{kernel.__name__}'"
         self.bounds = tid_indexed(compiled.forward)      # arrays whose extent the launch's dim must fit
+        gather = compiled.gather
+        # the gather form's gradient mask bits (see _grads_mask)
+        self.gather_grads = grad_params(gather.function, gather.interior.function) if gather is not None else ()
 
 
 # Elements an accumulation may target for a deterministic launch to log its adds in parallel
@@ -483,7 +487,7 @@ def _fresh_mask(fresh: dict, sig, args, gathered) -> int:
 
 def _adjoint_setup(compiled, sig, args, dims, serial, fresh):
     """(the adjoint IR function to run, its packed gradient buffer, its serial flag, the threads it
-    runs) for a launch whose arguments carry their gradients in ``.grad``; zero-fills the pending
+    runs, the gradient mask of its specialised entry or None: see _grads_mask) for a launch whose arguments carry their gradients in ``.grad``; zero-fills the pending
     `fresh` gradients that it does not overwrite whole (see _fresh_mask)."""
     space = _gather_fits(compiled.gather, sig, args, dims)
     gather = compiled.gather if space is not None else None
@@ -506,7 +510,22 @@ def _adjoint_setup(compiled, sig, args, dims, serial, fresh):
     # Only gradients that exist receive adds: an input without one (a table, a series) is no target.
     serial = _serial_flag(serial, sig.adjoint_logs_adds,
                           (args[k] for n, k in sig.read_arrays if n not in gathered and args[k].requires_grad))
-    return adjoint, adj_buffer, serial, math.prod(space if wide else dims)
+    return adjoint, adj_buffer, serial, math.prod(space if wide else dims), _grads_mask(sig, args, gather)
+
+
+def _grads_mask(sig, args, gather) -> int | None:
+    """For a gather form launched without some of the gradients its body touches (a constant field
+    passed as an array): the gradient mask of the entry specialised on the ones it has (bit k for
+    parameter k, see compiler/backends/grads_variants.py). None where the module's entry serves:
+    every gradient is there, or the kernel has no gather form."""
+    if gather is None:
+        return None
+    mask = full = 0
+    for k in sig.gather_grads:
+        if k < 64:
+            full |= 1 << k
+            mask |= (1 << k) if args[k].requires_grad and args[k].grad is not None else 0
+    return mask if mask != full else None
 
 
 def packed_adjoint(kernel: Kernel, dims: tuple, args: list, deterministic: bool, fresh: dict, device: str = "cpu"):
@@ -523,28 +542,37 @@ def packed_adjoint(kernel: Kernel, dims: tuple, args: list, deterministic: bool,
     if compiled.needs_tape:
         raise ValueError(f"kernel '{kernel.__name__}': its adjoint keeps a loop tape")
     sig = _signature(kernel)
-    function, adj_buffer, serial, threads = _adjoint_setup(compiled, sig, args, dims, deterministic, fresh)
+    function, adj_buffer, serial, threads, grads = _adjoint_setup(compiled, sig, args, dims, deterministic, fresh)
     if device != "cpu":
         add_slots = _add_slots(serial, args)
 
         def run(buffer: bytes, adj: bytes) -> None:
-            cuda_launch.adjoint(kernel, compiled, function, buffer, adj, threads, False, serial, device, add_slots)
+            cuda_launch.adjoint(kernel, compiled, function, buffer, adj, threads, False, serial, device, add_slots,
+                                grads)
         return run, adj_buffer, serial
-    entry = kernel.entry(False).function(function.name, adjoint=True)
+    entry = _cpu_adjoint_entry(kernel, compiled, function, grads, False)
     return ctypes.cast(entry, ctypes.c_void_p).value, adj_buffer, serial
+
+
+def _cpu_adjoint_entry(kernel, compiled, function, grads: int | None, debug: bool):
+    """The CPU entry that runs adjoint `function`: the module's, or (not in debug mode, whose
+    checks the module's entries make) the one specialised on gradient mask `grads`."""
+    if grads is not None and not debug:
+        return grads_variants.cpu_entry(kernel, compiled, grads)
+    return kernel.entry(debug).function(function.name, adjoint=True)
 
 
 def _run_adjoint(kernel, compiled, sig, args, dims, buffer, debug, serial, fresh=None):
     if compiled.adjoint is None:
         return
     device = next((a.device for a in args if isinstance(a, array)), "cpu")
-    adjoint, adj_buffer, serial, threads = _adjoint_setup(compiled, sig, args, dims, serial, fresh)
+    adjoint, adj_buffer, serial, threads, grads = _adjoint_setup(compiled, sig, args, dims, serial, fresh)
     if device != "cpu":
         cuda_launch.adjoint(kernel, compiled, adjoint, buffer, adj_buffer, threads, debug, serial, device,
-                            _add_slots(serial, args))
+                            _add_slots(serial, args), grads)
         return
     module = kernel.entry(debug)
-    fn = module.function(adjoint.name, adjoint=True)
+    fn = _cpu_adjoint_entry(kernel, compiled, adjoint, grads, debug)
     n = math.prod(dims)
     tape_memory, capacity = None, 0
     if compiled.needs_tape and n > 0:

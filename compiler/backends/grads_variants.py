@@ -1,0 +1,75 @@
+"""Adjoint entry points specialised on which gradients a launch carries, built the first time a
+launch needs one.
+
+A gather adjoint's thread body is a template on a gradient mask (has_grad in prelude.h). A kernel
+module renders two instantiations of it: the branch-free one, for launches that carry every gradient
+the body touches, and one that tests each gradient pointer, which does not vectorise (a 2-D wave
+step whose damping profile has no gradient: 4.8x the branch-free adjoint's time). A launch with any
+other subset (a constant field passed as an array: a damping profile, a mask, a coefficient table)
+runs an entry specialised on exactly its subset instead: branch-free, with the absent gradients'
+accumulations gone. Each is built into a small library (CPU) or module (CUDA) of its own, from the
+same emitter as the module, cached on disk like one, once per kernel, subset and device; a launch
+in a time loop repeats its subset, so a run builds a handful at most.
+"""
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+from ..codegen.targets import CPU, CUDA, grads_variant_name, render_grads_variant
+from . import cudasim
+from .cpu_build import build_cpu_library, load_cpu_library
+
+_CODEGEN = Path(__file__).parent.parent / "codegen"
+_ADJOINT_ARGS = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p,
+                 ctypes.c_int]
+
+
+def _variants(kernel) -> dict:
+    return kernel.__dict__.setdefault("_grads_variants", {})
+
+
+def _library_name(kernel, grads: int) -> str:
+    return "".join(c if c.isalnum() else "_" for c in kernel.module.name)[-32:] + f"_{kernel.c_name}_g{grads:x}"
+
+
+def cpu_entry(kernel, compiled, grads: int):
+    """The CPU entry of `kernel`'s gather adjoint for gradient mask `grads` (a ctypes function with
+    the adjoint entries' signature, see kernel.LoadedModule.function)."""
+    variants = _variants(kernel)
+    key = ("cpu", grads)
+    if key not in variants:
+        rendered = render_grads_variant(compiled.functions(), grads, CPU)
+        lib = load_cpu_library(build_cpu_library(rendered.source, _library_name(kernel, grads),
+                                                 include_dirs=[_CODEGEN]))
+        fn = getattr(lib, grads_variant_name(compiled.gather.function.name, grads))
+        fn.argtypes, fn.restype = _ADJOINT_ARGS, ctypes.c_int
+        variants[key] = (lib, fn)           # the library stays loaded while its entry may run
+    return variants[key][1]
+
+
+def cuda_function(kernel, compiled, grads: int, device):
+    """The CUfunction of `kernel`'s gather adjoint for gradient mask `grads` on `device` (a
+    compiler.runtime.device.Device), loaded into its primary context."""
+    from . import cuda_driver
+    from .cuda_module import CUDA_OPTIONS, PRELUDE, _check_toolkit
+    from .nvrtc import compile_cuda
+    variants = _variants(kernel)
+    key = ("cuda", device.ordinal, grads)
+    if key not in variants:
+        rendered = render_grads_variant(compiled.functions(), grads, CUDA)
+        name = _library_name(kernel, grads)
+        if cudasim.enabled():
+            image = cudasim.build_image(rendered.source, name)
+        else:
+            _check_toolkit()
+            major, minor = cuda_driver.device_arch(device.ordinal)
+            image = compile_cuda(rendered.source, name, arch=f"sm_{major}{minor}",
+                                 headers={"prelude.h": PRELUDE.read_text()}, options=CUDA_OPTIONS, output="cubin")
+        module = cuda_driver.load_module(image, device.ordinal)
+        variants[key] = (module, cuda_driver.get_function(module, grads_variant_name(compiled.gather.function.name,
+                                                                                      grads)))
+    return variants[key][1]
+
+
+__all__ = ["cpu_entry", "cuda_function"]
