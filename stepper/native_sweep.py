@@ -415,8 +415,9 @@ class _Stretch:
 
     def _advance(self, steps: int) -> None:
         """NativeLoops.advance: a ring of two versions after the start, the start itself as the
-        second where nothing else holds it. Its renamed copies (sp_advance) are all but the last
-        step's; a one-step advance renames its copies too (`_renamed_step`)."""
+        second where nothing else holds it. Its steps copy (sp_sweep calls sp_advance without
+        renames: a renamed state turns over three buffers, which this ring of versions does not
+        follow); a one-step advance renames its copies (`_renamed_step`)."""
         start = self.work
         renamed = self.tables.renamed
         if steps == 1 and renamed:
@@ -432,7 +433,6 @@ class _Stretch:
             self.versions.release(other)
             self.versions.release(start)
             self.work = mine
-            self.count["renamed"] += (steps - 1) * len(renamed)
         self.count["forward"] += steps
         self.count["advanced"] += steps
         self.count["advances"] += 1
