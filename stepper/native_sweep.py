@@ -13,8 +13,10 @@ reversed from the state it started from (the native reversal's packed launches, 
 adjoints): a step recorded and reversed at once, or one recorded natively before (`Kept`:
 StoreAll's forward sweep keeps every step's start state, and its reverse sweep, a tag Move and a
 Reverse per step, is one stretch), ``2`` an advance of one step whose whole-state copies are
-renamed, its result sharing the copied array with the state it started from (`_renamed_step`).
-Then the pool's holds, the held snapshots, the live state, the carried adjoint and the statistics
+renamed, its result sharing the copied array with the state it started from (`_renamed_step`),
+``4`` an advance of more steps whose copies are renamed on all but its last (the ring's arrays
+end where the driver leaves them: `ring_result`). Every operation starts with its step index
+(the rows of the series the step reads). Then the pool's holds, the held snapshots, the live state, the carried adjoint and the statistics
 are set to what the executor would have left. The operations are the ones the executor would have
 run, on the same versions' roles, in the same order (a renamed copy holds what the copy would
 have written): the same bits.
