@@ -13,8 +13,10 @@ reversed from the state it started from (the native reversal's packed launches, 
 adjoints): a step recorded and reversed at once, or one recorded natively before (`Kept`:
 StoreAll's forward sweep keeps every step's start state, and its reverse sweep, a tag Move and a
 Reverse per step, is one stretch), ``2`` an advance of one step whose whole-state copies are
-renamed, its result sharing the copied array with the state it started from (`_renamed_step`).
-Then the pool's holds, the held snapshots, the live state, the carried adjoint and the statistics
+renamed, its result sharing the copied array with the state it started from (`_renamed_step`),
+``4`` an advance of more steps whose copies are renamed on all but its last (the ring's arrays
+end where the driver leaves them: `ring_result`). Every operation starts with its step index
+(the rows of the series the step reads). Then the pool's holds, the held snapshots, the live state, the carried adjoint and the statistics
 are set to what the executor would have left. The operations are the ones the executor would have
 run, on the same versions' roles, in the same order (a renamed copy holds what the copy would
 have written): the same bits.
@@ -66,7 +68,7 @@ struct sp_plan {
 };
 
 // ops: 0, steps, n, start[S], a[S], b[S]  |  1, n, prev[S], next[S], gprev[F], carry[F]
-//      |  2, n, prev[S], next[S]   (n: the index of the (first) step)
+//      |  2, n, prev[S], next[S]  |  4: 0's with its copies renamed   (n: the index of the (first) step)
 //      |  3, count, (float32 gradient, float64 sum, elements) x count
 extern "C" void sp_sweep(const int64_t* ops, int64_t n_words, const sp_plan* p) {
     const int64_t S = p->S, F = p->F;
@@ -91,7 +93,7 @@ extern "C" void sp_sweep(const int64_t* ops, int64_t n_words, const sp_plan* p) 
                     p->renames, p->time);              // one step, its copies renamed
             continue;
         }
-        if (op == 0) {
+        if (op == 0 || op == 4) {
             const int64_t steps = ops[i++];
             for (int64_t s = 0; s < S; ++s) {
                 p->slots[s] = (void*)ops[i + s];
@@ -101,7 +103,7 @@ extern "C" void sp_sweep(const int64_t* ops, int64_t n_words, const sp_plan* p) 
             i += 3 * S;
             p->time->n = n;
             sp_advance(steps, p->launches, p->n_launches, p->patches, p->n_patches, p->slots, p->states, S,
-                       p->zeros, p->n_zeros, nullptr, p->time);
+                       p->zeros, p->n_zeros, op == 4 ? p->renames : nullptr, p->time);
             continue;
         }
         for (int64_t k = 0; k < 2 * S + 2 * F; ++k) p->rslots[k] = (void*)ops[i + k];
@@ -129,6 +131,36 @@ extern "C" void sp_sweep(const int64_t* ops, int64_t n_words, const sp_plan* p) 
     }
 }
 """
+
+
+def ring_result(start: tuple, a: tuple, b: tuple, pairs: list, steps: int) -> tuple:
+    """The arrays (by state) that sp_advance with renamed copies `pairs` ((to, from) state
+    indices) leaves in its prev slots after `steps` steps from `start`, `a` its first next
+    versions and `b` its spares: the driver's slot moves, replayed on the arrays. After the first
+    two steps they depend on the slots alone, so whole periods of them are skipped."""
+    prev, nxt, spare = list(start), list(a), list(b)
+    seen: dict = {}
+    k = 0
+    while k < steps:
+        renaming = k < steps - 1
+        if renaming:
+            saved = [(prev[to], nxt[to], prev[src]) for to, src in pairs]
+        for s in range(len(prev)):
+            old = prev[s]
+            prev[s] = nxt[s]
+            nxt[s] = spare[s] if k == 0 else old
+        if renaming:
+            for (to, src), (to_prev, to_next, src_prev) in zip(pairs, saved):
+                prev[to], nxt[to] = src_prev, to_next
+                nxt[src] = spare[to] if k == 0 else spare[src] if k == 1 else to_prev
+        k += 1
+        if 2 <= k < steps - 1:
+            key = (*map(id, prev), *map(id, nxt))
+            if key in seen:
+                period = k - seen[key]
+                k += (steps - 1 - k) // period * period
+            seen[key] = k
+    return tuple(prev)
 
 
 class _RPatch(ctypes.Structure):
@@ -428,7 +460,9 @@ class _Stretch:
     def _advance(self, steps: int) -> None:
         """NativeLoops.advance: a ring of two versions after the start, the start itself as the
         second where nothing else holds it. Its renamed copies (sp_advance) are all but the last
-        step's; a one-step advance renames its copies too (`_renamed_step`)."""
+        step's: they move arrays between the ring's states, so the result is the arrays the
+        driver leaves in its slots (`ring_result`), regrouped; a one-step advance renames its
+        copies too (`_renamed_step`)."""
         start = self.work
         renamed = self.tables.renamed
         if steps == 1 and renamed:
@@ -437,14 +471,22 @@ class _Stretch:
             a = self.versions.new(self.kinds)
             reuse = self.versions.alone(start)
             b = start if reuse else self.versions.new(self.kinds)
-            self.ops += [0, self.pos, steps, *start.ptrs, *a.ptrs, *b.ptrs]
-            if reuse:
-                start.refs += 1                         # the ring's; the live state's is released below
-            mine, other = (a, b) if steps % 2 else (b, a)
-            self.versions.release(other)
-            self.versions.release(start)
-            self.work = mine
-            self.count["renamed"] += (steps - 1) * len(renamed)
+            ring = [a, b]
+            result = ring_result(start.arrays, a.arrays, b.arrays, renamed, steps) if renamed else None
+            if result is not None and {id(x) for x in result} <= {id(x) for v in ring for x in v.arrays}:
+                self.ops += [4, self.pos, steps, *start.ptrs, *a.ptrs, *b.ptrs]
+                if not reuse:
+                    self.versions.release(start)        # (never written: spares stand in for it)
+                self.work = self.versions.regroup(result, self.kinds, ring)
+                self.count["renamed"] += (steps - 1) * len(renamed)
+            else:
+                self.ops += [0, self.pos, steps, *start.ptrs, *a.ptrs, *b.ptrs]
+                if reuse:
+                    start.refs += 1                     # the ring's; the live state's is released below
+                mine, other = (a, b) if steps % 2 else (b, a)
+                self.versions.release(other)
+                self.versions.release(start)
+                self.work = mine
         self.count["forward"] += steps
         self.count["advanced"] += steps
         self.count["advances"] += 1

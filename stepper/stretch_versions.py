@@ -104,6 +104,25 @@ class StretchVersions:
             members[id(a)] = members.get(id(a), 0) + 1
         return version
 
+    def regroup(self, arrays: tuple, kinds: list, olds: list) -> Version:
+        """A version of `arrays`, held once here, made of arrays of `olds`: versions held once, here
+        alone (a native advance's ring, whose renamed copies moved arrays between its states),
+        which are gone now; their other arrays are free here."""
+        loose = {}
+        for old in olds:
+            old.refs = 0
+            for a, kind in zip(old.arrays, old.kinds):
+                loose[id(a)] = (a, kind)
+                if old.shared:
+                    self.members.pop(id(a), None)
+            old.shared = False
+        version = self._made(arrays, kinds, True)
+        for a in arrays:
+            del loose[id(a)]
+        for a, kind in loose.values():
+            self.free.setdefault(kind, []).append(a)
+        return version
+
     def _made(self, arrays: tuple, kinds: list, ours: bool | None) -> Version:
         ptr = self.ptr
         version = Version(arrays, 1, [ptr[id(a)] for a in arrays], kinds, ours)
