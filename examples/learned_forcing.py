@@ -16,7 +16,7 @@ both (JAX's: the residuals its VJP closure holds; ours: `GradientStats.peak_memo
 residuals of one step's network VJP, which live only while that step reverses) and checks that the
 two gradients agree.
 
-Run: python examples/learned_forcing.py [--steps 2000] [--iterations 150] [--png loss.png]
+Run: python examples/learned_forcing.py [--steps 2000] [--iterations 80] [--png loss.png]
 (needs jax and optax: pip install jax optax; matplotlib for the plot)
 """
 import argparse
@@ -111,7 +111,7 @@ def pure_jax_loss(jax, jnp, net, names, u0, observed, steps, r, dt):
     return loss
 
 
-def main(cells=64, steps=2000, iterations=150, snapshots=20, lr=1e-2, png=None, verbose=True):
+def main(cells=64, steps=2000, iterations=80, snapshots=20, lr=1e-2, png=None, verbose=True):
     import jax
     import jax.numpy as jnp
     import optax
@@ -205,7 +205,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cells", type=int, default=64)
     parser.add_argument("--steps", type=int, default=2000)
-    parser.add_argument("--iterations", type=int, default=150)
+    parser.add_argument("--iterations", type=int, default=80)
     parser.add_argument("--snapshots", type=int, default=20)
     parser.add_argument("--png", default="learned_forcing.png")
     args = parser.parse_args()
