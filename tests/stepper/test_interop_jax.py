@@ -211,6 +211,8 @@ def test_a_jax_function_returning_the_wrong_shape_is_named(device):
     with pytest.raises(sp.ModelError, match=r"returned float64 of shape \(11,\) for outputs\[0\], which is float64 "
                                             r"of shape \(12,\)"):
         model.rollout({"u": u0(device=device)}, 3)
+    with pytest.raises(sp.ModelError, match=r"returned float64 of shape \(11,\) for outputs\[0\]"):
+        model.gradient({"u": u0(device=device)}, 3, loss=squared_norm)
 
 
 def test_call_takes_stepper_arrays_only():
