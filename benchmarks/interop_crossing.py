@@ -5,6 +5,7 @@
 
 Within one process, over interleaved rounds (medians and spreads), on the example's network
 (examples/learned_forcing.py: 4 x 64 cells, 1 -> 16 -> 16 -> 1):
+- `native step`: a forward step of the same model with a zero forcing, no JAX (the native loop);
 - `net alone`: the jitted network on JAX arrays (what the step would cost inside JAX);
 - `call forward`: sp.jax.call in a forward rollout step, less the same step with a zero forcing
   kernel in its place: the network plus the crossing (NumPy in, NumPy out, a Tape record);
@@ -60,11 +61,12 @@ def main(rounds=15, steps=200):
         fn()
         return (time.perf_counter() - t) / n * 1e6
 
-    rows = {"net alone": [], "call forward": [], "reverse step": [], "function": []}
+    rows = {"native step": [], "net alone": [], "call forward": [], "reverse step": [], "function": []}
     for _ in range(rounds):
         rows["net alone"].append(per(lambda: [jnet(ju, *jw).block_until_ready() for _ in range(steps)], steps))
         learned = per(lambda: model.rollout(init, steps), steps)
         plain = per(lambda: zero.rollout(init, steps), steps)
+        rows["native step"].append(plain)
         rows["call forward"].append(learned - plain)
         store = model.gradient(init, steps, loss=loss, schedule=sp.StoreAll(steps)).stats
         rows["reverse step"].append(store.adjoint_seconds / steps * 1e6)

@@ -16,7 +16,7 @@ both (JAX's: the residuals its VJP closure holds; ours: `GradientStats.peak_memo
 residuals of one step's network VJP, which live only while that step reverses) and checks that the
 two gradients agree.
 
-Run: python examples/learned_forcing.py [--steps 2000] [--iterations 150] [--png loss.png]
+Run: python examples/learned_forcing.py [--steps 2000] [--iterations 80] [--png loss.png]
 (needs jax and optax: pip install jax optax; matplotlib for the plot)
 """
 import argparse
@@ -75,8 +75,9 @@ def initial_weights(names, seed=0):
 
 
 def profiles(cells):
+    """Four initial profiles whose values, while they react and diffuse, cover most of [0, 1]."""
     x = np.linspace(0.0, 1.0, cells)
-    bumps = [(0.3, 0.08, 0.6), (0.5, 0.15, 0.3), (0.7, 0.05, 0.9), (0.45, 0.25, 0.15)]
+    bumps = [(0.3, 0.15, 0.95), (0.55, 0.25, 0.6), (0.7, 0.12, 0.35), (0.45, 0.3, 0.15)]
     return np.stack([a * np.exp(-((x - c) / w) ** 2) for c, w, a in bumps])
 
 
@@ -110,7 +111,7 @@ def pure_jax_loss(jax, jnp, net, names, u0, observed, steps, r, dt):
     return loss
 
 
-def main(cells=64, steps=2000, iterations=150, snapshots=20, lr=1e-2, png=None, verbose=True):
+def main(cells=64, steps=2000, iterations=80, snapshots=20, lr=1e-2, png=None, verbose=True):
     import jax
     import jax.numpy as jnp
     import optax
@@ -148,12 +149,18 @@ def main(cells=64, steps=2000, iterations=150, snapshots=20, lr=1e-2, png=None, 
     seconds = (time.perf_counter() - started) / iterations
     say(f"{seconds:.2f} s per gradient of {steps} steps (Revolve, {snapshots} snapshots)")
 
-    # what the network learned, against the reaction term it replaces, over the values u takes
-    grid = np.linspace(0.0, 1.0, 41)
-    learned = np.asarray(net(jnp.asarray(grid), *(weights[n] for n in names)))
-    error = float(np.max(np.abs(learned - 2.0 * grid * (1.0 - grid))))
-    say(f"max |N(u) - 2u(1-u)| on [0, 1]: {error:.3f} (the untrained network: "
-        f"{np.max(np.abs(np.asarray(net(jnp.asarray(grid), *(jnp.asarray(v) for v in initial_weights(names).values()))) - 2.0 * grid * (1.0 - grid))):.3f})")
+    # what the network learned, against the reaction term it replaces, over the values the
+    # observed final states take (the data says nothing about F elsewhere)
+    lo, hi = np.quantile(observed_np, [0.05, 0.95])
+    grid = np.linspace(lo, hi, 41)
+    truth_f = 2.0 * grid * (1.0 - grid)
+
+    def error_of(ws):
+        return float(np.max(np.abs(np.asarray(net(jnp.asarray(grid), *ws)) - truth_f)))
+    error = error_of([weights[n] for n in names])
+    untrained = error_of([jnp.asarray(v) for v in initial_weights(names).values()])
+    say(f"max |N(u) - 2u(1-u)| for u in [{lo:.2f}, {hi:.2f}] (the final states' range): {error:.3f} "
+        f"(untrained: {untrained:.3f})")
 
     # memory, and the gradient against pure JAX's at the trained weights
     for n in names:
@@ -184,8 +191,8 @@ def main(cells=64, steps=2000, iterations=150, snapshots=20, lr=1e-2, png=None, 
             fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
             a.semilogy(losses)
             a.set(xlabel="Adam iteration", ylabel="misfit of the final states", title=f"{steps} steps, Revolve")
-            b.plot(grid, 2.0 * grid * (1.0 - grid), "k--", label="true F(u) = 2u(1-u)")
-            b.plot(grid, learned, label="learned N(u)")
+            b.plot(grid, truth_f, "k--", label="true F(u) = 2u(1-u)")
+            b.plot(grid, np.asarray(net(jnp.asarray(grid), *(weights[n] for n in names))), label="learned N(u)")
             b.set(xlabel="u", title="the reaction term")
             b.legend()
             fig.tight_layout()
@@ -198,7 +205,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cells", type=int, default=64)
     parser.add_argument("--steps", type=int, default=2000)
-    parser.add_argument("--iterations", type=int, default=150)
+    parser.add_argument("--iterations", type=int, default=80)
     parser.add_argument("--snapshots", type=int, default=20)
     parser.add_argument("--png", default="learned_forcing.png")
     args = parser.parse_args()

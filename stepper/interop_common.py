@@ -25,13 +25,13 @@ from compiler.runtime.tape import RecordedOp, active_tape, caller_location, outs
 from .errors import ModelError
 from .evaluate import _ForwardOnly
 from .gradient import start_sweep
-from .state import write_values
+from .state import check_initial, write_values
 
 __all__ = ["RolloutFunction", "record_call", "check_call_arrays"]
 
 # Runs that set a model's parameters from a function's inputs must not interleave (a framework may
 # call back from several threads).
-_RUNS = threading.Lock()
+_RUNS = threading.RLock()
 
 
 class RolloutFunction:
@@ -48,7 +48,7 @@ class RolloutFunction:
             raise ModelError(f"{who}(schedule=...): every call runs a schedule and a schedule runs once; pass a "
                              f"function steps -> schedule, e.g. lambda n: stepper.Revolve(n, 20)")
         model._check_ready()
-        if isinstance(inputs, str) or not all(isinstance(n, str) for n in (inputs or ())):
+        if not isinstance(inputs, (list, tuple)) or not all(isinstance(n, str) for n in inputs):
             raise ModelError(f"{who}(inputs=...): expected a list of names, got {inputs!r}")
         inputs = list(inputs)
         if not inputs:
@@ -72,6 +72,11 @@ class RolloutFunction:
         if missing:
             raise ModelError(f"{who}: the initial value of state(s) {', '.join(map(repr, missing))} is missing; "
                              f"name them in inputs= (differentiable) or give them in initial= (fixed)")
+        # Fixed states are checked (and copied: later changes to the caller's arrays do not leak in) now
+        initial = {n: v if isinstance(v, array) else np.array(v) for n, v in initial.items()}
+        initial = {n: clone(v, requires_grad=False) if isinstance(v, array) else v.copy() for n, v in
+                   check_initial({n: model.states[n] for n in initial}, initial, model.device,
+                                 f"{who}(initial=...)").items()}
         self.model, self.steps, self.inputs, self.fixed = model, steps, inputs, initial
         self.loss, self.running_loss = loss, running_loss
         self.schedule, self.storage = schedule, storage

@@ -162,6 +162,12 @@ class _Compiled:
         primals = tuple(jax.ShapeDtypeStruct(a.shape + a.dtype.inner_shape, a.dtype.np_dtype) for a in inputs)
         cotangents = tuple(jax.ShapeDtypeStruct(o.shape + o.dtype.inner_shape, o.dtype.np_dtype) for o in outputs)
         try:
+            results = jax.eval_shape(lambda *a: _as_tuple(self.fn(*a)), *primals)
+        except Exception:
+            return                   # the function itself fails: running it shows the user that error
+        if [(r.shape, r.dtype) for r in results] != [(c.shape, c.dtype) for c in cotangents]:
+            return                   # results that do not fit the outputs: the forward's check names them
+        try:
             jax.eval_shape(self._vjp, primals, cotangents)
         except Exception as exc:     # JAX's own error types vary; the message is what the user needs
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

@@ -184,6 +184,11 @@ def test_bad_inputs_are_refused_naming_the_culprit(chain):
         sp.jax.function(model, STEPS, inputs=["x", "speed"], loss=final_x_squared)
     with pytest.raises(sp.ModelError, match=r"initial value of state\(s\) 'v' is missing"):
         sp.jax.function(model, STEPS, inputs=["x"], loss=final_x_squared)
+    with pytest.raises(sp.ModelError, match=r"function\(initial=...\) 'v': expected a float64 NumPy array of shape "
+                                            r"\(16,\).*got float64 of shape \(15,\)"):
+        sp.jax.function(model, STEPS, inputs=["x"], loss=final_x_squared, initial={"v": np.zeros(15)})
+    g = sp.jax.function(model, STEPS, inputs=["x"], loss=final_x_squared, initial={"v": jnp_of(init["v"])})
+    assert float(g(x=x0)) == float(f(x=x0, k=k0))           # a JAX array is a fine fixed value
     with pytest.raises(sp.ModelError, match=r"pass a function steps -> schedule"):
         sp.jax.function(model, STEPS, inputs=["x", "v"], loss=final_x_squared, schedule=sp.Revolve(STEPS, 4))
 
@@ -206,6 +211,8 @@ def test_a_jax_function_returning_the_wrong_shape_is_named(device):
     with pytest.raises(sp.ModelError, match=r"returned float64 of shape \(11,\) for outputs\[0\], which is float64 "
                                             r"of shape \(12,\)"):
         model.rollout({"u": u0(device=device)}, 3)
+    with pytest.raises(sp.ModelError, match=r"returned float64 of shape \(11,\) for outputs\[0\]"):
+        model.gradient({"u": u0(device=device)}, 3, loss=squared_norm)
 
 
 def test_call_takes_stepper_arrays_only():
