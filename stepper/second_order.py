@@ -108,7 +108,7 @@ class TangentModel:
         """Seed `tan` with the pairs of `state` (a tangent model's State); return its primal part."""
         for name, t in self.names.items():
             if name in state:
-                tan._map[id(state[name])] = (state[name], state[t])
+                tan.seed(state[name], state[t], check=False)
         return State({n: state[n] for n in self.model.states})
 
     def _step(self, s):
@@ -178,7 +178,7 @@ class _PrimalStep:
         self.next = model._seed(tan, s.next)
         for name, t in model.names.items():
             if name in s.params:
-                tan._map[id(s.params[name])] = (s.params[name], s.params[t])
+                tan.seed(s.params[name], s.params[t], check=False)
         self.params = State({n: s.params[n] for n in model.model.params})
         self.dt, self.series = s.dt, s.series
 
@@ -193,7 +193,7 @@ class _PrimalStep:
     def scratch(self, name: str, shape, dtype=float, zero: bool | None = None) -> array:
         arr = self._s.scratch(name, shape, dtype, zero)
         if arr.dtype.is_float and arr not in self._tan:
-            self._tan._map[id(arr)] = (arr, self._s.scratch(f"tangent of {name}", shape, dtype, zero))
+            self._tan.seed(arr, self._s.scratch(f"tangent of {name}", shape, dtype, zero), check=False)
         return arr
 
 
