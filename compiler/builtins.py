@@ -151,7 +151,7 @@ for _n in ("mul", "matmul"):
 
 @tangent("div")
 def _(b, out, args, d):
-    (x, y), (dx, dy) = args, d
+    y, (dx, dy) = args[1], d
     return b.minus(b.lin(dx, lambda t: b.op("div", t, y)), b.lin(dy, lambda t: b.op("div", b.op("mul", out, t), y)))
 
 
@@ -462,7 +462,7 @@ def _(b, out, args, d):
 
 @tangent("cw_div")
 def _(b, out, args, d):
-    (x, y), (dx, dy) = args, d
+    y, (dx, dy) = args[1], d
     return b.minus(b.lin(dx, lambda t: b.op("cw_div", t, y)),
                    b.lin(dy, lambda t: b.op("cw_div", b.op("cw_mul", out, t), y)))
 

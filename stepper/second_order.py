@@ -96,6 +96,7 @@ class TangentModel:
                     zeros(spec.shape, spec.dtype, model.device)
         self.zeros: dict = {}                    # shared zero tangents, kept across steps
         self.primal_running: list[float] = []
+        self.keeps_step = False
         aug.step(self._step)
         self.aug = aug
 
@@ -107,14 +108,16 @@ class TangentModel:
         """Seed `tan` with the pairs of `state` (a tangent model's State); return its primal part."""
         for name, t in self.names.items():
             if name in state:
-                tan._map[id(state[name])] = (state[name], state[t])
+                tan.seed(state[name], state[t], check=False)
         return State({n: state[n] for n in self.model.states})
 
     def _step(self, s):
-        tan = self._tangents(_scratch_tangents(s))
+        tan = self._tangents(_scratch_tangents(s, "step"))
         view = _PrimalStep(s, self, tan)
         with tan:
             self.model.step_fn(view)
+        if self.keeps_step:
+            self._last_step = (s, tan)   # the running loss of this step sees the same tangents
 
     def loss(self, user_loss):
         """The tangent model's terminal loss: the tangent of ``user_loss`` (dL.v)."""
@@ -127,8 +130,12 @@ class TangentModel:
         return loss_tangent
 
     def running_loss(self, user_running_loss, record: bool = False):
+        """The tangent model's running loss: the tangent of ``user_running_loss(s)``; with `record`,
+        the primal values are kept in `primal_running`, step by step."""
+        self.keeps_step = True
         def running_tangent(s):
-            tan = self._tangents(_scratch_tangents(s))
+            last = self.__dict__.pop("_last_step", None)
+            tan = last[1] if last is not None and last[0] is s else self._tangents(_scratch_tangents(s, "loss"))
             view = _PrimalStep(s, self, tan)
             with tan:
                 value = check_scalar_loss(user_running_loss(view), "running_loss(s)")
@@ -146,13 +153,13 @@ class TangentModel:
         return float(value.numpy().reshape(-1)[0]), float(tan[value].numpy().reshape(-1)[0])
 
 
-def _scratch_tangents(s):
+def _scratch_tangents(s, where: str):
     """New tangents inside a step are scratch buffers: a fresh version every step."""
     count = [0]
 
     def new(arr):
         count[0] += 1
-        return s.scratch(f"tangent {count[0]}", arr.shape, arr.dtype, zero=True)
+        return s.scratch(f"tangent {count[0]} of the {where}", arr.shape, arr.dtype, zero=True)
     return new
 
 
@@ -171,7 +178,7 @@ class _PrimalStep:
         self.next = model._seed(tan, s.next)
         for name, t in model.names.items():
             if name in s.params:
-                tan._map[id(s.params[name])] = (s.params[name], s.params[t])
+                tan.seed(s.params[name], s.params[t], check=False)
         self.params = State({n: s.params[n] for n in model.model.params})
         self.dt, self.series = s.dt, s.series
 
@@ -186,7 +193,7 @@ class _PrimalStep:
     def scratch(self, name: str, shape, dtype=float, zero: bool | None = None) -> array:
         arr = self._s.scratch(name, shape, dtype, zero)
         if arr.dtype.is_float and arr not in self._tan:
-            self._tan._map[id(arr)] = (arr, self._s.scratch(f"tangent of {name}", shape, dtype, zero))
+            self._tan.seed(arr, self._s.scratch(f"tangent of {name}", shape, dtype, zero), check=False)
         return arr
 
 

@@ -296,3 +296,15 @@ def test_tangent_launches_on_a_tape_give_hessian_vector_products(device):
     tape.backward(grads={tan[y]: w})
     np.testing.assert_allclose(x.grad.numpy(), w * (2 * np.cos(xs) - xs * np.sin(xs)) * 0.5, rtol=1e-14, atol=1e-15)
     np.testing.assert_allclose(v.grad.numpy(), w * (np.sin(xs) + xs * np.cos(xs)), rtol=1e-14, atol=1e-15)
+
+
+def test_launch_in_parts_runs_the_tangent_kernel_whole(device):
+    from compiler.runtime.launch import launch_in_parts
+    x = sp.array(np.linspace(-1, 1, 9), dtype=sp.float64, device=device)
+    y = sp.zeros(9, dtype=sp.float64, device=device)
+    called = []
+    with sp.Tangents({x: sp.ones(9, dtype=sp.float64, device=device)}) as tan:
+        ran = launch_in_parts(sines, 9, inputs=[x], outputs=[y], first_rows=(2, 5), between=lambda: called.append(1))
+    xs = x.numpy()
+    assert ran is False and called == [1]
+    np.testing.assert_allclose(tan[y].numpy(), np.sin(xs) + xs * np.cos(xs), rtol=1e-15)

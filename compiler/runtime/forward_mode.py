@@ -57,10 +57,11 @@ class Tangents:
         for arr, tangent in (seeds or {}).items():
             self.seed(arr, tangent)
 
-    def seed(self, arr: array, tangent: array, what: str | None = None) -> None:
-        """Give `arr` the tangent `tangent` (used as is, not copied: launches write into it)."""
-        what = what or f"the tangent of {arr!r}"
-        check_tangent(arr, tangent, what)
+    def seed(self, arr: array, tangent: array, what: str | None = None, check: bool = True) -> None:
+        """Give `arr` the tangent `tangent` (used as is, not copied: launches write into it).
+        ``check=False`` skips the checks, for pairs made to match (the stepper's, every step)."""
+        if check:
+            check_tangent(arr, tangent, what or f"the tangent of {arr!r}")
         self._map[id(arr)] = (arr, tangent)
 
     def get(self, arr: array) -> array | None:

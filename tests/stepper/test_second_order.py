@@ -19,6 +19,13 @@ def kinetic64(s):
     return out
 
 
+def kinetic64_new_array(s):
+    """The same running loss into a new array (not a scratch buffer) each step."""
+    out = sp.zeros(1, dtype=sp.float64, device=s.next.v.device)
+    sp.launch(sum_squares64, s.next.v.shape[0], inputs=[s.next.v], outputs=[out])
+    return out
+
+
 def _direction(seed, device, n=16):
     rng = np.random.default_rng(seed)
     return {"x": sp.array(rng.standard_normal(n), dtype=sp.float64, device=device),
@@ -84,11 +91,12 @@ def test_jvp_unnamed_tangents_are_zero(device):
     assert k_only.tangents["x"].numpy().any()
 
 
-@pytest.mark.parametrize("losses", ["terminal", "running"])
+@pytest.mark.filterwarnings("ignore:the step function")      # a new array each step: not traceable
+@pytest.mark.parametrize("losses", ["terminal", "running", "running_new_array"])
 def test_hvp_against_differences_of_gradients(device, losses):
     model, initial = chain_model(device=device), chain_initial(device=device)
     loss = chain_final_x_squared if losses == "terminal" else None
-    running = kinetic64 if losses == "running" else None
+    running = {"terminal": None, "running": kinetic64, "running_new_array": kinetic64_new_array}[losses]
     d = _direction(3, device)
     res = model.hvp(initial, STEPS, direction=d, loss=loss, running_loss=running, schedule=sp.Revolve(STEPS, 5))
     h = 1e-6
