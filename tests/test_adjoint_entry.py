@@ -159,10 +159,10 @@ def test_a_constant_field_runs_the_entry_specialised_on_the_gradients_present(de
 
 
 def test_the_specialised_body_gives_the_bits_of_the_body_that_tests_each_gradient(device, monkeypatch):
-    from compiler.runtime import launch
+    from compiler.backends import grads_variants
     special = damped_gradients(damped, (37, 64), False, device, seed=1)
     with_grad = damped_gradients(damped, (37, 64), True, device, seed=1)
-    monkeypatch.setattr(launch, "_grads_mask", lambda *args: None)      # the module's entry, as before
+    monkeypatch.setattr(grads_variants, "grads_mask", lambda *args: None)    # the module's entry, as before
     tested = damped_gradients(damped, (37, 64), False, device, seed=1)
     for k in (0, 1):     # up, u
         np.testing.assert_array_equal(special[k].grad.numpy(), tested[k].grad.numpy())
@@ -184,6 +184,39 @@ def test_the_specialised_body_matches_float64_finite_differences(device):
             minus[name][index] -= eps
             fd[index] = (loss(plus) - loss(minus)) / (2 * eps)
         np.testing.assert_allclose(a.grad.numpy(), fd, rtol=1e-7, atol=1e-8)
+
+
+I2 = sp.array(dtype=int, ndim=2)
+
+
+@sp.kernel
+def masked_blur(u: F2, keep: I2, out: F2):
+    i, j = sp.tid()
+    value = u[i, j]
+    if j > 0:
+        value += 0.5 * u[i, j - 1]
+    out[i, j] = value * float(keep[i, j])
+
+
+def test_an_integer_array_does_not_keep_the_module_from_its_branch_free_body(device):
+    """The body touches the gradients of u and out only: an int array (which has none) leaves the
+    launch with every gradient it needs, so the module's branch-free entry runs, no specialised one."""
+    rng = np.random.default_rng(4)
+    u = sp.array(rng.standard_normal((6, 9)).astype(np.float32), requires_grad=True, device=device)
+    keep = rng.integers(0, 2, (6, 9)).astype(np.int32)
+    out = sp.zeros((6, 9), requires_grad=True, device=device)
+    w = rng.standard_normal((6, 9)).astype(np.float32)
+    tape = sp.Tape()
+    with tape:
+        sp.launch(masked_blur, (6, 9), inputs=[u, sp.array(keep, device=device)], outputs=[out])
+    tape.backward(grads={out: w})
+    assert masked_blur.compiled().gather is not None and not masked_blur.__dict__.get("_grads_variants")
+    source = render_cpu([masked_blur.compiled().functions()], False).source
+    assert "if (G.u.data && G.out.data)" in source and "G.keep.data" not in source
+    g = (w * keep).astype(np.float64)
+    expected = g.copy()
+    expected[:, :-1] += 0.5 * g[:, 1:]
+    np.testing.assert_allclose(u.grad.numpy(), expected, rtol=1e-6, atol=1e-6)
 
 
 def test_the_specialised_entries_compile_to_ptx_and_for_the_cpu():

@@ -33,6 +33,27 @@ def _library_name(kernel, grads: int) -> str:
     return "".join(c if c.isalnum() else "_" for c in kernel.module.name)[-32:] + f"_{kernel.c_name}_g{grads:x}"
 
 
+def grads_mask(params: tuple[int, ...], args) -> int | None:
+    """The gradient mask of the specialised entry that a launch of a gather form with arguments
+    `args` runs (bit k where argument k carries a gradient, among the form's `params`: those whose
+    gradients its body touches, see codegen.targets.grad_params), or None where the module's entry
+    serves: every one of them carries its gradient."""
+    mask = full = 0
+    for k in params:
+        if k < 64:          # a parameter beyond the mask's bits is tested at run time
+            full |= 1 << k
+            mask |= (1 << k) if args[k].requires_grad and args[k].grad is not None else 0
+    return mask if mask != full else None
+
+
+def cpu_adjoint_entry(kernel, compiled, function, grads: int | None, debug: bool):
+    """The CPU entry that runs adjoint `function` of `kernel`: the module's, or (not in debug mode,
+    whose checks the module's entries make) the gather form's specialised on gradient mask `grads`."""
+    if grads is not None and not debug:
+        return cpu_entry(kernel, compiled, grads)
+    return kernel.entry(debug).function(function.name, adjoint=True)
+
+
 def cpu_entry(kernel, compiled, grads: int):
     """The CPU entry of `kernel`'s gather adjoint for gradient mask `grads` (a ctypes function with
     the adjoint entries' signature, see kernel.LoadedModule.function)."""
@@ -66,10 +87,11 @@ def cuda_function(kernel, compiled, grads: int, device):
             major, minor = cuda_driver.device_arch(device.ordinal)
             image = compile_cuda(rendered.source, name, arch=f"sm_{major}{minor}",
                                  headers={"prelude.h": PRELUDE.read_text()}, options=CUDA_OPTIONS, output="cubin")
-        module = cuda_driver.load_module(image, device.ordinal)
+        with cuda_driver.relaxed_capture():     # a first use may come while a graph is captured
+            module = cuda_driver.load_module(image, device.ordinal)
         variants[key] = (module, cuda_driver.get_function(module, grads_variant_name(compiled.gather.function.name,
                                                                                       grads)))
     return variants[key][1]
 
 
-__all__ = ["cpu_entry", "cuda_function"]
+__all__ = ["grads_mask", "cpu_adjoint_entry", "cpu_entry", "cuda_function"]

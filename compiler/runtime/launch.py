@@ -89,7 +89,7 @@ class _Signature:
         self.op_name = f"launch of kernel '{kernel.__name__}'"
         self.bounds = tid_indexed(compiled.forward)      # arrays whose extent the launch's dim must fit
         gather = compiled.gather
-        # the gather form's gradient mask bits (see _grads_mask)
+        # the gather form's gradient mask bits (see grads_variants.grads_mask)
         self.gather_grads = grad_params(gather.function, gather.interior.function) if gather is not None else ()
 
 
@@ -487,7 +487,7 @@ def _fresh_mask(fresh: dict, sig, args, gathered) -> int:
 
 def _adjoint_setup(compiled, sig, args, dims, serial, fresh):
     """(the adjoint IR function to run, its packed gradient buffer, its serial flag, the threads it
-    runs, the gradient mask of its specialised entry or None: see _grads_mask) for a launch whose arguments carry their gradients in ``.grad``; zero-fills the pending
+    runs, the gradient mask of its specialised entry or None: see grads_variants.grads_mask) for a launch whose arguments carry their gradients in ``.grad``; zero-fills the pending
     `fresh` gradients that it does not overwrite whole (see _fresh_mask)."""
     space = _gather_fits(compiled.gather, sig, args, dims)
     gather = compiled.gather if space is not None else None
@@ -510,22 +510,8 @@ def _adjoint_setup(compiled, sig, args, dims, serial, fresh):
     # Only gradients that exist receive adds: an input without one (a table, a series) is no target.
     serial = _serial_flag(serial, sig.adjoint_logs_adds,
                           (args[k] for n, k in sig.read_arrays if n not in gathered and args[k].requires_grad))
-    return adjoint, adj_buffer, serial, math.prod(space if wide else dims), _grads_mask(sig, args, gather)
-
-
-def _grads_mask(sig, args, gather) -> int | None:
-    """For a gather form launched without some of the gradients its body touches (a constant field
-    passed as an array): the gradient mask of the entry specialised on the ones it has (bit k for
-    parameter k, see compiler/backends/grads_variants.py). None where the module's entry serves:
-    every gradient is there, or the kernel has no gather form."""
-    if gather is None:
-        return None
-    mask = full = 0
-    for k in sig.gather_grads:
-        if k < 64:
-            full |= 1 << k
-            mask |= (1 << k) if args[k].requires_grad and args[k].grad is not None else 0
-    return mask if mask != full else None
+    grads = grads_variants.grads_mask(sig.gather_grads, args) if gather is not None else None
+    return adjoint, adj_buffer, serial, math.prod(space if wide else dims), grads
 
 
 def packed_adjoint(kernel: Kernel, dims: tuple, args: list, deterministic: bool, fresh: dict, device: str = "cpu"):
@@ -545,21 +531,16 @@ def packed_adjoint(kernel: Kernel, dims: tuple, args: list, deterministic: bool,
     function, adj_buffer, serial, threads, grads = _adjoint_setup(compiled, sig, args, dims, deterministic, fresh)
     if device != "cpu":
         add_slots = _add_slots(serial, args)
+        if grads is not None:       # built now, not in the first run (which a graph may capture)
+            from .device import get_device
+            grads_variants.cuda_function(kernel, compiled, grads, get_device(device))
 
         def run(buffer: bytes, adj: bytes) -> None:
             cuda_launch.adjoint(kernel, compiled, function, buffer, adj, threads, False, serial, device, add_slots,
                                 grads)
         return run, adj_buffer, serial
-    entry = _cpu_adjoint_entry(kernel, compiled, function, grads, False)
+    entry = grads_variants.cpu_adjoint_entry(kernel, compiled, function, grads, False)
     return ctypes.cast(entry, ctypes.c_void_p).value, adj_buffer, serial
-
-
-def _cpu_adjoint_entry(kernel, compiled, function, grads: int | None, debug: bool):
-    """The CPU entry that runs adjoint `function`: the module's, or (not in debug mode, whose
-    checks the module's entries make) the one specialised on gradient mask `grads`."""
-    if grads is not None and not debug:
-        return grads_variants.cpu_entry(kernel, compiled, grads)
-    return kernel.entry(debug).function(function.name, adjoint=True)
 
 
 def _run_adjoint(kernel, compiled, sig, args, dims, buffer, debug, serial, fresh=None):
@@ -572,7 +553,7 @@ def _run_adjoint(kernel, compiled, sig, args, dims, buffer, debug, serial, fresh
                             _add_slots(serial, args), grads)
         return
     module = kernel.entry(debug)
-    fn = _cpu_adjoint_entry(kernel, compiled, adjoint, grads, debug)
+    fn = grads_variants.cpu_adjoint_entry(kernel, compiled, adjoint, grads, debug)
     n = math.prod(dims)
     tape_memory, capacity = None, 0
     if compiled.needs_tape and n > 0:
