@@ -48,7 +48,9 @@ _REVERSE_MARK = ir.Print("__reverse__", (), ir.Loc("<adjoint>", 0))
 
 
 def is_reverse_mark(s) -> bool:
-    return s is _REVERSE_MARK
+    # By value: passes that rebuild a body (ir.Rewriter: dce, interior) copy the mark, and a copy
+    # missed here was emitted as printf("__reverse__") once per thread.
+    return s is _REVERSE_MARK or type(s) is ir.Print and s == _REVERSE_MARK
 
 
 class _Sweep:
