@@ -93,7 +93,9 @@ def rollout(model, initial, steps, *, callback=None, every: int = 1, record_ever
         store = CheckpointDirectory(checkpoint, mode="w", overwrite=overwrite)
     elif checkpoint_every is not None:
         raise ModelError("checkpoint_every= needs checkpoint='run.ckpt' (a directory for the checkpoints)")
-    meta = {"total_steps": steps, "checkpoint_every": checkpoint_every, **fingerprint(model)}
+    meta = {"total_steps": steps, "checkpoint_every": checkpoint_every}
+    if store is not None:
+        meta.update(fingerprint(model))          # hashes every parameter's values: only where it is kept
     return _run(model, values, 0, steps, store, meta, callback=callback, every=every,
                 record_every=record_every, until=until, check_finite=check_finite,
                 deterministic=deterministic, progress=progress)
@@ -109,8 +111,9 @@ def resume(model, path, steps=None, *, callback=None, every: int = 1, record_eve
         done = snap.step
         meta = {k: snap.metadata[k] for k in ("total_steps", "checkpoint_every", "changes") if k in snap.metadata}
         resumed = _Resumed(str(store.path), done, dict(snap.metadata), bool(allow_changes))
-        resumed.check(meta, fingerprint(model))
-        meta.update(fingerprint(model))
+        mine = fingerprint(model)
+        resumed.check(meta, mine)
+        meta.update(mine)
         values = check_initial(model.states, dict(snap.arrays), model.device, what=f"snapshot in {path}")
         total = steps if steps is not None else meta.get("total_steps")
         if total is None:
