@@ -184,6 +184,13 @@ class FunctionEmitter:
         idx = ", ".join(self.x(i) for i in s.indices)
         self.line(f"{s.out.name} = sp::read_grad<GRADS>(adj_{s.array.param.name}, {idx});")
 
+    def s_ScratchStore(self, s):
+        t = s.value.type.ctype
+        self.line(f"sp::scratch<{t}>(tp, L, {s.offset}, {self.x(s.index)}) = {self.x(s.value)};")
+
+    def s_ScratchLoad(self, s):
+        self.line(f"{s.out.name} = sp::scratch<{s.out.type.ctype}>(tp, L, {s.offset}, {self.x(s.index)});")
+
     def s_Print(self, s):
         values = [v for a in s.args for v in _printf(self.x(a), a.type)[1]]
         self.line(f'printf("{_escape_format(s.fmt, s.args, self.x)}\\n"{"".join(", " + v for v in values)});')

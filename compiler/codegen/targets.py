@@ -150,7 +150,7 @@ CPU = Target(
     # without null checks, which vectorises.
     gather_entry=_CPU_ADJOINT_HEAD + """    const int in_order = serial || L.n < {threshold};
 {extents}
-{logged}    if ({all_grads}) {{
+{logged}{scratch}    if ({all_grads}) {{
 {nest}    }} else {{
 {plain_nest}    }}
     return 0;
@@ -194,7 +194,7 @@ extern "C" __global__ void __launch_bounds__({block}, {min_blocks}) {name}_forwa
     gather_entry=_CUDA_ADJOINT_HEAD + """    const bool all_grads = {all_grads};
 {box}    """ + _GRID_STRIDE + """ {{
 {decompose}
-        sp::tape_t tp = {{nullptr, L.n, 0, 0, 0, 0, 0, fresh}};
+        sp::tape_t tp = {{tape, L.n, 0, 0, 0, 0, 0, fresh}};     // a two-pass form's scratch memory
         if (all_grads) {pick}{name}_thread<true>({tids}, L, A, G, tp);
         else {name}_thread<false>({tids}, L, A, G, tp);
     }}
@@ -263,8 +263,12 @@ def render(kernels: list[tuple], debug: bool, target: Target) -> RenderedModule:
         parts.append(_kernel(forward, debug, sites, target, target.forward_entry, interior))
         if adjoint is not None:
             parts.append(_kernel(adjoint, debug, sites, target, target.adjoint_entry))
+        if gather is not None and gather.pointwise is not None and target is not CPU:
+            # the GPU runs a two-pass form's passes as two launches (backends/cuda_launch.py)
+            parts.append(_kernel(gather.pointwise, debug, sites, target, target.gather_entry, gather.pointwise_interior))
         if gather is not None:
-            parts.append(_kernel(gather.function, debug, sites, target, target.gather_entry, gather.interior))
+            parts.append(_kernel(gather.function, debug, sites, target, target.gather_entry, gather.interior,
+                                 gather if gather.pointwise is not None and target is CPU else None))
         if identity is not None and target is CPU:
             parts.append(_kernel(identity.function, debug, sites, target, target.forward_entry, identity.interior))
     return RenderedModule("\n".join(parts), sites)
@@ -286,9 +290,12 @@ def buffer_size(params) -> int:
     return LAUNCH_HEADER_SIZE + (offsets[-1] + slot_size(params[-1].type) if params else 0)
 
 
-def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, interior=None) -> str:
+def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, interior=None,
+            two_pass=None) -> str:
     """One entry point: `fn`'s thread body (and its interior variant, which shares `fn`'s argument
-    struct, where the target runs one) and the target's entry around it."""
+    struct, where the target runs one) and the target's entry around it. `two_pass` (a
+    `GatherAdjoint` with a pointwise pass, on the CPU): the entry runs that pass over every thread
+    first, into scratch memory that `fn` reads."""
     adjoint = entry_template is not target.forward_entry
     interior = interior if target.interiors else None
     threshold = parallel_threshold(fn)
@@ -302,7 +309,7 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
     tids = space["tids"]
     if adjoint:     # the gather entry's common case: every gradient present, no tape
         call, private = f"_thread<true>({tids}, L, A, G, tp);", ("A", "G")
-        prelude = "sp::tape_t tp = {nullptr, 1, 0, 0, 0, 0, in_order, fresh};"
+        prelude = "sp::tape_t tp = {%s, 1, 0, 0, 0, 0, in_order, fresh};" % ("scratch" if two_pass else "nullptr")
     else:
         call, private, prelude = f"_thread({tids}, L, A);", ("A",), ""
     # The GPU's grid-stride loop: a thread inside the interior box runs the variant (`pick`).
@@ -318,6 +325,21 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
     # the gather entry without every gradient: the instantiation with null checks, everywhere
     plain_nest = _plain_nest(fn.tid_ndim, f"{fn.name}_thread<false>({tids}, L, A, G, tp);", private, prelude,
                              threshold)
+    scratch = ""
+    if two_pass is not None:
+        # the pointwise pass first, over every thread (an OpenMP loop ends with a barrier)
+        first, first_interior = two_pass.pointwise, two_pass.pointwise_interior
+        lines += _thread_function(first, debug, sites, target, adjoint, fn.name)
+        if first_interior is not None:
+            lines += _thread_function(first_interior.function, debug, sites, target, adjoint, fn.name)
+            first_nest = _interior_nest(fn.tid_ndim, first.name + call, first_interior.function.name + call,
+                                        first_interior, private, prelude, threshold)
+        else:
+            first_nest = _plain_nest(fn.tid_ndim, first.name + call, private, prelude, threshold)
+        nest = "    {\n" + first_nest + "    }\n    {\n" + nest + "    }\n"     # scopes: each its own box
+        plain_nest = _plain_nest(fn.tid_ndim, f"{first.name}_thread<false>({tids}, L, A, G, tp);", private, prelude,
+                                 threshold) + plain_nest
+        scratch = f"    uint64_t* const scratch = sp::scratch_memory(L.n * {two_pass.scratch_bytes});\n"
     logged = ""
     if target is CPU and _adds_into_memory(fn):
         if not adjoint:
@@ -335,7 +357,7 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
     entry = entry_template.format(
         name=fn.name, size=buffer_size(fn.params), threshold=threshold, block=CUDA_BLOCK_SIZE,
         min_blocks=CUDA_MIN_BLOCKS_PER_SM, logged=logged,
-        all_grads=all_grads, nest=nest, plain_nest=plain_nest, box=box, pick=pick, **space)
+        all_grads=all_grads, nest=nest, plain_nest=plain_nest, box=box, pick=pick, scratch=scratch, **space)
     return "\n".join(lines) + "\n" + entry
 
 
