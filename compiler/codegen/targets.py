@@ -302,7 +302,7 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
     lines = [FunctionEmitter(fn, debug=debug, sites=sites).args_struct(f"{fn.name}_args_t")]
     lines += _thread_function(fn, debug, sites, target, adjoint, fn.name)
     if interior is not None:
-        lines += _thread_function(interior.function, debug, sites, target, adjoint, fn.name)
+        lines += _thread_function(interior.function, debug, sites, target, adjoint, fn.name, hot=True)
     arrays = [p for p in fn.params if isinstance(p.type, ArrayType)]
     all_grads = " && ".join(f"G.{p.name}.data" for p in arrays) or "true"
     space = _index_space(fn.tid_ndim)
@@ -331,7 +331,7 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
         first, first_interior = two_pass.pointwise, two_pass.pointwise_interior
         lines += _thread_function(first, debug, sites, target, adjoint, fn.name)
         if first_interior is not None:
-            lines += _thread_function(first_interior.function, debug, sites, target, adjoint, fn.name)
+            lines += _thread_function(first_interior.function, debug, sites, target, adjoint, fn.name, hot=True)
             first_nest = _interior_nest(fn.tid_ndim, first.name + call, first_interior.function.name + call,
                                         first_interior, private, prelude, threshold)
         else:
@@ -395,10 +395,15 @@ def _logged_loop(ndim: int, threshold: int, body: str, private, result: str, red
 """
 
 
-def _thread_function(fn: ir.Function, debug, sites, target: Target, adjoint: bool, args: str) -> list[str]:
+def _thread_function(fn: ir.Function, debug, sites, target: Target, adjoint: bool, args: str,
+                     hot: bool = False) -> list[str]:
     # Adjoint bodies are templates on GRADS (see read_grad in prelude.h); the entry picks one.
+    # An interior variant (`hot`) runs the middle of the launch, called from one place: inlined
+    # into its loop always, which vectorises it. GCC's unit-growth limit otherwise stops inlining
+    # in a module of large adjoints (a 2-D 8th-order forward ran 7x slower beside its adjoints).
+    qualifier = target.thread_qualifier + (" inline __attribute__((always_inline))" if hot and target is CPU else "")
     signature = (("template <bool GRADS> " if adjoint else "") +
-                 f"{target.thread_qualifier} void {fn.name}_thread(int32_t tid_0, int32_t tid_1, int32_t tid_2, "
+                 f"{qualifier} void {fn.name}_thread(int32_t tid_0, int32_t tid_1, int32_t tid_2, "
                  f"int32_t tid_3, const launch_t& L, "
                  f"const {args}_args_t& A{f', const {args}_args_t& G, sp::tape_t& tp' if adjoint else ''})")
     em = FunctionEmitter(fn, debug=debug, sites=sites)
