@@ -113,6 +113,17 @@ def test_every_spelling_has_a_gather_form_over_all_its_arrays_and_no_loop_tape(o
             assert any(isinstance(s, ir.ScratchLoad) for s in ir.walk(gather.interior.function.body))
 
 
+def test_the_interior_keeps_only_the_launch_margin_and_selects_the_neighbours_guards():
+    """A neighbour's boundary guard, tested at p - c, would narrow the interior by the stencil's
+    radius once more (8 of 64 points per side in 3-D at 8th order); it is a select there instead."""
+    gather = corpus(8, 3)["table"].compiled().gather
+    for axis in range(3):
+        assert max(b.const for b in gather.interior.lower[axis]) == 4
+    body = list(ir.walk(gather.interior.function.body))
+    assert not any(isinstance(s, ir.If) for s in body)
+    assert any(isinstance(s, ir.Op) and s.op == "where" for s in body)
+
+
 def test_what_only_the_pointwise_pass_reads_counts_as_read_by_the_adjoint():
     """A recording kept for later keeps the arrays its reversal reads (stepper/native_reverse.py)."""
     compiled = corpus(8, 2)["fwi"].compiled()

@@ -37,6 +37,7 @@ from .. import ir
 from ..types import bool_, int32
 from .adjoint import is_reverse_mark
 from .dce import eliminate_dead_code
+from .selects import has_branches, select_branches
 from .interior import Bound, Clamped, Interior, Wrapped, interior_variant, tid_offsets
 from . import transpose
 
@@ -138,8 +139,18 @@ def gather_adjoint(adjoint: ir.Function, two_pass: bool = True) -> GatherAdjoint
     build = lambda clamp: eliminate_dead_code(_build(adjoint, body, eligible, source, widens, site_offset,  # noqa: E731
                                                      site_clamps, passes, clamp, offsets, skip))
     unclamped = build(False)
-    interior = interior_variant(unclamped, unclamped.name, lower, upper)
-    interior = dataclasses.replace(interior, function=eliminate_dead_code(interior.function))
+    # Where p - c is inside the launch for every c, the interior needs no wider margin: a test of
+    # thread p - c's boundary guard that would narrow the box stays, its branch turned into selects
+    # (a thread near the edge runs the form's slowest code). Where a branch stays (it loads), the
+    # box narrows until every test is settled, which vectorises.
+    same = _same_extents(set(eligible) if not any(widens) else (), source)
+    within = ([b[0] for b in lower], [b[0] for b in upper], same)
+    interior = interior_variant(unclamped, unclamped.name, lower, upper, within)
+    selected = select_branches(interior.function)
+    if has_branches(selected):
+        interior = interior_variant(unclamped, unclamped.name, lower, upper)
+        selected = select_branches(interior.function)
+    interior = dataclasses.replace(interior, function=eliminate_dead_code(selected))
     pointwise = pointwise_interior = None
     if found:
         base = adjoint.name.replace("_adjoint", "")
@@ -152,6 +163,15 @@ def gather_adjoint(adjoint: ir.Function, two_pass: bool = True) -> GatherAdjoint
                                                      function=eliminate_dead_code(pointwise_interior.function))
     return GatherAdjoint(build(True), interior, tuple(eligible), scatters, source, widens, extent_bounds,
                          pointwise, pointwise_interior, scratch_bytes)
+
+
+def _same_extents(names, source: str):
+    """A function normalising a bound: the extents of the arrays in `names` (which the launch
+    checks span it exactly) written as `source`'s."""
+    def same(bound: Bound) -> Bound:
+        return Bound(bound.const, tuple((c, ("dim", source, t[2]) if t[0] == "dim" and t[1] in names else t)
+                                        for c, t in bound.terms))
+    return same
 
 
 # ---- which accumulations sit at tid + constant -------------------------------------------------
