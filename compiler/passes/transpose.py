@@ -19,8 +19,10 @@ these alone; the copy recomputes those at its own thread): the value is then a f
 operand, and so on, up to an operation that combines two such values (its result is the root), a
 load (a root kept in memory already: the copy loads it again, no scratch), or a read of a local that
 branches on a value other than its root assign (the read is the root). A Laplacian's accumulations
-share one root (the adjoint of the Laplacian, say), whatever the stencil's width; the one at the
-thread's own index is usually a root of its own.
+share one root (the adjoint of the Laplacian, say), whatever the stencil's width. Only the roots of
+accumulations at a nonzero offset are stored: the zero-offset pass runs at thread p itself and
+computes what it needs there, and an array accumulated at the thread's own index alone gets its
+gradient written by the pointwise pass (one write per element, as the one-pass form makes it).
 
 Every accumulation is computed by the same operations from the same values as in the one-pass form,
 and summed in the same order, so the two forms give the same bits. Roots defined in a branch are
