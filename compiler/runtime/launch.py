@@ -90,7 +90,9 @@ class _Signature:
         self.bounds = tid_indexed(compiled.forward)      # arrays whose extent the launch's dim must fit
         gather = compiled.gather
         # the gather form's gradient mask bits (see grads_variants.grads_mask)
-        self.gather_grads = grad_params(gather.function, gather.interior.function) if gather is not None else ()
+        self.gather_grads = grad_params(gather.function, gather.interior.function,
+                                        *((gather.pointwise,) if gather.pointwise is not None else ())) \
+            if gather is not None else ()
 
 
 # Elements an accumulation may target for a deterministic launch to log its adds in parallel
