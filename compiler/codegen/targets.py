@@ -275,7 +275,7 @@ def render(kernels: list[tuple], debug: bool, target: Target) -> RenderedModule:
             parts.append(_kernel(gather.pointwise, debug, sites, target, target.gather_entry, gather.pointwise_interior))
         if gather is not None:
             parts.append(_kernel(gather.function, debug, sites, target, target.gather_entry, gather.interior,
-                                 gather if gather.pointwise is not None and target is CPU else None))
+                                 two_pass=gather if gather.pointwise is not None and target is CPU else None))
         if identity is not None and target is CPU:
             parts.append(_kernel(identity.function, debug, sites, target, target.forward_entry, identity.interior))
     return RenderedModule("\n".join(parts), sites)
@@ -303,6 +303,13 @@ def grad_params(*functions: ir.Function) -> tuple[int, ...]:
     has_grad in prelude.h)."""
     return tuple(sorted({s.array.param.index for fn in functions for s in ir.walk(fn.body)
                          if isinstance(s, (ir.AccumGrad, ir.ReadGrad))}))
+
+
+def gather_grad_params(gather) -> tuple[int, ...]:
+    """`grad_params` of every pass of a `GatherAdjoint` (its function, its interior variant and a
+    two-pass form's pointwise pass)."""
+    return grad_params(gather.function, gather.interior.function,
+                       *((gather.pointwise,) if gather.pointwise is not None else ()))
 
 
 def grads_variant_name(name: str, grads: int) -> str:
