@@ -6,6 +6,7 @@ must give the one-pass gather form's bits exactly (same operations, same order),
 scatter adjoint to rounding and with float64 finite differences, give the same bits on any thread
 count, and keep checkpointed gradients equal to store-all ones.
 """
+import dataclasses
 import os
 import sys
 
@@ -196,6 +197,28 @@ def test_two_pass_float32_gives_the_one_pass_bits(device):
     _, two = gradients(kernel, shape, values, w, device, dtype=sp.float32)
     _, one = gradients(one_pass_copy(kernel), shape, values, w, device, dtype=sp.float32)
     for a, b in zip(two, one):
+        np.testing.assert_array_equal(a, b)
+
+
+def without_rows(kernel) -> Kernel:
+    """`kernel` in a module of its own, its gather form without the row variant (the rows near a
+    face run the clamped copy of every pass throughout)."""
+    module = KernelModule(f"no_rows_{kernel.__name__}_{id(kernel)}")
+    copy = Kernel(kernel.fn, module)
+    module.add(copy)
+    compiled = copy.compiled()
+    assert compiled.gather.row is not None
+    compiled.gather = dataclasses.replace(compiled.gather, row=None)
+    return copy
+
+
+@pytest.mark.parametrize("kernel, shape", [(corpus(8, 2)["fwi"], (21, 26)), (corpus(4, 3)["table"], (9, 8, 13)),
+                                           (fwi_clamped, (12, 15)), (fwi_periodic, (11, 14))])
+def test_rows_near_a_face_give_the_clamped_copys_bits(kernel, shape, device):
+    values, w = inputs(kernel, shape, seed=13)
+    _, rows = gradients(kernel, shape, values, w, device)
+    _, clamped = gradients(without_rows(kernel), shape, values, w, device)
+    for a, b in zip(rows, clamped):
         np.testing.assert_array_equal(a, b)
 
 

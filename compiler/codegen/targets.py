@@ -275,7 +275,8 @@ def render(kernels: list[tuple], debug: bool, target: Target) -> RenderedModule:
             parts.append(_kernel(gather.pointwise, debug, sites, target, target.gather_entry, gather.pointwise_interior))
         if gather is not None:
             parts.append(_kernel(gather.function, debug, sites, target, target.gather_entry, gather.interior,
-                                 two_pass=gather if gather.pointwise is not None and target is CPU else None))
+                                 two_pass=gather if gather.pointwise is not None and target is CPU else None,
+                                 row=gather.row))
         if identity is not None and target is CPU:
             parts.append(_kernel(identity.function, debug, sites, target, target.forward_entry, identity.interior))
     return RenderedModule("\n".join(parts), sites)
@@ -299,8 +300,8 @@ def buffer_size(params) -> int:
 
 def grad_params(*functions: ir.Function) -> tuple[int, ...]:
     """Indices of the array parameters whose gradients the adjoint `functions` (a gather form, its
-    interior variant and a two-pass form's pointwise pass) read or accumulate into: the bits of a gradient mask that matter (see
-    has_grad in prelude.h)."""
+    interior variant and a two-pass form's pointwise pass) read or accumulate into: the bits of a
+    gradient mask that matter (see has_grad in prelude.h)."""
     return tuple(sorted({s.array.param.index for fn in functions for s in ir.walk(fn.body)
                          if isinstance(s, (ir.AccumGrad, ir.ReadGrad))}))
 
@@ -329,12 +330,13 @@ def render_grads_variant(functions: tuple, grads: int, target: Target) -> Render
     # module's pointwise entry first (backends/cuda_launch.py)
     two_pass = gather if gather.pointwise is not None and target is CPU else None
     parts = [target.header, native_definitions([fn]),
-             _kernel(fn, False, [], target, target.gather_entry, gather.interior, grads=grads, two_pass=two_pass)]
+             _kernel(fn, False, [], target, target.gather_entry, gather.interior, grads=grads, two_pass=two_pass,
+                     row=gather.row)]
     return RenderedModule("\n".join(parts), [])
 
 
 def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, interior=None,
-            grads: int | None = None, two_pass=None) -> str:
+            grads: int | None = None, two_pass=None, row=None) -> str:
     """One entry point: `fn`'s thread body (and its interior variant, which shares `fn`'s argument
     struct, where the target runs one) and the target's entry around it. An adjoint entry picks an
     instantiation of the body (see has_grad in prelude.h): with `grads` the one for that gradient
@@ -367,9 +369,12 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
         call, private, prelude = f"_thread({tids}, L, A);", ("A",), ""
     # The GPU's grid-stride loop: a thread inside the interior box runs the variant (`pick`).
     box, pick = "", ""
+    row = row if target is CPU and interior is not None else None     # a gather form's (GatherAdjoint.row)
+    if row is not None:
+        lines += _thread_function(row.function, debug, sites, target, adjoint, fn.name, hot=True)
     if interior is not None:
         nest = _interior_nest(fn.tid_ndim, fn.name + call, interior.function.name + call, interior, private, prelude,
-                              threshold)
+                              threshold, (row.function.name + call, row) if row is not None else None)
         box = space["extents"] + "\n" + "\n".join(_interior_box(fn.tid_ndim, interior)) + "\n"
         inside = " && ".join(f"lo{k} <= i{k} && i{k} < hi{k}" for k in range(fn.tid_ndim))
         pick = f"if ({inside}) {interior.function.name}{call} else "
@@ -516,11 +521,15 @@ def _plain_nest(ndim: int, call: str, private, prelude: str, threshold: int) -> 
             + (f"{pad}{prelude}\n" if prelude else "") + f"{pad}{call}\n" + space["closing"])
 
 
-def _interior_nest(ndim: int, edge: str, middle: str, interior, private, prelude: str, threshold: int) -> str:
+def _interior_nest(ndim: int, edge: str, middle: str, interior, private, prelude: str, threshold: int,
+                   row=None) -> str:
     """The CPU loop nest of an entry with an interior variant: the box [lo_k, hi_k) per axis is
     evaluated once; each row of the innermost index runs in three parts, the edges through `edge`
-    and the part inside the box through `middle` (a row outside the box runs `edge` throughout)."""
+    and the part inside the box through `middle` (a row outside the box runs `edge` throughout, or
+    with `row` = (call, its Interior), a gather form's row variant, that in the row's box)."""
     box = _interior_box(ndim, interior)
+    if row is not None and ndim > 1:
+        box += _axis_box(ndim - 1, row[1], "rlo", "rhi")
     k = ndim - 1
     pad = "    " * (k + 1)
     runs = [f"{pad}for (int32_t i{k} = {_start(k)}; i{k} < a; ++i{k}) {edge}",
@@ -538,9 +547,13 @@ def _interior_nest(ndim: int, edge: str, middle: str, interior, private, prelude
     outer = "".join(f"{'    ' * (a + 1)}for (int32_t i{a} = {_start(a)}; i{a} < {_stop(a)}; ++i{a}) {{\n"
                     for a in range(k))
     closing = "".join(f"{'    ' * (a + 1)}}}\n" for a in reversed(range(k)))
+    if row is not None:
+        runs[1] = (f"{pad}if (mid) for (int32_t i{k} = a; i{k} < b; ++i{k}) {middle}\n"
+                   f"{pad}else for (int32_t i{k} = a; i{k} < b; ++i{k}) {row[0]}")
     inner = ([f"{pad}{prelude}"] if prelude else []) + [
         f"{pad}const bool mid = {mid};",
-        f"{pad}const int32_t a = mid ? (int32_t)lo{k} : e{k}, b = mid ? (int32_t)hi{k} : e{k};", *runs]
+        f"{pad}const int32_t a = mid ? (int32_t)lo{k} : {'(int32_t)rlo' if row else f'e{k}'}, "
+        f"b = mid ? (int32_t)hi{k} : {'(int32_t)rhi' if row else f'e{k}'};", *runs]
     collapse = f"collapse({k}) " if k > 1 else ""
     return ("\n".join(box) + "\n    " + _share(private, threshold).format(collapse=collapse) + outer
             + "\n".join(inner) + "\n" + closing)
@@ -549,14 +562,14 @@ def _interior_nest(ndim: int, edge: str, middle: str, interior, private, prelude
 def _interior_box(ndim: int, interior) -> list[str]:
     """C++ lines that set the interior box [lo_k, hi_k) per axis from the variant's bounds,
     clamped to the launch's extents e_k (an empty box where the bounds cross)."""
-    box = []
-    for k in range(ndim):
-        box.append(f"    int64_t lo{k} = 0, hi{k} = e{k};")
-        box += [f"    {{ const int64_t v = {_bound_cpp(b)}; if (v > lo{k}) lo{k} = v; }}" for b in interior.lower[k]]
-        box += [f"    {{ const int64_t v = {_bound_cpp(b)}; if (v < hi{k}) hi{k} = v; }}" for b in interior.upper[k]]
-        box.append(f"    if (lo{k} > e{k}) lo{k} = e{k};")
-        box.append(f"    if (hi{k} < lo{k}) hi{k} = lo{k};")
-    return box
+    return [line for k in range(ndim) for line in _axis_box(k, interior, f"lo{k}", f"hi{k}")]
+
+
+def _axis_box(k: int, interior, lo: str, hi: str) -> list[str]:
+    box = [f"    int64_t {lo} = 0, {hi} = e{k};"]
+    box += [f"    {{ const int64_t v = {_bound_cpp(b)}; if (v > {lo}) {lo} = v; }}" for b in interior.lower[k]]
+    box += [f"    {{ const int64_t v = {_bound_cpp(b)}; if (v < {hi}) {hi} = v; }}" for b in interior.upper[k]]
+    return box + [f"    if ({lo} > e{k}) {lo} = e{k};", f"    if ({hi} < {lo}) {hi} = {lo};"]
 
 
 def _bound_cpp(bound) -> str:

@@ -23,6 +23,11 @@ part in every pass from offset 0 to c on that axis: at c it is always kept (thre
 p), at the others only by the edge thread (p == 0, or p == n - 1), which gathers what the clamped
 threads put there. Each contribution is still counted by exactly one thread in exactly one pass.
 
+Along the rows of the innermost axis whose outer indices are near a face, the threads inside the
+innermost axis's box run the row variant: p - c clamped (or wrapped) along the outer axes, which
+is the same for the whole row, and plain along the innermost one, whose tests are settled: the
+clamped copy's values, vectorised along the row.
+
 Arrays that do not qualify (an index that is not tid + constant on its own axis, a gradient the
 kernel also reads, a rank other than the launch's) keep the scatter; it runs in the zero-offset
 pass. Kernels whose loops keep a tape are left alone (their tape belongs to one thread).
@@ -74,6 +79,9 @@ class GatherAdjoint:
     pointwise: ir.Function | None = None
     pointwise_interior: Interior | None = None
     scratch_bytes: int = 0
+    # the threads whose innermost index lies in `row`'s box (its other axes' bounds are empty) and
+    # whose outer indices are outside `interior`'s: branch-free along the row (CPU entries)
+    row: Interior | None = None
 
 
 def gather_adjoint(adjoint: ir.Function, two_pass: bool = True) -> GatherAdjoint | None:
@@ -146,11 +154,22 @@ def gather_adjoint(adjoint: ir.Function, two_pass: bool = True) -> GatherAdjoint
     same = _same_extents(set(eligible) if not any(widens) else (), source)
     within = ([b[0] for b in lower], [b[0] for b in upper], same)
     interior = interior_variant(unclamped, unclamped.name, lower, upper, within)
-    selected = select_branches(interior.function)
+    selected = select_branches(interior.function, _own_loads(interior.function, eligible, widens))
     if has_branches(selected):
         interior = interior_variant(unclamped, unclamped.name, lower, upper)
         selected = select_branches(interior.function)
     interior = dataclasses.replace(interior, function=eliminate_dead_code(selected))
+    # Rows of the innermost axis whose outer indices lie near a face: p - c clamped along the outer
+    # axes (the same for the whole row), inside along the innermost one, settled there.
+    row = None
+    if ndim > 1 and not any(widens):
+        inner = ndim - 1
+        row_fn = build(tuple(k != inner for k in range(ndim)))
+        row = interior_variant(row_fn, row_fn.name, [() if k != inner else lower[k] for k in range(ndim)],
+                               [() if k != inner else upper[k] for k in range(ndim)], within, axes={inner})
+        selected = select_branches(row.function, _own_loads(row.function, eligible, widens)) if row else None
+        row = None if row is None or has_branches(selected) else dataclasses.replace(
+            row, function=eliminate_dead_code(selected))
     pointwise = pointwise_interior = None
     if found:
         base = adjoint.name.replace("_adjoint", "")
@@ -162,7 +181,18 @@ def gather_adjoint(adjoint: ir.Function, two_pass: bool = True) -> GatherAdjoint
             pointwise_interior = dataclasses.replace(pointwise_interior,
                                                      function=eliminate_dead_code(pointwise_interior.function))
     return GatherAdjoint(build(True), interior, tuple(eligible), scatters, source, widens, extent_bounds,
-                         pointwise, pointwise_interior, scratch_bytes)
+                         pointwise, pointwise_interior, scratch_bytes, row)
+
+
+def _own_loads(fn: ir.Function, eligible, widens) -> set[int]:
+    """Ids of `fn`'s loads of a gathered array at the thread's own index, which every thread may
+    make (such an array spans the launch exactly unless the form widens)."""
+    if any(widens):
+        return set()
+    offsets = tid_offsets(fn.body, fn.tid_ndim)
+    own = [(k, Bound()) for k in range(fn.tid_ndim)]
+    return {id(s) for s in ir.walk(fn.body) if isinstance(s, (ir.Load, ir.ReadGrad)) and s.array.param.name in eligible
+            and [offsets.get(x.id) if isinstance(x, ir.Temp) else None for x in s.indices] == own}
 
 
 def _same_extents(names, source: str):
@@ -216,7 +246,7 @@ def _site_passes(offset, clamps) -> list:
 
 # ---- building the gather function ----------------------------------------------------------------
 def _build(adjoint: ir.Function, body, eligible: dict[str, ir.Param], source: str, widens, site_offset,
-           site_clamps, passes, clamp: bool, scratch=None, skip=frozenset()) -> ir.Function:
+           site_clamps, passes, clamp, scratch=None, skip=frozenset()) -> ir.Function:
     loc = adjoint.loc
     ndim = adjoint.tid_ndim
     out: list = []
@@ -229,9 +259,11 @@ def _build(adjoint: ir.Function, body, eligible: dict[str, ir.Param], source: st
               if name not in skip}
     out += [ir.Assign(v, ir.Const(-0.0, v.type), loc) for v in totals.values()]
     zero = ((0, False),) * ndim
+    # `clamp`: whether p - c is clamped (wrapped) into the launch, per axis (a bool: every axis)
+    clamp = tuple(clamp) if isinstance(clamp, tuple) else (clamp,) * ndim
     own = []             # per widening axis: thread p clamped into the launch, and whether it is in it
     for k in range(ndim):
-        if not (clamp and widens[k]):
+        if not (clamp[k] and widens[k]):
             own.append(None)
             continue
         last, pk, ok = ir.Temp(int32), ir.Temp(int32), ir.Temp(bool_)
@@ -261,16 +293,17 @@ def _build(adjoint: ir.Function, body, eligible: dict[str, ir.Param], source: st
             out += [ir.ArrayDim(dim, ir.ArrayRef(eligible[name]), k, loc), ir.Op(below, "lt", (p[k], dim), loc)]
             has = _conjoin(out, has, below, loc)
         out += list(write) if has is None else [ir.If(has, write, (), loc)]
-    name = adjoint.name.replace("_adjoint", "") + ("_gather" if clamp else "_gather_interior")
+    name = adjoint.name.replace("_adjoint", "") + ("_gather" if all(clamp) else "_gather_row" if any(clamp)
+                                                    else "_gather_interior")
     return ir.Function(name, adjoint.params, tuple(out), loc, ndim)
 
 
-def _pass(body, c, p, extent, own, totals, site_offset, site_clamps, keep_scatter: bool, clamp: bool, loc,
+def _pass(body, c, p, extent, own, totals, site_offset, site_clamps, keep_scatter: bool, clamp: tuple, loc,
           scratch=None, flat=None, skip=frozenset()) -> list:
     """Thread p's share of the pass at offset c (per axis: the offset, and whether it wraps around
     the axis): the adjoint of thread p - c (clamped into the launch, or wrapped around a periodic
     axis), its accumulations at offset c summed into fresh locals, added to `totals` only when
-    p - c is a thread of the launch. Without `clamp`, p - c is known to be inside the launch.
+    p - c is a thread of the launch. Along an axis without `clamp`, p - c is known to be inside.
     `scratch` (root Temp id -> byte offset, two-pass forms): the roots are read, at p - c's flat
     index (`flat` is p's), from what the pointwise pass stored."""
     out: list = []
@@ -279,10 +312,10 @@ def _pass(body, c, p, extent, own, totals, site_offset, site_clamps, keep_scatte
         if ck == 0 and own[k] is None:
             t.append(pk)
             continue
-        if ck and (not clamp or periodic):
+        if ck and (not clamp[k] or periodic):
             shifted, tk = ir.Temp(int32), ir.Temp(int32)
-            out.append(ir.Op(shifted if periodic and clamp else tk, "sub", (pk, ir.Const(ck, int32)), loc))
-            if periodic and clamp:
+            out.append(ir.Op(shifted if periodic and clamp[k] else tk, "sub", (pk, ir.Const(ck, int32)), loc))
+            if periodic and clamp[k]:
                 out.append(ir.Op(tk, "mod", (shifted, extent[k]), loc))    # Python's %: never negative
             t.append(tk)
             continue
@@ -307,7 +340,7 @@ def _pass(body, c, p, extent, own, totals, site_offset, site_clamps, keep_scatte
     at = None
     if scratch:
         # inside the launch p - c is p shifted by a constant: unit-stride loads of the roots
-        ops, at = (transpose.shifted_index(flat, [ck for ck, _ in c], extent, loc) if not clamp
+        ops, at = (transpose.shifted_index(flat, [ck for ck, _ in c], extent, loc) if not any(clamp)
                    else transpose.flat_index(t, extent, loc))
         out += ops
     copier = _Copier(t, c, partial, site_offset, keep_scatter, site_clamps, p, extent, scratch, at, skip)

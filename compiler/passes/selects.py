@@ -8,8 +8,9 @@ after the branch becomes a select between the new value and the old one on the b
 (a local read only inside the branch needs none: what the side not taken writes there is never
 read). Values computed on the side not
 taken are never kept, and a computation cannot trap (integer division by zero gives 0 in our
-prelude, floats give inf or nan). A branch is converted only where no value it defines is read
-after it, so every reader of the not-taken side's values is itself predicated away.
+prelude, floats give inf or nan). A branch is converted only where the values it defines are read
+under branches on the same condition alone (a replay's branch and its reverse sweep's), so every
+reader of the not-taken side's values is itself predicated away.
 A branch on a condition that settled tests made constant (`interior.py`) is replaced by the branch
 taken. Expects verified IR; keeps it verified.
 """
@@ -29,10 +30,11 @@ def has_branches(fn: ir.Function) -> bool:
     return any(isinstance(s, ir.If) for s in ir.walk(fn.body))
 
 
-def select_branches(fn: ir.Function) -> ir.Function:
-    """`fn` with each convertible branch (see the module docstring) replaced by selects. A body
-    with loops is returned as it is (a local read only inside a branch may carry a value from one
-    iteration to the next)."""
+def select_branches(fn: ir.Function, safe=frozenset()) -> ir.Function:
+    """`fn` with each convertible branch (see the module docstring) replaced by selects. `safe`:
+    ids of loads that are in bounds on every thread (an array that spans the launch, read at the
+    thread's own index), which a converted branch may make. A body with loops is returned as it is
+    (a local read only inside a branch may carry a value from one iteration to the next)."""
     if any(isinstance(s, (ir.Loop, ir.ReverseLoop)) for s in ir.walk(fn.body)):
         return fn
     uses: dict[int, int] = {}
@@ -43,15 +45,28 @@ def select_branches(fn: ir.Function) -> ir.Function:
                 uses[a.id] = uses.get(a.id, 0) + 1
         if isinstance(s, ir.ReadVar):
             reads[s.var.id] = reads.get(s.var.id, 0) + 1
-    return dataclasses.replace(fn, body=tuple(_Convert(uses, reads).block(fn.body)))
+    # per condition: the uses of each value made under a branch on it (a replay's branch and its
+    # reverse sweep's test the same condition)
+    under: dict[int, dict[int, object]] = {}
+    for s in ir.walk(fn.body):
+        if isinstance(s, ir.If) and isinstance(s.cond, ir.Temp):
+            under.setdefault(s.cond.id, {}).update((id(x), x) for x in ir.walk(s.then + s.orelse))
+    guarded: dict[int, dict[int, int]] = {}
+    for cond, statements in under.items():
+        counts = guarded[cond] = {}
+        for x in statements.values():
+            for a in ir.used_operands(x):
+                if isinstance(a, ir.Temp):
+                    counts[a.id] = counts.get(a.id, 0) + 1
+    return dataclasses.replace(fn, body=tuple(_Convert(uses, reads, safe, guarded).block(fn.body)))
 
 
 _LOGIC = {"and": lambda a, b: a and b, "or": lambda a, b: a or b, "not": lambda a: not a}
 
 
 class _Convert:
-    def __init__(self, uses, reads):
-        self.uses, self.reads = uses, reads
+    def __init__(self, uses, reads, safe, guarded):
+        self.uses, self.reads, self.safe, self.guarded = uses, reads, safe, guarded
         self.kept: set[int] = set()          # the Vars of the branch being converted read after it
         self.known: dict[int, bool] = {}     # conditions that settled tests make constant
 
@@ -88,15 +103,12 @@ class _Convert:
 
     def _convertible(self, s: ir.If) -> bool:
         inner = list(ir.walk(s.then + s.orelse))
-        if not all(isinstance(x, _SAFE) or isinstance(x, ir.Op) and not OPS[x.op].definition for x in inner):
+        if not all(isinstance(x, _SAFE) or isinstance(x, ir.Op) and not OPS[x.op].definition or id(x) in self.safe
+                   for x in inner):
             return False
-        # every value defined inside is read inside only
+        # every value defined inside is read only under a branch on the same condition
         defined = {t.id for x in inner for t in ir.defined_temps(x)}
-        inside: dict[int, int] = {}
-        for x in inner:
-            for a in ir.used_operands(x):
-                if isinstance(a, ir.Temp):
-                    inside[a.id] = inside.get(a.id, 0) + 1
+        inside = self.guarded.get(s.cond.id, {}) if isinstance(s.cond, ir.Temp) else {}
         return all(inside.get(t, 0) == self.uses.get(t, 0) for t in defined)
 
     def _not(self, out, cond, loc):
