@@ -1,6 +1,12 @@
 """The same nonlinear wave step spelled the ways users write it: forward and gradient time of each.
 
     python benchmarks/spellings.py [--n 256] [--steps 1000] [--snapshots 20] [--rounds 3] [--forward-only]
+    python benchmarks/spellings.py --kernels [--orders 2 4 8] [--ndims 2 3] [--dtypes float32 float64]
+
+`--kernels` times kernels instead of models: the adjoint / forward kernel time of 2nd-, 4th- and
+8th-order stencils in 2-D and 3-D, each spelled unrolled, with a `@sp.func` helper, with a loop over
+a coefficient table and with loops over neighbours (benchmarks/kernel_spellings.py), against the
+same kernels compiled as before the two-pass adjoint form.
 
 Issue 14 asks that no common spelling be more than 1.3x slower than the fastest, forward and
 Revolve gradient. Every spelling computes the same step (zero Dirichlet boundary: a boundary
@@ -21,6 +27,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import stepper as sp  # noqa: E402
 
 C, B = 0.2, 1e-3
@@ -171,7 +178,19 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--forward-only", action="store_true",
                         help="time the rollouts only (longer ones, with --steps, weigh their setup less)")
+    parser.add_argument("--kernels", action="store_true", help="adjoint/forward kernel time per spelling and order")
+    parser.add_argument("--orders", type=int, nargs="+", default=[2, 4, 8])
+    parser.add_argument("--ndims", type=int, nargs="+", default=[2, 3])
+    parser.add_argument("--dtypes", nargs="+", default=list(DTYPES))
+    parser.add_argument("--n2", type=int, default=512, help="--kernels: 2-D grid side")
+    parser.add_argument("--n3", type=int, default=64, help="--kernels: 3-D grid side")
+    parser.add_argument("--no-before", action="store_true", help="--kernels: skip the kernels compiled as before")
     args = parser.parse_args()
+    if args.kernels:
+        from kernel_spellings import kernel_table
+        print(f"kernels, {max(args.rounds, 5)} interleaved rounds, {os.cpu_count()} CPUs, all gradients present")
+        kernel_table(args.orders, args.ndims, args.dtypes, args.n2, args.n3, max(args.rounds, 5), not args.no_before)
+        return
     n, steps = args.n, args.steps
     contenders = {}                                       # (dtype name, spelling) -> (model, dtype, loss)
     for dname, dtype in DTYPES.items():

@@ -243,6 +243,27 @@ class ReadGrad:
 
 
 @dataclass(frozen=True)
+class ScratchStore:
+    """Two-pass gather forms only (compiler/passes/transpose.py): store `value` as element `index`
+    (the thread's flat index in the launch) of a scratch array of one value per thread of the
+    launch, which starts `offset` bytes per thread into the launch's scratch memory."""
+    offset: int
+    index: Operand
+    value: Operand
+    loc: Loc
+
+
+@dataclass(frozen=True)
+class ScratchLoad:
+    """Two-pass gather forms only: `out` = element `index` of the scratch array at `offset`, which
+    the launch's first pass stored."""
+    out: Temp
+    offset: int
+    index: Operand
+    loc: Loc
+
+
+@dataclass(frozen=True)
 class CustomAdjoint:
     """A call of a @func with a user adjoint (@func_grad). The forward runs `body`; the reverse
     sweep sets `adj_outputs` from the adjoints of `outputs`, zeroes `adj_inputs`, runs `reverse`
@@ -266,7 +287,7 @@ class CustomReplay:
 
 
 Stmt = Union[CustomAdjoint, CustomReplay, Op, ReadVar, Assign, ReadParam, ThreadIndex, ArrayDim, Load, Store, Atomic, Print, If, Loop,
-             ReverseLoop, Push, Pop, ReverseMark, AccumGrad, ReadGrad]
+             ReverseLoop, Push, Pop, ReverseMark, AccumGrad, ReadGrad, ScratchStore, ScratchLoad]
 
 
 @dataclass(frozen=True)
@@ -307,6 +328,10 @@ def used_operands(s) -> tuple:
         return s.indices
     if isinstance(s, (Store, Atomic, AccumGrad)):
         return (*s.indices, s.value)
+    if isinstance(s, ScratchStore):
+        return (s.index, s.value)
+    if isinstance(s, ScratchLoad):
+        return (s.index,)
     if isinstance(s, Assign):
         return (s.value,)
     if isinstance(s, (Print, Push)):

@@ -114,9 +114,11 @@ class Compiled:
     @property
     def adjoint_loads(self) -> frozenset:
         """The array arguments whose values an adjoint reads (any form of it that may run: the
-        scatter one, the gather form and its interior variant). A recording kept for later keeps
+        scatter one, the gather form, its interior variant and its pointwise pass; the pointwise
+        pass's interior variant only leaves out what its pass reads). A recording kept for later keeps
         only the state its reversal reads (stepper/native_reverse.py)."""
-        forms = (self.adjoint, *((self.gather.function, self.gather.interior.function) if self.gather else ()))
+        forms = (self.adjoint, *((self.gather.function, self.gather.interior.function, self.gather.pointwise)
+                                 if self.gather else ()))
         return frozenset(s.array.param.name for fn in forms if fn is not None for s in ir.walk(fn.body)
                          if isinstance(s, (ir.Load, ir.Atomic)) and not s.array.adjoint)
 
@@ -159,6 +161,8 @@ class Kernel:
             if gather is not None:
                 verify(gather.function, single_definition=False)
                 verify(gather.interior.function, single_definition=False)
+                if gather.pointwise is not None:
+                    verify(gather.pointwise, single_definition=False)
             interior = interior_variant(forward, forward.name + "_interior")
             if interior is not None:
                 verify(interior.function)

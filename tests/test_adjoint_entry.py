@@ -7,7 +7,6 @@ carries, and how many threads they use.
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -224,11 +223,11 @@ def test_the_specialised_entries_compile_to_ptx_and_for_the_cpu():
     compiler take (NVRTC is needed for the first half only)."""
     from compiler.backends import build_cpu_library, load_cpu_library
     from compiler.backends.cuda_module import CUDA_OPTIONS, PRELUDE
-    from compiler.codegen.targets import CPU, CUDA, grad_params, grads_variant_name, render_grads_variant
+    from compiler.codegen.targets import CPU, CUDA, gather_grad_params, grads_variant_name, render_grads_variant
     from compiler.kernel import PRELUDE_DIR
     compiled = damped.compiled()
     gather = compiled.gather
-    assert grad_params(gather.function, gather.interior.function) == (0, 1, 2, 3)
+    assert gather_grad_params(gather) == (0, 1, 2, 3)
     name = grads_variant_name(gather.function.name, 0b1011)
     cpu = render_grads_variant(compiled.functions(), 0b1011, CPU).source
     assert hasattr(load_cpu_library(build_cpu_library(cpu, "grads_variant_check", include_dirs=[PRELUDE_DIR])), name)

@@ -50,9 +50,10 @@ def test_gather_passes_keep_only_what_reaches_their_offset():
     gather = compiled.gather.interior.function
     verify(gather, single_definition=False)
     # two passes, each a copy of the adjoint (the offsets 0 and +1 of u): without elimination about
-    # twice the adjoint's statements; with it, nothing left to remove
+    # twice the adjoint's statements (and the selects of the guard j + 1 < m, which the interior
+    # leaves to the last column: compiler/passes/selects.py); with it, nothing left to remove
     size = len(list(ir.walk(gather.body)))
-    assert size < 1.5 * len(list(ir.walk(compiled.adjoint.body)))
+    assert size < 1.75 * len(list(ir.walk(compiled.adjoint.body)))
     assert len(list(ir.walk(eliminate_dead_code(gather).body))) == size
 
 

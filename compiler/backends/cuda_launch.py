@@ -175,6 +175,24 @@ def _tape_memory(ordinal: int, nbytes: int, kernel, compiled, capacity: int, n: 
     return tape
 
 
+_SCRATCH: dict[int, DeviceBuffer] = {}
+
+
+def _scratch_memory(ordinal: int, nbytes: int, kernel) -> DeviceBuffer:
+    """The device's scratch buffer for two-pass gather forms, grown (by at least half) when
+    `nbytes` do not fit; launches are ordered on one stream, so one buffer serves them all."""
+    scratch = _SCRATCH.get(ordinal)
+    if scratch is None or scratch.nbytes < nbytes:
+        size = max(nbytes, int(scratch.nbytes * 1.5) if scratch is not None else 0)
+        _SCRATCH.pop(ordinal, None)
+        try:
+            scratch = _SCRATCH[ordinal] = DeviceBuffer(size, ordinal)
+        except MemoryError as e:
+            raise MemoryError(f"the adjoint of kernel '{kernel.__name__}' needs {nbytes / 2**20:.1f} MiB of GPU "
+                              f"memory for the partial derivatives its two passes share: {e}") from None
+    return scratch
+
+
 def adjoint(kernel, compiled, function, buffer: bytes, adj_buffer: bytes, n: int, debug: bool, serial: int,
             device: str, add_slots: int = 0, grads: int | None = None) -> None:
     """Run the adjoint entry `function` (the adjoint or its gather form) of `kernel`: gradients
@@ -206,6 +224,14 @@ def adjoint(kernel, compiled, function, buffer: bytes, adj_buffer: bytes, n: int
     if serial == 2:
         logging, tables, chunks = _with_add_tables(buffer, n, add_slots, dev.ordinal)
         args = _by_value(logging)
+    gather = compiled.gather
+    if gather is not None and function is gather.function and gather.pointwise is not None:
+        # a two-pass gather form (compiler/passes/transpose.py): its pointwise pass first, into
+        # scratch memory that the transposed pass reads (the stream orders the two launches)
+        tape = _scratch_memory(dev.ordinal, n * gather.scratch_bytes, kernel).ptr
+        first = loaded.function(gather.pointwise.name, adjoint=True)
+        _run(kernel, first, grid, block, [args, adj, ctypes.c_void_p(tape), ctypes.c_int64(0), ctypes.c_int(0),
+                                          ctypes.c_void_p(0)], dev.ordinal)
     _run(kernel, fn, grid, block, [args, adj, ctypes.c_void_p(tape), ctypes.c_int64(capacity), ctypes.c_int(0),
                                    ctypes.c_void_p(0)], dev.ordinal)
     if serial == 2:

@@ -183,6 +183,13 @@ class FunctionEmitter:
         known = "KNOWN, HAS" if k < 64 else "0, 0"
         self.line(f"{s.out.name} = sp::read_grad<{known}, {min(k, 63)}>(adj_{s.array.param.name}, {idx});")
 
+    def s_ScratchStore(self, s):
+        t = s.value.type.ctype
+        self.line(f"sp::scratch<{t}>(tp, L, {s.offset}, {self.x(s.index)}) = {self.x(s.value)};")
+
+    def s_ScratchLoad(self, s):
+        self.line(f"{s.out.name} = sp::scratch<{s.out.type.ctype}>(tp, L, {s.offset}, {self.x(s.index)});")
+
     def s_Print(self, s):
         values = [v for a in s.args for v in _printf(self.x(a), a.type)[1]]
         self.line(f'printf("{_escape_format(s.fmt, s.args, self.x)}\\n"{"".join(", " + v for v in values)});')

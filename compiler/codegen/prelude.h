@@ -461,6 +461,21 @@ struct tape_t {
     int serial;        // deterministic launch: threads run one after another, so no atomics needed
     int64_t fresh;     // gather forms: bit k set = parameter k's gradient is new memory standing for zeros
 };
+// A two-pass gather form's scratch memory (compiler/passes/transpose.py): the launch's first pass
+// stores per-thread values that its second pass reads at neighbouring threads. An array of one T
+// per thread of the launch starts at L.n * offset bytes (offsets are multiples of T's alignment).
+template <typename T> SP_FUNC T& scratch(const tape_t& tp, const launch_t& L, int64_t offset, int64_t i) {
+    return ((T*)((char*)tp.base + L.n * offset))[i]; }
+#ifndef SP_CUDA
+// On the CPU a two-pass form's entry runs both passes; its scratch memory is kept per calling thread
+// between launches (no allocation per launch; nothing in it outlives the launch that filled it).
+// On a GPU the runtime passes device memory as the tape (backends/cuda_launch.py).
+static inline uint64_t* scratch_memory(int64_t bytes) {
+    static thread_local std::vector<uint64_t> memory;
+    if ((int64_t)memory.size() * 8 < bytes) memory.resize((size_t)((bytes + 7) / 8));
+    return memory.data();
+}
+#endif
 // Adjoints scatter into gradient arrays: atomically, or with a plain add when threads run serially
 // (the compare-and-swap loop costs far more than the add, and the order is then fixed anyway).
 template <typename T> SP_FUNC void accum_grad(T* p, const T& v, int serial, const launch_t& L) {

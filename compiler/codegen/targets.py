@@ -157,7 +157,7 @@ CPU = Target(
     # without null checks, which vectorises.
     gather_entry=_CPU_ADJOINT_HEAD + """    const int in_order = serial || L.n < {threshold};
 {extents}
-{logged}    if ({all_grads}) {{
+{logged}{scratch}    if ({all_grads}) {{
 {nest}    }} else {{
 {plain_nest}    }}
     return 0;
@@ -201,7 +201,7 @@ extern "C" __global__ void __launch_bounds__({block}, {min_blocks}) {name}_forwa
     gather_entry=_CUDA_ADJOINT_HEAD + """    const bool all_grads = {all_grads};
 {box}    """ + _GRID_STRIDE + """ {{
 {decompose}
-        sp::tape_t tp = {{nullptr, L.n, 0, 0, 0, 0, 0, fresh}};
+        sp::tape_t tp = {{tape, L.n, 0, 0, 0, 0, 0, fresh}};     // a two-pass form's scratch memory
         if (all_grads) {pick}{name}_thread<{fast}>({tids}, L, A, G, tp);
         else {name}_thread<{checked}>({tids}, L, A, G, tp);
     }}
@@ -270,8 +270,13 @@ def render(kernels: list[tuple], debug: bool, target: Target) -> RenderedModule:
         parts.append(_kernel(forward, debug, sites, target, target.forward_entry, interior))
         if adjoint is not None:
             parts.append(_kernel(adjoint, debug, sites, target, target.adjoint_entry))
+        if gather is not None and gather.pointwise is not None and target is not CPU:
+            # the GPU runs a two-pass form's passes as two launches (backends/cuda_launch.py)
+            parts.append(_kernel(gather.pointwise, debug, sites, target, target.gather_entry, gather.pointwise_interior))
         if gather is not None:
-            parts.append(_kernel(gather.function, debug, sites, target, target.gather_entry, gather.interior))
+            parts.append(_kernel(gather.function, debug, sites, target, target.gather_entry, gather.interior,
+                                 two_pass=gather if gather.pointwise is not None and target is CPU else None,
+                                 row=gather.row))
         if identity is not None and target is CPU:
             parts.append(_kernel(identity.function, debug, sites, target, target.forward_entry, identity.interior))
     return RenderedModule("\n".join(parts), sites)
@@ -294,11 +299,18 @@ def buffer_size(params) -> int:
 
 
 def grad_params(*functions: ir.Function) -> tuple[int, ...]:
-    """Indices of the array parameters whose gradients the adjoint `functions` (a gather form and
-    its interior variant) read or accumulate into: the bits of a gradient mask that matter (see
-    has_grad in prelude.h)."""
+    """Indices of the array parameters whose gradients the adjoint `functions` (a gather form, its
+    interior variant and a two-pass form's pointwise pass) read or accumulate into: the bits of a
+    gradient mask that matter (see has_grad in prelude.h)."""
     return tuple(sorted({s.array.param.index for fn in functions for s in ir.walk(fn.body)
                          if isinstance(s, (ir.AccumGrad, ir.ReadGrad))}))
+
+
+def gather_grad_params(gather) -> tuple[int, ...]:
+    """`grad_params` of every pass of a `GatherAdjoint` (its function, its interior variant and a
+    two-pass form's pointwise pass)."""
+    return grad_params(gather.function, gather.interior.function,
+                       *((gather.pointwise,) if gather.pointwise is not None else ()))
 
 
 def grads_variant_name(name: str, grads: int) -> str:
@@ -314,28 +326,36 @@ def render_grads_variant(functions: tuple, grads: int, target: Target) -> Render
     carries gradients. Named `grads_variant_name(gather name, grads)`; no debug checks."""
     gather = functions[3]
     fn = dataclasses.replace(gather.function, name=grads_variant_name(gather.function.name, grads))
+    # a two-pass form runs its pointwise pass inside the entry on the CPU; the GPU launches the
+    # module's pointwise entry first (backends/cuda_launch.py)
+    two_pass = gather if gather.pointwise is not None and target is CPU else None
     parts = [target.header, native_definitions([fn]),
-             _kernel(fn, False, [], target, target.gather_entry, gather.interior, grads=grads)]
+             _kernel(fn, False, [], target, target.gather_entry, gather.interior, grads=grads, two_pass=two_pass,
+                     row=gather.row)]
     return RenderedModule("\n".join(parts), [])
 
 
 def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, interior=None,
-            grads: int | None = None) -> str:
+            grads: int | None = None, two_pass=None, row=None) -> str:
     """One entry point: `fn`'s thread body (and its interior variant, which shares `fn`'s argument
     struct, where the target runs one) and the target's entry around it. An adjoint entry picks an
     instantiation of the body (see has_grad in prelude.h): with `grads` the one for that gradient
     mask throughout; without, the gather entry runs the branch-free one where every gradient the
-    body touches is present and the one that tests each gradient otherwise."""
+    body touches is present and the one that tests each gradient otherwise. `two_pass` (a
+    `GatherAdjoint` with a pointwise pass, on the CPU): the entry runs that pass over every thread
+    first, into scratch memory that `fn` reads."""
     adjoint = entry_template is not target.forward_entry
     interior = interior if target.interiors else None
     threshold = parallel_threshold(fn)
     lines = [FunctionEmitter(fn, debug=debug, sites=sites).args_struct(f"{fn.name}_args_t")]
     lines += _thread_function(fn, debug, sites, target, adjoint, fn.name)
     if interior is not None:
-        lines += _thread_function(interior.function, debug, sites, target, adjoint, fn.name)
+        lines += _thread_function(interior.function, debug, sites, target, adjoint, fn.name, hot=True)
     if grads is None:
         fast, checked = "sp::ALL_GRADS, sp::ALL_GRADS", "0, 0"
-        touched = grad_params(fn, *((interior.function,) if interior is not None else ()))
+        passes = (fn, *((interior.function,) if interior is not None else ()),
+                  *((two_pass.pointwise,) if two_pass is not None else ()))
+        touched = grad_params(*passes)
         all_grads = " && ".join(f"G.{fn.params[k].name}.data" for k in touched) or "true"
     else:
         fast = checked = f"sp::ALL_GRADS, {grads:#x}ull"
@@ -344,14 +364,17 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
     tids = space["tids"]
     if adjoint:     # the gather entry's common case: every gradient present, no tape
         call, private = f"_thread<{fast}>({tids}, L, A, G, tp);", ("A", "G")
-        prelude = "sp::tape_t tp = {nullptr, 1, 0, 0, 0, 0, in_order, fresh};"
+        prelude = "sp::tape_t tp = {%s, 1, 0, 0, 0, 0, in_order, fresh};" % ("scratch" if two_pass else "nullptr")
     else:
         call, private, prelude = f"_thread({tids}, L, A);", ("A",), ""
     # The GPU's grid-stride loop: a thread inside the interior box runs the variant (`pick`).
     box, pick = "", ""
+    row = row if target is CPU and interior is not None else None     # a gather form's (GatherAdjoint.row)
+    if row is not None:
+        lines += _thread_function(row.function, debug, sites, target, adjoint, fn.name, hot=True)
     if interior is not None:
         nest = _interior_nest(fn.tid_ndim, fn.name + call, interior.function.name + call, interior, private, prelude,
-                              threshold)
+                              threshold, (row.function.name + call, row) if row is not None else None)
         box = space["extents"] + "\n" + "\n".join(_interior_box(fn.tid_ndim, interior)) + "\n"
         inside = " && ".join(f"lo{k} <= i{k} && i{k} < hi{k}" for k in range(fn.tid_ndim))
         pick = f"if ({inside}) {interior.function.name}{call} else "
@@ -360,6 +383,21 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
     # the gather entry without every gradient: the instantiation with null checks, everywhere
     plain_nest = _plain_nest(fn.tid_ndim, f"{fn.name}_thread<{checked}>({tids}, L, A, G, tp);", private, prelude,
                              threshold)
+    scratch = ""
+    if two_pass is not None:
+        # the pointwise pass first, over every thread (an OpenMP loop ends with a barrier)
+        first, first_interior = two_pass.pointwise, two_pass.pointwise_interior
+        lines += _thread_function(first, debug, sites, target, adjoint, fn.name)
+        if first_interior is not None:
+            lines += _thread_function(first_interior.function, debug, sites, target, adjoint, fn.name, hot=True)
+            first_nest = _interior_nest(fn.tid_ndim, first.name + call, first_interior.function.name + call,
+                                        first_interior, private, prelude, threshold)
+        else:
+            first_nest = _plain_nest(fn.tid_ndim, first.name + call, private, prelude, threshold)
+        nest = "    {\n" + first_nest + "    }\n    {\n" + nest + "    }\n"     # scopes: each its own box
+        plain_nest = _plain_nest(fn.tid_ndim, f"{first.name}_thread<{checked}>({tids}, L, A, G, tp);", private, prelude,
+                                 threshold) + plain_nest
+        scratch = f"    uint64_t* const scratch = sp::scratch_memory(L.n * {two_pass.scratch_bytes});\n"
     logged = ""
     if target is CPU and _adds_into_memory(fn):
         if not adjoint:
@@ -377,7 +415,7 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
     entry = entry_template.format(
         name=fn.name, size=buffer_size(fn.params), threshold=threshold, block=CUDA_BLOCK_SIZE,
         min_blocks=CUDA_MIN_BLOCKS_PER_SM, logged=logged, fast=fast, checked=checked,
-        all_grads=all_grads, nest=nest, plain_nest=plain_nest, box=box, pick=pick, **space)
+        all_grads=all_grads, nest=nest, plain_nest=plain_nest, box=box, pick=pick, scratch=scratch, **space)
     return "\n".join(lines) + "\n" + entry
 
 
@@ -415,10 +453,15 @@ def _logged_loop(ndim: int, threshold: int, body: str, private, result: str, red
 """
 
 
-def _thread_function(fn: ir.Function, debug, sites, target: Target, adjoint: bool, args: str) -> list[str]:
+def _thread_function(fn: ir.Function, debug, sites, target: Target, adjoint: bool, args: str,
+                     hot: bool = False) -> list[str]:
     # Adjoint bodies are templates on their gradient masks (see has_grad in prelude.h); the entry picks one.
+    # An interior variant (`hot`) runs the middle of the launch, called from one place: inlined
+    # into its loop always, which vectorises it. GCC's unit-growth limit otherwise stops inlining
+    # in a module of large adjoints (a 2-D 8th-order forward ran 7x slower beside its adjoints).
+    qualifier = target.thread_qualifier + (" inline __attribute__((always_inline))" if hot and target is CPU else "")
     signature = (("template <uint64_t KNOWN, uint64_t HAS> " if adjoint else "") +
-                 f"{target.thread_qualifier} void {fn.name}_thread(int32_t tid_0, int32_t tid_1, int32_t tid_2, "
+                 f"{qualifier} void {fn.name}_thread(int32_t tid_0, int32_t tid_1, int32_t tid_2, "
                  f"int32_t tid_3, const launch_t& L, "
                  f"const {args}_args_t& A{f', const {args}_args_t& G, sp::tape_t& tp' if adjoint else ''})")
     em = FunctionEmitter(fn, debug=debug, sites=sites)
@@ -478,11 +521,15 @@ def _plain_nest(ndim: int, call: str, private, prelude: str, threshold: int) -> 
             + (f"{pad}{prelude}\n" if prelude else "") + f"{pad}{call}\n" + space["closing"])
 
 
-def _interior_nest(ndim: int, edge: str, middle: str, interior, private, prelude: str, threshold: int) -> str:
+def _interior_nest(ndim: int, edge: str, middle: str, interior, private, prelude: str, threshold: int,
+                   row=None) -> str:
     """The CPU loop nest of an entry with an interior variant: the box [lo_k, hi_k) per axis is
     evaluated once; each row of the innermost index runs in three parts, the edges through `edge`
-    and the part inside the box through `middle` (a row outside the box runs `edge` throughout)."""
+    and the part inside the box through `middle` (a row outside the box runs `edge` throughout, or
+    with `row` = (call, its Interior), a gather form's row variant, that in the row's box)."""
     box = _interior_box(ndim, interior)
+    if row is not None and ndim > 1:
+        box += _axis_box(ndim - 1, row[1], "rlo", "rhi")
     k = ndim - 1
     pad = "    " * (k + 1)
     runs = [f"{pad}for (int32_t i{k} = {_start(k)}; i{k} < a; ++i{k}) {edge}",
@@ -500,9 +547,13 @@ def _interior_nest(ndim: int, edge: str, middle: str, interior, private, prelude
     outer = "".join(f"{'    ' * (a + 1)}for (int32_t i{a} = {_start(a)}; i{a} < {_stop(a)}; ++i{a}) {{\n"
                     for a in range(k))
     closing = "".join(f"{'    ' * (a + 1)}}}\n" for a in reversed(range(k)))
+    if row is not None:
+        runs[1] = (f"{pad}if (mid) for (int32_t i{k} = a; i{k} < b; ++i{k}) {middle}\n"
+                   f"{pad}else for (int32_t i{k} = a; i{k} < b; ++i{k}) {row[0]}")
     inner = ([f"{pad}{prelude}"] if prelude else []) + [
         f"{pad}const bool mid = {mid};",
-        f"{pad}const int32_t a = mid ? (int32_t)lo{k} : e{k}, b = mid ? (int32_t)hi{k} : e{k};", *runs]
+        f"{pad}const int32_t a = mid ? (int32_t)lo{k} : {'(int32_t)rlo' if row else f'e{k}'}, "
+        f"b = mid ? (int32_t)hi{k} : {'(int32_t)rhi' if row else f'e{k}'};", *runs]
     collapse = f"collapse({k}) " if k > 1 else ""
     return ("\n".join(box) + "\n    " + _share(private, threshold).format(collapse=collapse) + outer
             + "\n".join(inner) + "\n" + closing)
@@ -511,14 +562,14 @@ def _interior_nest(ndim: int, edge: str, middle: str, interior, private, prelude
 def _interior_box(ndim: int, interior) -> list[str]:
     """C++ lines that set the interior box [lo_k, hi_k) per axis from the variant's bounds,
     clamped to the launch's extents e_k (an empty box where the bounds cross)."""
-    box = []
-    for k in range(ndim):
-        box.append(f"    int64_t lo{k} = 0, hi{k} = e{k};")
-        box += [f"    {{ const int64_t v = {_bound_cpp(b)}; if (v > lo{k}) lo{k} = v; }}" for b in interior.lower[k]]
-        box += [f"    {{ const int64_t v = {_bound_cpp(b)}; if (v < hi{k}) hi{k} = v; }}" for b in interior.upper[k]]
-        box.append(f"    if (lo{k} > e{k}) lo{k} = e{k};")
-        box.append(f"    if (hi{k} < lo{k}) hi{k} = lo{k};")
-    return box
+    return [line for k in range(ndim) for line in _axis_box(k, interior, f"lo{k}", f"hi{k}")]
+
+
+def _axis_box(k: int, interior, lo: str, hi: str) -> list[str]:
+    box = [f"    int64_t {lo} = 0, {hi} = e{k};"]
+    box += [f"    {{ const int64_t v = {_bound_cpp(b)}; if (v > {lo}) {lo} = v; }}" for b in interior.lower[k]]
+    box += [f"    {{ const int64_t v = {_bound_cpp(b)}; if (v < {hi}) {hi} = v; }}" for b in interior.upper[k]]
+    return box + [f"    if ({lo} > e{k}) {lo} = e{k};", f"    if ({hi} < {lo}) {hi} = {lo};"]
 
 
 def _bound_cpp(bound) -> str:

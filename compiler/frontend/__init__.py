@@ -22,7 +22,7 @@ from ..func import adjoint as adjoint_marker
 from ..runtime.array import array as array_class
 from ..types import ArrayType, ScalarType, as_dtype, bool_, float32, int32, int64
 from .calls import CallLowering
-from .exprs import BINOPS, COMPONENTS, UNSUPPORTED, ExpressionLowering
+from .exprs import BINOPS, COMPONENTS, UNROLL_TRIPS, UNSUPPORTED, ExpressionLowering
 
 
 class Scope:
@@ -389,7 +389,39 @@ class Frontend(ExpressionLowering, CallLowering):
             self.scope.locals[name] = counter
         elif counter.type != index_type:
             self.error(st.target, f"variable '{name}' has type {counter.type}, the range gives {index_type}")
-        self._loop(st, counter=counter, start=start, stop=stop, step=step)
+        trips = self._unrollable(st, start, stop, step)
+        if trips is not None:
+            self._unroll(st, counter, trips)
+        else:
+            self._loop(st, counter=counter, start=start, stop=stop, step=step)
+
+    def _unrollable(self, st, start, stop, step):
+        """The counter's values where a loop over range() is unrolled, else None: constant bounds,
+        at most UNROLL_TRIPS trips, a body that neither jumps out of an iteration nor assigns the
+        counter. Unrolled, a loop over neighbours or over a coefficient table is the same IR as the
+        hand-written sum (constant offsets: the gather form of its adjoint; no loop tape)."""
+        if not all(isinstance(b, ir.Const) for b in (start, stop, step)):
+            return None
+        values = range(start.value, stop.value, step.value)
+        size = sum(1 for s in st.body for _ in ast.walk(s))
+        if len(values) > UNROLL_TRIPS or len(values) * size > 4000 or st.target.id in _assigned_names(
+                ast.Module(body=st.body, type_ignores=[])):
+            return None
+        if any(self._may_jump(s) for s in st.body):      # break, continue, return
+            return None
+        return values
+
+    def _unroll(self, st, counter: ir.Var, values) -> None:
+        """The body once per value, the counter a constant in each copy (and the Var set too, for
+        reads after the loop and inside nested loops, which read it through the Var)."""
+        for v in values:
+            value = ir.Const(v, counter.type)
+            self.emit(ir.Assign(counter, value, self.loc(st)))
+            self.scope.frozen.append({st.target.id: value})
+            try:
+                self.statements(st.body)
+            finally:
+                self.scope.frozen.pop()
 
     def stmt_While(self, st):
         if st.orelse:

@@ -253,7 +253,8 @@ class CallLowering:
             types = [self.annotation(p.annotation) if p.annotation is not None else None for p in params]
         finally:
             self.scope = caller
-        bindings = {}
+        bindings, constants = {}, {}
+        assigned = _assigned_in(src.tree.body)
         for p, t, a, a_node in zip(params, types, args, node.args):
             if isinstance(a, ir.ArrayRef):
                 if t is not None and (not isinstance(t, ArrayType) or t != a.type):
@@ -263,10 +264,17 @@ class CallLowering:
             if isinstance(t, ArrayType):
                 self.error(a_node, f"argument '{p.arg}' of {func.__name__}() expects an array")
             t = t or a.type
+            value = self.convert(a, t, a_node, p.arg)
+            if p.arg not in assigned and not self.is_weak(value):
+                # read-only: the value itself, so an index computed from it (``u[i + 1, j]`` with i
+                # an argument) is the thread index plus a constant, as written out in the kernel
+                constants[p.arg] = value
+                continue
             var = ir.Var(p.arg, t)
-            self.emit(ir.Assign(var, self.convert(a, t, a_node, p.arg), self.loc(node)))
+            self.emit(ir.Assign(var, value, self.loc(node)))
             bindings[p.arg] = var
         callee_scope.locals.update(bindings)
+        callee_scope.frozen.append(constants)
         self.scope = callee_scope
         self.call_stack.append(func)
         try:
@@ -293,6 +301,11 @@ class CallLowering:
         current = self.read(var, self.loc(st))
         total = self.op("add", [current, self.expr(value_node)], st)
         self.emit(ir.Assign(var, total, self.loc(st)))
+
+
+def _assigned_in(body) -> set[str]:
+    from . import _assigned_names       # (the frontend's package imports this module)
+    return set().union(*(_assigned_names(st) for st in body))
 
 
 def _differentiable(t) -> bool:

@@ -284,6 +284,9 @@ class ExpressionLowering:
                         and 0 <= axis.value < arr.type.ndim):
                     self.error(node, f"shape index must be a constant in 0..{arr.type.ndim - 1}")
                 return self.emit_value(ir.ArrayDim, int32, array=arr, axis=axis.value, loc=self.loc(node))
+        table = self._python_table(node.value)
+        if table is not None:
+            return self.constant(self._table_element(table, node), node)
         base = self.expr(node.value)
         indices = self.indices(node.slice)
         if isinstance(base, ir.ArrayRef):
@@ -292,6 +295,39 @@ class ExpressionLowering:
         if isinstance(base.type, ScalarType):
             self.error(node, f"cannot index a {base.type}")
         return self.op("extract", [base, *indices], node)
+
+
+    def _python_table(self, node):
+        """The tuple or list of numbers a captured Python name (or an element of one) holds, else
+        None: a coefficient table (`W = (-2.5, 4 / 3, -1 / 12)`) or an offset table."""
+        if isinstance(node, ast.Subscript):
+            outer = self._python_table(node.value)
+            return None if outer is None else _as_table(self._table_element(outer, node))
+        if isinstance(node, (ast.Name, ast.Attribute)) and self._is_python_path(node):
+            return _as_table(self._resolve_attr(node, quiet=True))
+        return None
+
+    def _table_element(self, table, node):
+        """`table[index]` for the constant index of subscript `node` (a loop counter of an unrolled
+        loop counts: compiler/frontend/__init__.py unrolls short constant loops)."""
+        index = self.expr(node.slice)
+        if not (isinstance(index, ir.Const) and isinstance(index.type, ScalarType) and index.type.is_int):
+            self.error(node, f"'{ast.unparse(node.value)}' is a Python {type(table).__name__}: kernels index it with "
+                             "constants only",
+                       f"use a constant index, a loop over range() with constant bounds (at most {UNROLL_TRIPS} trips, "
+                       "unrolled), or pass the table as an array argument")
+        if not -len(table) <= index.value < len(table):
+            self.error(node, f"index {index.value} is out of range for '{ast.unparse(node.value)}' "
+                             f"({len(table)} elements)")
+        return table[index.value]
+
+
+# A loop over range() with constant bounds and at most this many trips is unrolled (frontend/__init__.py).
+UNROLL_TRIPS = 16
+
+
+def _as_table(value):
+    return value if isinstance(value, (tuple, list)) else None
 
 
 def _round_half_away(x):     # C's round(), which kernels use (Python's round() goes to even)

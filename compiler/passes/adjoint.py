@@ -40,7 +40,12 @@ def adjoint_function(fn: ir.Function) -> ir.Function:
     replay = sweep.replay(fn.body, push=True)
     reverse = sweep.reverse(fn.body)
     mark = ir.ReverseMark(ir.Loc("<adjoint>", 0))      # codegen stops there in counting mode
-    return ir.Function(fn.name + "_adjoint", fn.params, tuple(replay) + (mark,) + tuple(reverse), fn.loc, fn.tid_ndim)
+    # Every adjoint starts at -0.0, not at the +0.0 its C++ declaration holds: then the first add
+    # into it (-0.0 + g == g for every g) folds away, and a chain of adjoints through a sum (a
+    # stencil's terms) costs nothing, in each copy that a gather form makes of it too.
+    zeros = [ir.Assign(v, ir.Const(-0.0 if differentiable(v.type) else 0, v.type), fn.loc) for v in sweep.adj.values()]
+    return ir.Function(fn.name + "_adjoint", fn.params, tuple(replay) + (mark,) + tuple(zeros) + tuple(reverse),
+                       fn.loc, fn.tid_ndim)
 
 
 def is_reverse_mark(s) -> bool:

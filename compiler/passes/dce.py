@@ -16,7 +16,7 @@ import dataclasses
 from .. import ir
 from ..builtins import OPS
 
-_PURE = (ir.ReadVar, ir.ReadParam, ir.ThreadIndex, ir.ArrayDim, ir.Load, ir.ReadGrad)
+_PURE = (ir.ReadVar, ir.ReadParam, ir.ThreadIndex, ir.ArrayDim, ir.Load, ir.ReadGrad, ir.ScratchLoad)
 
 
 def eliminate_dead_code(fn: ir.Function) -> ir.Function:

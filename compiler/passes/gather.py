@@ -23,6 +23,11 @@ part in every pass from offset 0 to c on that axis: at c it is always kept (thre
 p), at the others only by the edge thread (p == 0, or p == n - 1), which gathers what the clamped
 threads put there. Each contribution is still counted by exactly one thread in exactly one pass.
 
+Along the rows of the innermost axis whose outer indices are near a face, the threads inside the
+innermost axis's box run the row variant: p - c clamped (or wrapped) along the outer axes, which
+is the same for the whole row, and plain along the innermost one, whose tests are settled: the
+clamped copy's values, vectorised along the row.
+
 Arrays that do not qualify (an index that is not tid + constant on its own axis, a gradient the
 kernel also reads, a rank other than the launch's) keep the scatter; it runs in the zero-offset
 pass. Kernels whose loops keep a tape are left alone (their tape belongs to one thread).
@@ -37,7 +42,9 @@ from .. import ir
 from ..types import bool_, int32
 from .adjoint import is_reverse_mark
 from .dce import eliminate_dead_code
+from .selects import has_branches, select_branches
 from .interior import Bound, Clamped, Interior, Wrapped, interior_variant, tid_offsets
+from . import transpose
 
 
 @dataclass(frozen=True)
@@ -55,7 +62,11 @@ class GatherAdjoint:
 
     `function` serves every thread; `interior` the threads in the middle of the launch, where no
     pass's thread p - c leaves it (so no index is clamped and loads stay unit-stride) and boundary
-    tests are settled (compiler/passes/interior.py)."""
+    tests are settled (compiler/passes/interior.py).
+
+    `pointwise` (two-pass forms, compiler/passes/transpose.py): the pass that runs first, over the
+    launch's threads, storing `scratch_bytes` per thread into the launch's scratch memory, which
+    `function` reads; None for a one-pass form."""
     function: ir.Function
     interior: Interior
     arrays: tuple[str, ...]
@@ -65,12 +76,19 @@ class GatherAdjoint:
     # (axis, bound) pairs that must equal the launch's extent on that axis: the divisor of each
     # periodic index, and a clamped index's upper bound plus one
     extent_bounds: tuple[tuple[int, Bound], ...] = ()
+    pointwise: ir.Function | None = None
+    pointwise_interior: Interior | None = None
+    scratch_bytes: int = 0
+    # the threads whose innermost index lies in `row`'s box (its other axes' bounds are empty) and
+    # whose outer indices are outside `interior`'s: branch-free along the row (CPU entries)
+    row: Interior | None = None
 
 
-def gather_adjoint(adjoint: ir.Function) -> GatherAdjoint | None:
+def gather_adjoint(adjoint: ir.Function, two_pass: bool = True) -> GatherAdjoint | None:
     """The gather form of `adjoint` (the output of `adjoint.adjoint_function`), or None where no
-    array's accumulations qualify or the adjoint keeps a loop tape. Expects verified adjoint IR;
-    the result verifies with ``single_definition=False`` and has the same parameters."""
+    array's accumulations qualify or the adjoint keeps a loop tape: in two passes where that applies
+    (compiler/passes/transpose.py) unless `two_pass` is False. Expects verified adjoint IR; the
+    result verifies with ``single_definition=False`` and has the same parameters."""
     body = tuple(s for s in adjoint.body if not is_reverse_mark(s))
     if any(isinstance(s, ir.Push) for s in ir.walk(body)):
         return None
@@ -115,12 +133,75 @@ def gather_adjoint(adjoint: ir.Function) -> GatherAdjoint | None:
               for name in eligible}
     widens = tuple(not scatters and not extent_bounds and
                    any(min(offsets[k]) >= 0 and max(offsets[k]) > 0 for offsets in shifts.values()) for k in range(ndim))
+    # Two passes where the offsets' copies would each recompute a pointwise adjoint (transpose.py).
+    # Arrays gathered at the thread's own index alone get their gradient in the pointwise pass.
+    local = {name for name in eligible if all(site_offset[id(s)] == zero for s in gathered
+                                              if s.array.param.name == name)}
+    found = None
+    if two_pass and not scatters and not any(widens) and local != set(eligible):
+        # (the zero-offset pass runs at thread p itself, so it recomputes what only it needs)
+        found = transpose.roots(body, [s for s in gathered if s.array.param.name not in local
+                                       and site_offset[id(s)] != zero])
+    offsets, scratch_bytes = transpose.scratch_layout(found) if found else (None, 0)
+    skip = local if found else set()
     build = lambda clamp: eliminate_dead_code(_build(adjoint, body, eligible, source, widens, site_offset,  # noqa: E731
-                                                     site_clamps, passes, clamp))
+                                                     site_clamps, passes, clamp, offsets, skip))
     unclamped = build(False)
-    interior = interior_variant(unclamped, unclamped.name, lower, upper)
-    interior = dataclasses.replace(interior, function=eliminate_dead_code(interior.function))
-    return GatherAdjoint(build(True), interior, tuple(eligible), scatters, source, widens, extent_bounds)
+    # Where p - c is inside the launch for every c, the interior needs no wider margin: a test of
+    # thread p - c's boundary guard that would narrow the box stays, its branch turned into selects
+    # (a thread near the edge runs the form's slowest code). Where a branch stays (it loads), the
+    # box narrows until every test is settled, which vectorises.
+    same = _same_extents(set(eligible) if not any(widens) else (), source)
+    within = ([b[0] for b in lower], [b[0] for b in upper], same)
+    interior = interior_variant(unclamped, unclamped.name, lower, upper, within)
+    selected = select_branches(interior.function, _own_loads(interior.function, eligible, widens))
+    if has_branches(selected):
+        interior = interior_variant(unclamped, unclamped.name, lower, upper)
+        selected = select_branches(interior.function)
+    interior = dataclasses.replace(interior, function=eliminate_dead_code(selected))
+    # Rows of the innermost axis whose outer indices lie near a face: p - c clamped along the outer
+    # axes (the same for the whole row), inside along the innermost one, settled there.
+    row = None
+    if ndim > 1 and not any(widens):
+        inner = ndim - 1
+        row_fn = build(tuple(k != inner for k in range(ndim)))
+        row = interior_variant(row_fn, row_fn.name, [() if k != inner else lower[k] for k in range(ndim)],
+                               [() if k != inner else upper[k] for k in range(ndim)], within, axes={inner})
+        selected = select_branches(row.function, _own_loads(row.function, eligible, widens)) if row else None
+        row = None if row is None or has_branches(selected) else dataclasses.replace(
+            row, function=eliminate_dead_code(selected))
+    pointwise = pointwise_interior = None
+    if found:
+        base = adjoint.name.replace("_adjoint", "")
+        bits = {param.name: k for k, param in enumerate(adjoint.params) if k < 63 and param.name in local}
+        pointwise = eliminate_dead_code(transpose.pointwise_function(adjoint, body, set(eligible), bits, found,
+                                                                     offsets, eligible[source], base + "_pointwise"))
+        pointwise_interior = interior_variant(pointwise, base + "_pointwise_interior")
+        if pointwise_interior is not None:
+            pointwise_interior = dataclasses.replace(pointwise_interior,
+                                                     function=eliminate_dead_code(pointwise_interior.function))
+    return GatherAdjoint(build(True), interior, tuple(eligible), scatters, source, widens, extent_bounds,
+                         pointwise, pointwise_interior, scratch_bytes, row)
+
+
+def _own_loads(fn: ir.Function, eligible, widens) -> set[int]:
+    """Ids of `fn`'s loads of a gathered array at the thread's own index, which every thread may
+    make (such an array spans the launch exactly unless the form widens)."""
+    if any(widens):
+        return set()
+    offsets = tid_offsets(fn.body, fn.tid_ndim)
+    own = [(k, Bound()) for k in range(fn.tid_ndim)]
+    return {id(s) for s in ir.walk(fn.body) if isinstance(s, (ir.Load, ir.ReadGrad)) and s.array.param.name in eligible
+            and [offsets.get(x.id) if isinstance(x, ir.Temp) else None for x in s.indices] == own}
+
+
+def _same_extents(names, source: str):
+    """A function normalising a bound: the extents of the arrays in `names` (which the launch
+    checks span it exactly) written as `source`'s."""
+    def same(bound: Bound) -> Bound:
+        return Bound(bound.const, tuple((c, ("dim", source, t[2]) if t[0] == "dim" and t[1] in names else t)
+                                        for c, t in bound.terms))
+    return same
 
 
 # ---- which accumulations sit at tid + constant -------------------------------------------------
@@ -165,7 +246,7 @@ def _site_passes(offset, clamps) -> list:
 
 # ---- building the gather function ----------------------------------------------------------------
 def _build(adjoint: ir.Function, body, eligible: dict[str, ir.Param], source: str, widens, site_offset,
-           site_clamps, passes, clamp: bool) -> ir.Function:
+           site_clamps, passes, clamp, scratch=None, skip=frozenset()) -> ir.Function:
     loc = adjoint.loc
     ndim = adjoint.tid_ndim
     out: list = []
@@ -173,21 +254,29 @@ def _build(adjoint: ir.Function, body, eligible: dict[str, ir.Param], source: st
     out += [ir.ThreadIndex(p[k], k, loc) for k in range(ndim)]
     extent = [ir.Temp(int32) for _ in range(ndim)]          # the launch's (see gather_adjoint)
     out += [ir.ArrayDim(extent[k], ir.ArrayRef(eligible[source]), k, loc) for k in range(ndim)]
-    totals = {name: ir.Var("gathered_" + name, param.type.dtype) for name, param in eligible.items()}
+    # (arrays in `skip` get their gradients in a two-pass form's pointwise pass)
+    totals = {name: ir.Var("gathered_" + name, param.type.dtype) for name, param in eligible.items()
+              if name not in skip}
     out += [ir.Assign(v, ir.Const(-0.0, v.type), loc) for v in totals.values()]
     zero = ((0, False),) * ndim
+    # `clamp`: whether p - c is clamped (wrapped) into the launch, per axis (a bool: every axis)
+    clamp = tuple(clamp) if isinstance(clamp, tuple) else (clamp,) * ndim
     own = []             # per widening axis: thread p clamped into the launch, and whether it is in it
     for k in range(ndim):
-        if not (clamp and widens[k]):
+        if not (clamp[k] and widens[k]):
             own.append(None)
             continue
         last, pk, ok = ir.Temp(int32), ir.Temp(int32), ir.Temp(bool_)
         out += [ir.Op(last, "sub", (extent[k], ir.Const(1, int32)), loc), ir.Op(pk, "min", (p[k], last), loc),
                 ir.Op(ok, "lt", (p[k], extent[k]), loc)]
         own.append((pk, ok))
+    flat = None
+    if scratch:
+        ops, flat = transpose.flat_index(p, extent, loc)
+        out += ops
     for c in passes:
         out += _pass(body, c, p, extent, own, totals, site_offset, site_clamps, keep_scatter=c == zero, clamp=clamp,
-                     loc=loc)
+                     loc=loc, scratch=scratch, flat=flat, skip=skip)
     # One write per element of each gathered gradient: where the launch says the gradient is new
     # memory (its bit of the fresh mask, bit k for parameter k), it stores instead of adding.
     # Only where the array has element p: a wider index space (see GatherAdjoint) runs threads
@@ -204,25 +293,29 @@ def _build(adjoint: ir.Function, body, eligible: dict[str, ir.Param], source: st
             out += [ir.ArrayDim(dim, ir.ArrayRef(eligible[name]), k, loc), ir.Op(below, "lt", (p[k], dim), loc)]
             has = _conjoin(out, has, below, loc)
         out += list(write) if has is None else [ir.If(has, write, (), loc)]
-    name = adjoint.name.replace("_adjoint", "") + ("_gather" if clamp else "_gather_interior")
+    name = adjoint.name.replace("_adjoint", "") + ("_gather" if all(clamp) else "_gather_row" if any(clamp)
+                                                    else "_gather_interior")
     return ir.Function(name, adjoint.params, tuple(out), loc, ndim)
 
 
-def _pass(body, c, p, extent, own, totals, site_offset, site_clamps, keep_scatter: bool, clamp: bool, loc) -> list:
+def _pass(body, c, p, extent, own, totals, site_offset, site_clamps, keep_scatter: bool, clamp: tuple, loc,
+          scratch=None, flat=None, skip=frozenset()) -> list:
     """Thread p's share of the pass at offset c (per axis: the offset, and whether it wraps around
     the axis): the adjoint of thread p - c (clamped into the launch, or wrapped around a periodic
     axis), its accumulations at offset c summed into fresh locals, added to `totals` only when
-    p - c is a thread of the launch. Without `clamp`, p - c is known to be inside the launch."""
+    p - c is a thread of the launch. Along an axis without `clamp`, p - c is known to be inside.
+    `scratch` (root Temp id -> byte offset, two-pass forms): the roots are read, at p - c's flat
+    index (`flat` is p's), from what the pointwise pass stored."""
     out: list = []
     t, inside = [], None
     for k, (pk, (ck, periodic)) in enumerate(zip(p, c)):
         if ck == 0 and own[k] is None:
             t.append(pk)
             continue
-        if ck and (not clamp or periodic):
+        if ck and (not clamp[k] or periodic):
             shifted, tk = ir.Temp(int32), ir.Temp(int32)
-            out.append(ir.Op(shifted if periodic and clamp else tk, "sub", (pk, ir.Const(ck, int32)), loc))
-            if periodic and clamp:
+            out.append(ir.Op(shifted if periodic and clamp[k] else tk, "sub", (pk, ir.Const(ck, int32)), loc))
+            if periodic and clamp[k]:
                 out.append(ir.Op(tk, "mod", (shifted, extent[k]), loc))    # Python's %: never negative
             t.append(tk)
             continue
@@ -244,7 +337,13 @@ def _pass(body, c, p, extent, own, totals, site_offset, site_clamps, keep_scatte
         t.append(tk)
     partial = {name: ir.Var(f"{v.hint}_{_label(c)}", v.type) for name, v in totals.items()}
     out += [ir.Assign(v, ir.Const(-0.0, v.type), loc) for v in partial.values()]
-    copier = _Copier(t, c, partial, site_offset, keep_scatter, site_clamps, p, extent)
+    at = None
+    if scratch:
+        # inside the launch p - c is p shifted by a constant: unit-stride loads of the roots
+        ops, at = (transpose.shifted_index(flat, [ck for ck, _ in c], extent, loc) if not any(clamp)
+                   else transpose.flat_index(t, extent, loc))
+        out += ops
+    copier = _Copier(t, c, partial, site_offset, keep_scatter, site_clamps, p, extent, scratch, at, skip)
     out += copier.block(body)
     for name, total in totals.items():
         part, cur, kept, new = ir.Temp(total.type), ir.Temp(total.type), ir.Temp(total.type), ir.Temp(total.type)
@@ -274,10 +373,12 @@ class _Copier(ir.Rewriter):
     pass's (clamped) thread, accumulations at the pass's offset redirected into its locals, other
     gathered accumulations dropped, scattered ones kept only in the zero-offset pass."""
 
-    def __init__(self, thread, offset, partial, site_offset, keep_scatter, site_clamps, p, extent):
+    def __init__(self, thread, offset, partial, site_offset, keep_scatter, site_clamps, p, extent, scratch=None,
+                 at=None, skip=frozenset()):
         self.thread, self.offset, self.partial = thread, offset, partial
         self.site_offset, self.keep_scatter = site_offset, keep_scatter
         self.site_clamps, self.p, self.extent = site_clamps, p, extent
+        self.scratch, self.at, self.skip = scratch or {}, at, skip
         self.names: dict[int, object] = {}
 
     def _edge_test(self, s) -> tuple[list, ir.Temp | None] | None:
@@ -306,8 +407,13 @@ class _Copier(ir.Rewriter):
         if isinstance(s, ir.ThreadIndex):
             self.names[s.out.id] = self.thread[s.axis]
             return []
+        out = getattr(s, "out", None)
+        if isinstance(out, ir.Temp) and out.id in self.scratch:
+            return [ir.ScratchLoad(self.operand(out), self.scratch[out.id], self.at, s.loc)]
         if isinstance(s, ir.AccumGrad):
             name = s.array.param.name
+            if name in self.skip:
+                return []
             if name in self.partial:
                 kept = self._edge_test(s)
                 if kept is None:

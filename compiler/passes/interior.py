@@ -105,10 +105,16 @@ class Interior:
     upper: tuple[tuple[Bound, ...], ...]
 
 
-def interior_variant(fn: ir.Function, name: str, lower=None, upper=None) -> Interior | None:
+def interior_variant(fn: ir.Function, name: str, lower=None, upper=None, within=None,
+                     axes=None) -> Interior | None:
     """The interior variant of `fn`, named `name`, or None where `fn` tests no thread index against
     a bound and no bounds are given. `lower`/`upper` add bounds per axis that the caller's body
-    needs (the gather form's margins). The result has `fn`'s parameters and verifies like `fn`."""
+    needs (the gather form's margins). `within` (per axis the largest lower bound and the smallest
+    upper bound to allow, and a function that makes two bounds' terms comparable) leaves undecided
+    the comparisons that would narrow the box past those (the gather form turns the branches on
+    them into selects, compiler/passes/selects.py). `axes` (default: all) are the axes whose tests
+    and indices are settled; the others stay as they are (the gather form's row variant settles the
+    innermost axis alone). The result has `fn`'s parameters and verifies like `fn`."""
     ndim = fn.tid_ndim
     lower = [list(b) for b in lower] if lower else [[] for _ in range(ndim)]
     upper = [list(b) for b in upper] if upper else [[] for _ in range(ndim)]
@@ -119,6 +125,10 @@ def interior_variant(fn: ir.Function, name: str, lower=None, upper=None) -> Inte
     for s in ir.walk(fn.body):
         if isinstance(s, ir.Op) and s.op in _FLIP:
             decision = _decide(s, offsets, bounds)
+            if decision is not None and within is not None and not _inside_limits(decision, within):
+                decision = None
+            if decision is not None and axes is not None and decision[0] not in axes:
+                decision = None
             if decision is not None:
                 axis, value, low, high = decision
                 decided[s.out.id] = value
@@ -126,6 +136,9 @@ def interior_variant(fn: ir.Function, name: str, lower=None, upper=None) -> Inte
                     lower[axis].append(low)
                 if high is not None:
                     upper[axis].append(high)
+        elif isinstance(s, ir.Op) and axes is not None and isinstance(offsets.get(s.out.id), (Wrapped, Clamped)) \
+                and offsets[s.out.id].axis not in axes:
+            continue
         elif isinstance(s, ir.Op) and isinstance(offsets.get(s.out.id), Wrapped):
             # In the middle, x % d with x = tid + c + k d is x - k d: no division, unit-stride loads.
             w = offsets[s.out.id]
@@ -148,6 +161,17 @@ def interior_variant(fn: ir.Function, name: str, lower=None, upper=None) -> Inte
     body = _Settle(decided, unwrapped).block(fn.body)
     return Interior(ir.Function(name, fn.params, tuple(body), fn.loc, ndim),
                     tuple(map(tuple, lower)), tuple(map(tuple, upper)))
+
+
+def _inside_limits(decision, within) -> bool:
+    """Whether a decided comparison's bound keeps the box within `within` (see interior_variant)."""
+    axis, _, low, high = decision
+    lows, highs, same = within
+    if low is not None:
+        d = same(low) - same(lows[axis])
+        return d.near_start and d.const <= 0
+    d = same(high) - same(highs[axis])
+    return d.near_start and d.const >= 0
 
 
 # ---- which values are tid + constant, and which are bounds ---------------------------------------

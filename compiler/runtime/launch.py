@@ -14,7 +14,7 @@ import struct
 import numpy as np
 
 from ..backends import cuda_launch, grads_variants
-from ..codegen.targets import grad_params
+from ..codegen.targets import gather_grad_params
 from ..errors import CompileError, OverwriteError, raise_if_out_of_bounds
 from ..kernel import Kernel
 from ..passes.bounds import check_extents, tid_indexed
@@ -90,7 +90,7 @@ class _Signature:
         self.bounds = tid_indexed(compiled.forward)      # arrays whose extent the launch's dim must fit
         gather = compiled.gather
         # the gather form's gradient mask bits (see grads_variants.grads_mask)
-        self.gather_grads = grad_params(gather.function, gather.interior.function) if gather is not None else ()
+        self.gather_grads = gather_grad_params(gather) if gather is not None else ()
 
 
 # Elements an accumulation may target for a deterministic launch to log its adds in parallel

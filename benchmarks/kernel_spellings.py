@@ -1,0 +1,124 @@
+"""Adjoint / forward kernel time of each stencil spelling and order (benchmarks/stencil_spellings.py).
+
+    python benchmarks/spellings.py --kernels [--orders 2 4 8] [--ndims 2 3] [--dtypes float32 float64]
+                                             [--n2 512] [--n3 64] [--rounds 7] [--no-before]
+
+Each kernel's forward and adjoint entry points are called directly (no Tape, no Python between
+calls) on the same buffers, every gradient present. `before` is the same kernel with the one-pass
+gather form of its adjoint (one copy of the adjoint per stencil offset), as before the two-pass form
+(compiler/passes/transpose.py); loops stay unrolled there (without unrolling, the tables' spellings
+do not compile: a tuple indexed by a loop counter). Contenders run
+interleaved (each round times every kernel of a group once); the tables give medians over rounds,
+with (min-max) of the adjoint/forward ratio, and each spelling's forward and adjoint time over the
+fastest spelling's of the same group.
+"""
+import ctypes
+import time
+
+import numpy as np
+
+import stencil_spellings
+import stepper as sp
+from compiler.kernel import Kernel, KernelModule
+from compiler.passes.adjoint import adjoint_function
+from compiler.passes.gather import gather_adjoint
+from compiler.runtime import launch as launch_module
+
+DTYPES = {"float32": sp.float32, "float64": sp.float64}
+_FORWARD = ctypes.CFUNCTYPE(None, ctypes.c_char_p, ctypes.c_int)
+_ADJOINT = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_int64,
+                            ctypes.c_int, ctypes.c_void_p, ctypes.c_int)
+
+
+def _copies(group: dict, label: str, before: bool) -> dict:
+    """The group's kernels rebuilt in a module of their own (so that a group compiles alone)."""
+    module = KernelModule(f"kernel_spellings_{label}{'_before' if before else ''}")
+    out = {}
+    for name, k in group.items():
+        copy = Kernel(k.fn, module)
+        module.add(copy)
+        if before:
+            compiled = copy.compiled()
+            if compiled.gather is not None:
+                compiled.gather = gather_adjoint(adjoint_function(compiled.forward), two_pass=False)
+        out[name] = copy
+    return out
+
+
+def _calls(kernel, shape, args):
+    """(forward call, adjoint call) of `kernel` on `args`, both running the compiled entries."""
+    entry, buffer, serial, _ = launch_module.packed_forward(kernel, shape, args, False)
+    forward = _FORWARD(entry)
+    try:
+        entry_adj, adj_buffer, adj_serial = launch_module.packed_adjoint(kernel, shape, args, False, {})
+    except ValueError:                   # a loop tape: the launch path sizes it per call
+        compiled, sig = kernel.compiled(), launch_module._signature(kernel)
+        return (lambda: forward(buffer, serial)), (lambda: launch_module._run_adjoint(
+            kernel, compiled, sig, args, shape, buffer, False, 0))
+    adjoint = _ADJOINT(entry_adj)
+    return (lambda: forward(buffer, serial)), (lambda: adjoint(buffer, adj_buffer, None, 0, 0, None, adj_serial))
+
+
+def _arguments(name: str, shape, dtype, rng):
+    inputs = 4 if name == "fwi" else 2
+    scale = [1.0, 1.0, 0.1, 0.05][:inputs]
+    args = [sp.array((rng.standard_normal(shape) * s).astype(dtype.np_dtype), requires_grad=True) for s in scale]
+    args.append(sp.zeros(shape, dtype=dtype, requires_grad=True))
+    args[-1].grad.assign(rng.standard_normal(shape).astype(dtype.np_dtype))
+    return args
+
+
+def _seconds(call, budget: float = 0.02) -> float:
+    reps, began = 0, time.perf_counter()
+    while True:
+        call()
+        reps += 1
+        elapsed = time.perf_counter() - began
+        if elapsed > budget:
+            return elapsed / reps
+
+
+def kernel_table(orders, ndims, dtypes, n2: int, n3: int, rounds: int, before: bool) -> list[str]:
+    """Markdown rows, one per (ndim, order, dtype, spelling)."""
+    rng = np.random.default_rng(0)
+    lines = ["| dims | order | dtype | spelling | forward us | adjoint us | adjoint/forward (min-max) | "
+             "forward / fastest | adjoint / fastest |" + (" before: adjoint/forward |" if before else ""),
+             "|---|---:|---|---|---:|---:|---:|---:|---:|" + ("---:|" if before else "")]
+    for ndim in ndims:
+        shape = (n2,) * 2 if ndim == 2 else (n3,) * 3
+        for order in orders:
+            for dname in dtypes:
+                dtype = DTYPES[dname]
+                group = stencil_spellings.kernels(order, ndim, dtype)
+                label = f"{ndim}d_{order}_{dname}"
+                variants = {"after": _copies(group, label, False)}
+                if before:
+                    variants["before"] = _copies(group, label, True)
+                calls = {}
+                for variant, kernels in variants.items():
+                    for name, k in kernels.items():
+                        args = _arguments(name, shape, dtype, rng)
+                        calls[(variant, name)] = (*_calls(k, shape, args), args)
+                times = {key: ([], []) for key in calls}
+                for key, (forward, adjoint, _) in calls.items():      # warm up (and compile)
+                    forward(), adjoint()
+                for _ in range(rounds):
+                    for key, (forward, adjoint, _) in calls.items():
+                        times[key][0].append(_seconds(forward))
+                        times[key][1].append(_seconds(adjoint))
+                med = {key: (np.median(f), np.median(a)) for key, (f, a) in times.items()}
+                waves = [name for name in group if name != "fwi"]
+                fastest_f = min(med[("after", name)][0] for name in waves)
+                fastest_a = min(med[("after", name)][1] for name in waves)
+                for name in group:
+                    f, a = med[("after", name)]
+                    ratios = np.array(times[("after", name)][1]) / np.array(times[("after", name)][0])
+                    row = (f"| {ndim}-D {shape[0]}^{ndim} | {order} | {dname} | {name} | {f * 1e6:.0f} | {a * 1e6:.0f} | "
+                           f"{a / f:.2f} ({ratios.min():.2f}-{ratios.max():.2f}) | "
+                           + (f"{f / fastest_f:.2f} | {a / fastest_a:.2f} |" if name != "fwi" else "- | - |"))
+                    if before:
+                        fb, ab = med[("before", name)]
+                        row += f" {ab / fb:.2f} |"
+                    lines.append(row)
+                print("\n".join(lines[-len(group):]), flush=True)
+    return lines

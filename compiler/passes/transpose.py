@@ -1,0 +1,224 @@
+"""The two-pass gather form of a stencil adjoint: the pointwise part once, then the transposed stencil.
+
+The gather form (compiler/passes/gather.py) runs, for each offset c, the adjoint of thread p - c and
+keeps what that thread accumulates at offset c. Where the value accumulated needs the pointwise part
+of thread p - c's adjoint (its forward replay, a division by a local denominator, the partials of
+nonlinear terms), an order-k stencil's adjoint costs one pointwise adjoint per offset: 17 in 2-D at
+8th order. Hand-written adjoints split the work instead, and so does this form:
+
+- the pointwise pass: thread q runs its adjoint once, without the gathered accumulations, and stores
+  the values those accumulations are computed from (their *roots*) in scratch memory, one array of
+  one value per thread of the launch for each root;
+- the transposed pass: the gather form, each offset's copy reading thread p - c's roots from scratch
+  where it computed them; dead code elimination drops what computed them, so what stays per offset is
+  what lies between a root and the accumulation (a multiply by the stencil's weight).
+
+A root is found by following an accumulation's value back through operations with one operand that
+is not *free* (free: constants, scalar arguments, extents, thread indices, and what is computed from
+these alone; the copy recomputes those at its own thread): the value is then a function of that
+operand, and so on, up to an operation that combines two such values (its result is the root), a
+load (a root kept in memory already: the copy loads it again, no scratch), or a read of a local that
+branches on a value other than its root assign (the read is the root). A Laplacian's accumulations
+share one root (the adjoint of the Laplacian, say), whatever the stencil's width. Only the roots of
+accumulations at a nonzero offset are stored: the zero-offset pass runs at thread p itself and
+computes what it needs there, and an array accumulated at the thread's own index alone gets its
+gradient written by the pointwise pass (one write per element, as the one-pass form makes it).
+
+Every accumulation is computed by the same operations from the same values as in the one-pass form,
+and summed in the same order, so the two forms give the same bits. Roots defined in a branch are
+stored under it, and read under the same branch of the copy, whose condition is computed the same way
+at the same thread; the copy's thread p - c is a thread of the launch (clamped or wrapped into it),
+whose roots the pointwise pass stored. The form applies where the one-pass form scatters nothing,
+does not widen, has no loops (a loop's temps take many values) and needs at least one root computed.
+"""
+from __future__ import annotations
+
+from .. import ir
+from ..builtins import cast_op
+from ..types import int32, int64
+
+OTHER = "other"      # a local whose value depends on several roots (a branch merged them)
+_FREE_DEFS = (ir.ThreadIndex, ir.ReadParam, ir.ArrayDim)
+_MEMORY = (ir.Load, ir.ReadGrad)
+# Above this many scratch arrays the pointwise pass stores more than the offsets' copies recompute.
+MAX_ROOTS = 8
+
+
+def roots(body, sites) -> dict[int, ir.Temp] | None:
+    """The roots (Temp id -> Temp) of the accumulations `sites` that must go through scratch memory
+    (computed ones: loads are read again where needed), or None where the form does not apply (a
+    loop or a custom adjoint in `body`, no computed root, or more than MAX_ROOTS)."""
+    if any(isinstance(s, (ir.Loop, ir.ReverseLoop, ir.CustomAdjoint, ir.CustomReplay, ir.Push, ir.Pop))
+           for s in ir.walk(body)):
+        return None
+    labels = _Labels()
+    labels.block(body)
+    found = {}
+    for s in sites:
+        root = labels.of(s.value)
+        if root is not None and not isinstance(labels.defs[root], _MEMORY):
+            found[root] = labels.defs[root].out
+    if not found or len(found) > MAX_ROOTS:
+        return None
+    return found
+
+
+class _Labels:
+    """Per Temp: None (free) or the id of its root Temp; per Var: the same, or OTHER."""
+
+    def __init__(self):
+        self.temps: dict[int, int | None] = {}
+        self.vars: dict[int, object] = {}          # unassigned: zero-initialised, free
+        self.defs: dict[int, object] = {}          # root id -> its defining statement
+
+    def of(self, x):
+        return self.temps.get(x.id) if isinstance(x, ir.Temp) else None
+
+    def root(self, s) -> int:
+        self.defs[s.out.id] = s
+        return s.out.id
+
+    def block(self, body) -> None:
+        for s in body:
+            self.stmt(s)
+
+    def stmt(self, s) -> None:
+        if isinstance(s, ir.If):
+            self._branch(s)
+        elif isinstance(s, ir.Assign):
+            self.vars[s.var.id] = self.of(s.value)
+        elif isinstance(s, ir.ReadVar):
+            label = self.vars.get(s.var.id)
+            self.temps[s.out.id] = self.root(s) if label is OTHER else label
+        elif isinstance(s, ir.Op):
+            sources = {self.of(a) for a in s.args} - {None}
+            self.temps[s.out.id] = sources.pop() if len(sources) == 1 else self.root(s) if sources else None
+        elif isinstance(s, _FREE_DEFS):
+            self.temps[s.out.id] = None
+        elif isinstance(getattr(s, "out", None), ir.Temp):
+            self.temps[s.out.id] = self.root(s)
+
+    def _branch(self, s: ir.If) -> None:
+        """After a branch, a local it assigns depends on the condition's root and each side's."""
+        before = dict(self.vars)
+        self.block(s.then)
+        then, self.vars = self.vars, dict(before)
+        self.block(s.orelse)
+        orelse = self.vars
+        merged = dict(before)
+        cond = self.of(s.cond)
+        for key in {x.var.id for x in ir.walk(s.then + s.orelse) if isinstance(x, ir.Assign)}:
+            sources = {cond, then.get(key), orelse.get(key)} - {None}
+            merged[key] = OTHER if OTHER in sources or len(sources) > 1 else (sources.pop() if sources else None)
+        self.vars = merged
+
+
+def flat_index(thread, extent, loc) -> tuple[list, ir.Temp]:
+    """Statements computing thread `thread`'s flat index in the launch (int64, row-major over
+    `extent`), and the Temp holding it."""
+    out: list = []
+    flat = None
+    for tk, ek in zip(thread, extent):
+        t64 = ir.Temp(int64)
+        out.append(ir.Op(t64, cast_op(int64), (tk,), loc))
+        if flat is None:
+            flat = t64
+            continue
+        e64, scaled, total = ir.Temp(int64), ir.Temp(int64), ir.Temp(int64)
+        out += [ir.Op(e64, cast_op(int64), (ek,), loc), ir.Op(scaled, "mul", (flat, e64), loc),
+                ir.Op(total, "add", (scaled, t64), loc)]
+        flat = total
+    return out, flat
+
+
+def shifted_index(flat, offset, extent, loc) -> tuple[list, ir.Temp]:
+    """Statements computing `flat` minus the flat shift of per-axis `offset` (thread p - c's index
+    from thread p's, where p - c is known to lie inside the launch)."""
+    out: list = []
+    shift = None
+    for ck, ek in zip(offset, extent):
+        if shift is not None:
+            e64, scaled = ir.Temp(int64), ir.Temp(int64)
+            out += [ir.Op(e64, cast_op(int64), (ek,), loc), ir.Op(scaled, "mul", (shift, e64), loc)]
+            shift = scaled
+        if ck or shift is not None:
+            term = ir.Const(ck, int64)
+            if shift is None:
+                shift = term
+            else:
+                total = ir.Temp(int64)
+                out.append(ir.Op(total, "add", (shift, term), loc))
+                shift = total
+    if shift is None:
+        return out, flat
+    result = ir.Temp(int64)
+    out.append(ir.Op(result, "sub", (flat, shift), loc))
+    return out, result
+
+
+def scratch_layout(found: dict[int, ir.Temp]) -> tuple[dict[int, int], int]:
+    """Each root's byte offset per thread (widest alignment first, so every array is aligned), and
+    the bytes per thread in all."""
+    order = sorted(found.values(), key=lambda t: (-_alignment(t.type), t.id))
+    offsets, at = {}, 0
+    for t in order:
+        offsets[t.id] = at
+        at += t.type.size
+    return offsets, (at + 7) // 8 * 8
+
+
+def _alignment(t) -> int:
+    return 8 if getattr(t, "scalar", t).size == 8 else 4
+
+
+def pointwise_function(adjoint: ir.Function, body, gathered: set[str], local: dict[str, int], found, offsets,
+                       source: ir.Param, name: str) -> ir.Function:
+    """The pointwise pass: the adjoint `body` without the accumulations into the `gathered` arrays,
+    each root in `found` stored in scratch at `offsets` (bytes per thread) right where it is
+    computed. The arrays in `local` (name -> the bit of the launch's fresh mask), gathered at the
+    thread's own index alone, get their one write per element here: the same bits as the transposed
+    pass would give them (it adds each to -0.0 twice, which changes no value)."""
+    loc = adjoint.loc
+    ndim = adjoint.tid_ndim
+    q = [ir.Temp(int32) for _ in range(ndim)]
+    extent = [ir.Temp(int32) for _ in range(ndim)]
+    head = [ir.ThreadIndex(q[k], k, loc) for k in range(ndim)]
+    head += [ir.ArrayDim(extent[k], ir.ArrayRef(source), k, loc) for k in range(ndim)]
+    ops, flat = flat_index(q, extent, loc)
+    store = _Store(gathered, local, found, offsets, flat, loc)
+    body = store.block(body)
+    # the sum of each local array's accumulations, written once (in the order the one-pass form sums)
+    tail = []
+    for array, total in store.totals.values():
+        value = ir.Temp(total.type)
+        tail += [ir.ReadVar(value, total, loc), ir.AccumGrad(array, tuple(q), value, loc, exclusive=True,
+                                                            fresh_bit=local[array.param.name])]
+    head += [ir.Assign(total, ir.Const(-0.0, total.type), loc) for _, total in store.totals.values()]
+    return ir.Function(name, adjoint.params, tuple(head + ops + body + tail), loc, ndim)
+
+
+class _Store(ir.Rewriter):
+    def __init__(self, gathered, local, found, offsets, flat, loc):
+        self.gathered, self.local, self.found, self.offsets, self.flat = gathered, local, found, offsets, flat
+        self.totals: dict[str, tuple] = {}      # local array -> (its adjoint ArrayRef, the Var summing into it)
+        self.loc = loc
+
+    def stmt(self, s) -> list:
+        if isinstance(s, ir.AccumGrad) and s.array.param.name in self.local:
+            name = s.array.param.name
+            if name not in self.totals:
+                self.totals[name] = (s.array, ir.Var("gathered_" + name, s.array.type.dtype))
+            total = self.totals[name][1]
+            cur, new = ir.Temp(total.type), ir.Temp(total.type)
+            return [ir.ReadVar(cur, total, s.loc), ir.Op(new, "add", (cur, s.value), s.loc),
+                    ir.Assign(total, new, s.loc)]
+        if isinstance(s, ir.AccumGrad) and s.array.param.name in self.gathered:
+            return []
+        out = [self.value(s)]
+        t = getattr(s, "out", None)
+        if isinstance(t, ir.Temp) and t.id in self.found:
+            out.append(ir.ScratchStore(self.offsets[t.id], self.flat, t, s.loc))
+        return out
+
+
+__all__ = ["roots", "pointwise_function", "scratch_layout", "flat_index", "shifted_index", "MAX_ROOTS"]

@@ -1,0 +1,321 @@
+"""The two-pass gather form of stencil adjoints (compiler/passes/transpose.py), and the spellings
+that reach it: helper functions, loops over neighbours and over coefficient tables.
+
+A pointwise pass stores each thread's partials once; the transposed pass gathers them at p - c. It
+must give the one-pass gather form's bits exactly (same operations, same order), agree with the
+scatter adjoint to rounding and with float64 finite differences, give the same bits on any thread
+count, and keep checkpointed gradients equal to store-all ones.
+"""
+import dataclasses
+import os
+import sys
+
+import numpy as np
+import pytest
+
+import compiler as sp
+import stepper
+from compiler import ir
+from compiler.errors import CompileError
+from compiler.kernel import Kernel, KernelModule
+from compiler.passes.adjoint import adjoint_function
+from compiler.passes.gather import gather_adjoint
+from compiler.passes.verify import verify
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+import stencil_spellings  # noqa: E402
+
+F1 = sp.array(dtype=sp.float64)
+F2 = sp.array(dtype=sp.float64, ndim=2)
+W4 = (-5.0 / 2.0, 4.0 / 3.0, -1.0 / 12.0)
+
+
+@sp.kernel
+def fwi_periodic(up: F2, u: F2, m: F2, damp: F2, u_next: F2):
+    """4th order, wrapping around both axes."""
+    i, j = sp.tid()
+    n, k = u.shape[0], u.shape[1]
+    x = u[i, j]
+    lap = 2.0 * W4[0] * x
+    for r in range(1, 3):
+        lap += W4[r] * (u[(i + r) % n, j] + u[(i - r + n) % n, j] + u[i, (j + r) % k] + u[i, (j - r + k) % k])
+    d = damp[i, j]
+    u_next[i, j] = (2.0 * x - (1.0 - d) * up[i, j] + m[i, j] * lap) / (1.0 + d)
+
+
+@sp.kernel
+def fwi_clamped(up: F2, u: F2, m: F2, damp: F2, u_next: F2):
+    """4th order, indices clamped to the edges (the edge threads gather what clamped threads put there)."""
+    i, j = sp.tid()
+    n, k = u.shape[0], u.shape[1]
+    x = u[i, j]
+    lap = 2.0 * W4[0] * x
+    for r in range(1, 3):
+        lap += W4[r] * (u[sp.min(i + r, n - 1), j] + u[sp.max(i - r, 0), j] + u[i, sp.min(j + r, k - 1)]
+                        + u[i, sp.max(j - r, 0)])
+    d = damp[i, j]
+    u_next[i, j] = (2.0 * x - (1.0 - d) * up[i, j] + m[i, j] * lap * lap) / (1.0 + d)
+
+
+def corpus(order, ndim, dtype=sp.float64):
+    return stencil_spellings.kernels(order, ndim, dtype)
+
+
+def one_pass_copy(kernel) -> Kernel:
+    """`kernel` in a module of its own, with the one-pass gather form (one adjoint copy per offset)."""
+    module = KernelModule(f"one_pass_{kernel.__name__}_{id(kernel)}")
+    copy = Kernel(kernel.fn, module)
+    module.add(copy)
+    compiled = copy.compiled()
+    compiled.gather = gather_adjoint(adjoint_function(compiled.forward), two_pass=False)
+    assert compiled.gather is not None and compiled.gather.pointwise is None
+    return copy
+
+
+def inputs(kernel, shape, seed):
+    rng = np.random.default_rng(seed)
+    count = len(kernel.compiled().forward.params) - 1
+    scales = [1.0, 1.0, 0.1, 0.05][:count]
+    return [rng.standard_normal(shape) * s for s in scales], rng.standard_normal(shape)
+
+
+def gradients(kernel, shape, values, w, device="cpu", deterministic=False, dtype=sp.float64):
+    arrays = [sp.array(v.astype(dtype.np_dtype), requires_grad=True, device=device) for v in values]
+    out = sp.zeros(shape, dtype=dtype, requires_grad=True, device=device)
+    tape = sp.Tape(deterministic=deterministic)
+    with tape:
+        sp.launch(kernel, shape, inputs=arrays, outputs=[out])
+    tape.backward(grads={out: w.astype(dtype.np_dtype)})
+    return out.numpy(), [a.grad.numpy() for a in arrays]
+
+
+def forward64(kernel, shape, values):
+    out = sp.zeros(shape, dtype=sp.float64)
+    sp.launch(kernel, shape, inputs=[sp.array(v) for v in values], outputs=[out])
+    return out.numpy()
+
+
+# ---- which kernels take the two-pass form ----------------------------------------------------------
+@pytest.mark.parametrize("ndim", [2, 3])
+@pytest.mark.parametrize("order", [2, 4, 8])
+def test_every_spelling_has_a_gather_form_over_all_its_arrays_and_no_loop_tape(order, ndim):
+    for name, kernel in corpus(order, ndim).items():
+        compiled = kernel.compiled()
+        assert not compiled.needs_tape, name
+        gather = compiled.gather
+        assert gather is not None and not gather.scatters, name
+        assert set(gather.arrays) == {p.name for p in compiled.forward.params[:-1]}, name
+        # the wave's partials reach its neighbours as the incoming gradient times constants, which
+        # the one-pass form loads again; Devito's update divides by a local denominator first
+        assert (gather.pointwise is not None) == (name == "fwi"), name
+        if gather.pointwise is not None:
+            verify(gather.pointwise, single_definition=False)
+            assert any(isinstance(s, ir.ScratchStore) for s in ir.walk(gather.pointwise.body))
+            assert any(isinstance(s, ir.ScratchLoad) for s in ir.walk(gather.interior.function.body))
+
+
+def test_the_interior_keeps_only_the_launch_margin_and_selects_the_neighbours_guards():
+    """A neighbour's boundary guard, tested at p - c, would narrow the interior by the stencil's
+    radius once more (8 of 64 points per side in 3-D at 8th order); it is a select there instead."""
+    gather = corpus(8, 3)["table"].compiled().gather
+    for axis in range(3):
+        assert max(b.const for b in gather.interior.lower[axis]) == 4
+    body = list(ir.walk(gather.interior.function.body))
+    assert not any(isinstance(s, ir.If) for s in body)
+    assert any(isinstance(s, ir.Op) and s.op == "where" for s in body)
+
+
+def test_what_only_the_pointwise_pass_reads_counts_as_read_by_the_adjoint():
+    """A recording kept for later keeps the arrays its reversal reads (stepper/native_reverse.py)."""
+    compiled = corpus(8, 2)["fwi"].compiled()
+    pointwise_reads = {s.array.param.name for s in ir.walk(compiled.gather.pointwise.body) if isinstance(s, ir.Load)}
+    assert pointwise_reads == {"up", "u", "m", "damp"}
+    assert pointwise_reads <= compiled.adjoint_loads
+
+
+def test_the_transposed_pass_reads_partials_instead_of_recomputing_them():
+    """8th order in 2-D: 17 offsets. The one-pass form divides by the denominator once per offset;
+    the transposed pass only in its zero-offset pass (at the thread itself)."""
+    kernel = corpus(8, 2)["fwi"]
+    gather = kernel.compiled().gather
+    one_pass = one_pass_copy(kernel).compiled().gather
+
+    def divisions(fn):
+        return sum(isinstance(s, ir.Op) and s.op == "div" for s in ir.walk(fn.body))
+    assert divisions(gather.interior.function) == 1
+    assert divisions(one_pass.interior.function) >= 17
+    assert 0 < divisions(gather.pointwise) <= 3
+
+
+# ---- the same bits as the one-pass form, the scatter to rounding, finite differences -------------
+@pytest.mark.parametrize("kernel, shape", [
+    (corpus(8, 2)["fwi"], (23, 19)), (corpus(4, 3)["fwi"], (9, 11, 8)), (corpus(2, 3)["fwi"], (4, 5, 6)),
+    (fwi_periodic, (13, 9)), (fwi_clamped, (11, 14)), (fwi_clamped, (2, 3)), (fwi_periodic, (1, 4))])
+def test_two_pass_gives_the_one_pass_bits(kernel, shape, device):
+    assert kernel.compiled().gather.pointwise is not None
+    values, w = inputs(kernel, shape, seed=sum(shape))
+    _, two = gradients(kernel, shape, values, w, device)
+    _, one = gradients(one_pass_copy(kernel), shape, values, w, device)
+    for a, b in zip(two, one):
+        np.testing.assert_array_equal(a, b)
+    # and the same bits on one thread, in order
+    _, serial = gradients(kernel, shape, values, w, device, deterministic=True)
+    for a, b in zip(two, serial):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("kernel, shape", [(corpus(8, 2)["fwi"], (20, 21)), (fwi_clamped, (9, 7)),
+                                           (fwi_periodic, (8, 10))])
+def test_two_pass_agrees_with_the_scatter_adjoint(kernel, shape, monkeypatch, device):
+    values, w = inputs(kernel, shape, seed=3)
+    _, gathered = gradients(kernel, shape, values, w, device)
+    monkeypatch.setattr(kernel.compiled(), "gather", None)
+    _, scattered = gradients(kernel, shape, values, w, device, deterministic=True)
+    for a, b in zip(gathered, scattered):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-13)
+
+
+@pytest.mark.parametrize("kernel, shape", [(corpus(8, 2)["fwi"], (18, 17)), (corpus(4, 3)["fwi"], (9, 8, 10)),
+                                           (fwi_clamped, (10, 9)), (fwi_periodic, (7, 12))])
+def test_two_pass_gradients_match_float64_finite_differences(kernel, shape, device):
+    values, w = inputs(kernel, shape, seed=7)
+    _, grads = gradients(kernel, shape, values, w, device)
+    rng = np.random.default_rng(11)
+    for k, g in enumerate(grads):
+        direction = rng.standard_normal(shape)
+        eps = 1e-6
+        plus = [v + eps * direction if j == k else v for j, v in enumerate(values)]
+        minus = [v - eps * direction if j == k else v for j, v in enumerate(values)]
+        fd = (np.sum(w * forward64(kernel, shape, plus)) - np.sum(w * forward64(kernel, shape, minus))) / (2 * eps)
+        assert abs(np.sum(g * direction) - fd) <= 1e-7 * max(1.0, abs(fd)), k
+
+
+def test_two_pass_float32_gives_the_one_pass_bits(device):
+    kernel = corpus(4, 2, sp.float32)["fwi"]
+    shape = (16, 13)
+    values, w = inputs(kernel, shape, seed=5)
+    _, two = gradients(kernel, shape, values, w, device, dtype=sp.float32)
+    _, one = gradients(one_pass_copy(kernel), shape, values, w, device, dtype=sp.float32)
+    for a, b in zip(two, one):
+        np.testing.assert_array_equal(a, b)
+
+
+def without_rows(kernel) -> Kernel:
+    """`kernel` in a module of its own, its gather form without the row variant (the rows near a
+    face run the clamped copy of every pass throughout)."""
+    module = KernelModule(f"no_rows_{kernel.__name__}_{id(kernel)}")
+    copy = Kernel(kernel.fn, module)
+    module.add(copy)
+    compiled = copy.compiled()
+    assert compiled.gather.row is not None
+    compiled.gather = dataclasses.replace(compiled.gather, row=None)
+    return copy
+
+
+@pytest.mark.parametrize("kernel, shape", [(corpus(8, 2)["fwi"], (21, 26)), (corpus(4, 3)["table"], (9, 8, 13)),
+                                           (fwi_clamped, (12, 15)), (fwi_periodic, (11, 14))])
+def test_rows_near_a_face_give_the_clamped_copys_bits(kernel, shape, device):
+    values, w = inputs(kernel, shape, seed=13)
+    _, rows = gradients(kernel, shape, values, w, device)
+    _, clamped = gradients(without_rows(kernel), shape, values, w, device)
+    for a, b in zip(rows, clamped):
+        np.testing.assert_array_equal(a, b)
+
+
+# ---- spellings: helper, neighbour loop, coefficient table --------------------------------------
+@pytest.mark.parametrize("order, ndim, shape", [(4, 2, (14, 12)), (8, 2, (13, 17)), (2, 3, (6, 5, 7))])
+def test_every_spelling_computes_the_unrolled_step_and_its_gradient(order, ndim, shape, device):
+    spellings = corpus(order, ndim)
+    values, w = inputs(spellings["unrolled"], shape, seed=order)
+    reference_out, reference = gradients(spellings["unrolled"], shape, values, w, device)
+    for name in ("helper", "table", "neighbours"):
+        out, grads = gradients(spellings[name], shape, values, w, device)
+        np.testing.assert_allclose(out, reference_out, rtol=1e-13, atol=1e-13, err_msg=name)
+        for a, b in zip(grads, reference):
+            np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-13, err_msg=name)
+
+
+F1_TABLE = (0.5, 0.25, 0.125)
+
+
+@sp.kernel
+def table_by_dynamic_index(x: F1, n: int, out: F1):
+    i = sp.tid()
+    for k in range(n):
+        out[i] += F1_TABLE[k] * x[i]
+
+
+def test_a_table_indexed_by_a_runtime_value_is_refused_with_the_fix():
+    with pytest.raises(CompileError) as e:
+        table_by_dynamic_index.compiled()
+    message = str(e.value)
+    assert "F1_TABLE" in message and "constant" in message and "array argument" in message
+    assert "out[i] += F1_TABLE[k] * x[i]" in message
+
+
+@sp.kernel
+def loop_with_break(x: F1, out: F1):
+    i = sp.tid()
+    total = sp.float64(0.0)
+    for k in range(4):
+        if x[i] * sp.float64(k) > 2.0:
+            break
+        total += x[i]
+    out[i] = total
+
+
+def test_a_constant_loop_that_breaks_stays_a_loop_and_stays_exact(device):
+    assert any(isinstance(s, ir.Loop) for s in ir.walk(loop_with_break.compiled().forward.body))
+    x = sp.array(np.array([0.5, 1.0, 3.0]), requires_grad=True, device=device)
+    out = sp.zeros(3, dtype=sp.float64, requires_grad=True, device=device)
+    tape = sp.Tape()
+    with tape:
+        sp.launch(loop_with_break, 3, inputs=[x], outputs=[out])
+    tape.backward(grads={out: np.ones(3)})
+    np.testing.assert_array_equal(out.numpy(), [2.0, 3.0, 3.0])       # 4, 3 and 1 trips
+    np.testing.assert_array_equal(x.grad.numpy(), [4.0, 3.0, 1.0])
+
+
+# ---- checkpointed == store-all -----------------------------------------------------------------
+def test_checkpointed_gradient_of_a_two_pass_step_equals_store_all_bit_for_bit():
+    kernel = corpus(4, 2)["fwi"]
+    n, steps = 24, 12
+    rng = np.random.default_rng(2)
+
+    def model():
+        mod = stepper.Model()
+        mod.state("up", (n, n), stepper.float64)
+        mod.state("u", (n, n), stepper.float64)
+        mod.param("m", stepper.array(0.1 + 0.01 * rng.random((n, n))))
+        mod.param("damp", stepper.array(0.02 * rng.random((n, n))))
+
+        @mod.step
+        def step(s):
+            stepper.launch(kernel, (n, n), inputs=[s.prev.up, s.prev.u, s.params.m, s.params.damp],
+                           outputs=[s.next.u])
+            stepper.copy(s.next.up, s.prev.u)
+        return mod
+
+    x = np.linspace(-1, 1, n)
+    u0 = np.exp(-10 * (x[:, None] ** 2 + x[None, :] ** 2))
+
+    def loss(state):
+        out = stepper.zeros(1, dtype=stepper.float64, requires_grad=True)
+        stepper.launch(half_sum_sq, state.u.shape, inputs=[state.u], outputs=[out])
+        return out
+
+    results = []
+    for schedule in (stepper.StoreAll(steps), stepper.Revolve(steps, 3)):
+        rng = np.random.default_rng(2)
+        mod = model()
+        results.append(mod.gradient({"up": stepper.array(u0), "u": stepper.array(u0)}, steps, loss=loss,
+                                    schedule=schedule))
+    for name in ("u", "up", "m", "damp"):
+        np.testing.assert_array_equal(results[0].grads[name].numpy(), results[1].grads[name].numpy())
+    assert np.abs(results[0].grads["m"].numpy()).max() > 0
+
+
+@sp.kernel
+def half_sum_sq(u: F2, out: F1):
+    i, j = sp.tid()
+    sp.atomic_add(out, 0, 0.5 * u[i, j] * u[i, j])
