@@ -5,7 +5,7 @@ import argparse
 import os
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, fields
 
 from .problems import PROBLEMS
 
@@ -63,6 +63,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _how(costs) -> str:
+    if not costs.native:
+        return "every step on the Python path (untraceable)"
+    if costs.python_first >= 2**62:
+        return "first runs on the Python path, reruns native (the trace is never trusted)"
+    return f"native after the first {costs.python_first} steps"
+
+
 def tradeoff_main(args) -> int:
     if args.threads:
         os.environ["OMP_NUM_THREADS"] = str(args.threads)      # read when the first kernel library loads
@@ -89,19 +97,25 @@ def tradeoff_main(args) -> int:
              f"deterministic={deterministic}, OMP threads {threads}, best of {args.repeats}")
     print(title, flush=True)
 
-    costs = calibrate(problem, min(args.probe, steps), deterministic=deterministic)
+    costs = calibrate(problem, min(args.probe, steps), deterministic=deterministic,
+                      directory=(args.disk_dir or out) if disk else None, max_steps=steps)
     if disk:
         costs = measure_disk(problem, costs, args.disk_dir or out)
     print(f"per step: forward {costs.forward_s * 1e3:.3f} ms, adjoint {costs.adjoint_s * 1e3:.3f} ms, "
           f"store-all's recorded forward {costs.storeall_step_s * 1e3:.3f} ms"
           + (f"; HDF5 snapshot write {costs.write_s * 1e3:.3f} ms, read {costs.read_s * 1e3:.3f} ms" if disk else ""),
           flush=True)
+    print("per path (us, wall / CPU): " + ", ".join(
+        f"{f.name[:-2].replace('_', ' ')} {getattr(costs.wall, f.name) * 1e6:.1f} / {getattr(costs.cpu, f.name) * 1e6:.1f}"
+        for f in fields(costs.wall) if getattr(costs.wall, f.name) or getattr(costs.cpu, f.name))
+        + "; " + _how(costs), flush=True)
     configs = configurations(steps, budgets, disk, storeall=not args.no_storeall)
     started = time.perf_counter()
 
     def log(row):
         print(f"  {row.config:<22} {row.forward_steps:>9,} forward steps  peak {row.peak_mib:8.2f} MiB  "
-              f"{row.wall_s:7.2f} s (theory {row.theory_s:.2f} s)", flush=True)
+              f"{row.wall_s:7.2f} s (theory {row.theory_s:.2f} s), CPU {row.cpu_s:.2f} s (theory {row.theory_cpu_s:.2f} s)"
+              + ("" if row.paths_exact else "  (paths differ from the plan)"), flush=True)
     rows = sweep(problem, steps, configs, costs, deterministic=deterministic, directory=args.disk_dir,
                  repeats=args.repeats, log=log)
     print(f"sweep took {time.perf_counter() - started:.1f} s\n")

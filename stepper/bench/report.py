@@ -23,6 +23,9 @@ _COLUMNS = [  # (header, formatter of a row)
     ("wall s", lambda r: f"{r.wall_s:.2f}"),
     ("CPU s", lambda r: f"{r.cpu_s:.2f}"),
     ("theory s", lambda r: f"{r.theory_s:.2f}"),
+    ("theory CPU s", lambda r: "-" if math.isnan(r.theory_cpu_s) else f"{r.theory_cpu_s:.2f}"),
+    ("theory / measured, CPU (wall), medians", lambda r: "-" if math.isnan(r.theory_cpu_s) else
+     f"{r.theory_cpu_s / r.cpu_median_s:.2f} ({r.theory_s / r.wall_median_s:.2f})"),
     ("slowdown", lambda r: f"{r.slowdown:.2f}x"),
     ("theory slowdown", lambda r: f"{r.theory_slowdown:.2f}x"),
 ]
