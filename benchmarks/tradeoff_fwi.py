@@ -1,8 +1,8 @@
-"""The FWI model of benchmarks/fwi.py (Devito's 2-D acoustic example: a Ricker source and 101
-receivers read from `model.series` every step, the misfit a running loss, the gradient w.r.t. the
-squared slowness), as a `stepper.bench.Problem` for the trade-off tool:
+"""The FWI model of benchmarks/fwi.py (Devito's 2-D acoustic example: a Ricker source and one
+receiver per grid column, read from `model.series` every step, the misfit a running loss, the
+gradient w.r.t. the squared slowness), as a `stepper.bench.Problem` for the trade-off tool:
 
-    python -m stepper.bench tradeoff --model benchmarks.tradeoff_fwi:make --size 64 --steps 400 \\
+    cd benchmarks && python -m stepper.bench tradeoff --model tradeoff_fwi:make --size 64 --steps 500 \\
         --budgets 4..64 --disk --threads 1 --repeats 5
 
 Needs Devito (the bench extra) to build the problem once; it is cached in $TMPDIR by size.

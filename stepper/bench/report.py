@@ -90,7 +90,7 @@ def plot(rows: list[Row], path: str, title: str, limit_mib: float | None = None)
     ax.set_ylabel("gradient wall time (s)")
     ax.set_title(textwrap.fill(title, 95), fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, title="theory: the schedule's step counts x measured per-step times",
+    ax.legend(fontsize=7, title="theory: the paths the schedule's run takes x their unit costs",
               title_fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -3,10 +3,10 @@
 `sweep` runs the real gradient once per configuration (Revolve with each RAM snapshot budget,
 MultiLevel RAM + HDF5 splits with measured disk costs, and store-all) and returns one `Row` each:
 the measured wall and CPU time and peak memory next to the theory: the paths the schedule's run
-takes (native advances, native reversals, steps kept natively, Python steps, actions, disk
-snapshots: `paths.plan`, a dry plan of its actions) priced with unit costs fitted on probe
-gradients that take the same paths (`Costs.wall`, `Costs.cpu`; `calibrate`). `advise` picks, for a memory limit, the fastest
-configuration that fits and the slowdown to expect against store-all.
+takes (native advances, native reversals, steps kept natively, Python steps, disk snapshots:
+`paths.plan`, a dry plan of its actions) priced with unit costs fitted on probe gradients that
+take the same paths (`Costs.wall`, `Costs.cpu`; `calibrate`). `advise` picks, for a memory
+limit, the fastest configuration that fits and the slowdown to expect against store-all.
 
     from stepper.bench import problems, tradeoff
     p = problems.make("wave", 64)
@@ -144,9 +144,11 @@ def calibrate(problem: Problem, probe: int = 50, *, deterministic: bool = True, 
     model.rollout(initial, 2, deterministic=deterministic, progress=False)      # compile, warm up
     long = max(probe, min(8 * probe, max_steps or 8 * probe))
     probes = [lambda: sp.Revolve(probe, 2) if probe > 2 else sp.StoreAll(probe), lambda: sp.StoreAll(probe)]
-    probes += [lambda: sp.Revolve(probe, 1), lambda: sp.Revolve(long, 4), lambda: sp.Revolve(long, max(2, long // 8)),
-               lambda: sp.StoreAll(long)]
-    if directory is not None:
+    probes += [lambda: sp.StoreAll(long)]
+    if probe > 2:
+        probes += [lambda: sp.Revolve(probe, 1), lambda: sp.Revolve(long, min(4, long - 1)),
+                   lambda: sp.Revolve(long, max(2, long // 8))]
+    if directory is not None and long > 4:
         probes += [lambda: sp.MultiLevel(long, 2, max(2, long // 8), write_cost=1.0, read_cost=1.0),
                    lambda: sp.MultiLevel(long, 4, max(2, long // 4), write_cost=0.5, read_cost=0.5)]
     path = None if directory is None else os.path.join(directory, "calibrate.h5")
@@ -167,6 +169,9 @@ def calibrate(problem: Problem, probe: int = 50, *, deterministic: bool = True, 
     return Costs(forward, adjoint, storeall, wall=wall, cpu=cpu, native=native, python_first=python_first)
 
 
+ALL = 2**62     # python_first of a step whose trace is never trusted: every first run on Python
+
+
 def _how_steps_run(probes) -> tuple[bool, int]:
     """(native, python_first) whose plans give every probe's statistics (see `paths.plan`): a
     trusted trace's, one never trusted (its steps' first runs on Python: it reads s.n, say), an
@@ -175,9 +180,6 @@ def _how_steps_run(probes) -> tuple[bool, int]:
         if all(not plan(make(), native=native, python_first=python_first).matches(stats) for make, stats in probes):
             return native, python_first
     return True, 2
-
-
-ALL = 2**62     # python_first of a step whose trace is never trusted: every first run on Python
 
 
 def measure_disk(problem: Problem, costs: Costs, directory: str) -> Costs:
