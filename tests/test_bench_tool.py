@@ -252,3 +252,20 @@ def test_calibrate_finds_how_the_steps_run_and_prices_store_all_from_its_paths()
     assert costs.price(costs.paths(sp.Revolve(100, 4)), cpu=True) > 0
     assert costs.storeall_s(100) == costs.price(costs.paths(sp.StoreAll(100)))
     assert np.isnan(dataclasses.replace(costs, wall=None).price(plan(sp.StoreAll(4))))
+
+
+def test_an_unmeasured_budget_is_predicted_from_the_paths_its_schedule_takes():
+    from dataclasses import replace
+    unit = PathCosts(advance_s=1e-3, kept_s=2e-3, native_reversal_s=5e-3, run_s=1e-2)
+    costs = Costs(forward_s=1e-3, adjoint_s=1e-3, storeall_step_s=1e-3, wall=unit, cpu=unit)
+    s2 = replace(_row("Revolve s=2", "revolve", 2, 1.0, 3.0), theory_s=1.5, slowdown=3.0)
+    s8 = replace(_row("Revolve s=8", "revolve", 8, 2.0, 2.0), theory_s=1.0, slowdown=2.0)
+    s32 = replace(_row("Revolve s=32", "revolve", 32, 10.0, 1.2), theory_s=0.6, slowdown=1.2)
+    store = _row("store-all", "storeall", 100, 50.0, 1.0)
+    # Revolve s=24 over 100 steps: its planned paths priced, scaled by s=32's measured/theory (2)
+    expected = 2 * (unit.advance_s * plan(sp.Revolve(100, 24)).advanced + unit.kept_s
+                    + unit.native_reversal_s * 100 + unit.run_s)
+    assert expected == pytest.approx(2 * costs.price(costs.paths(sp.Revolve(100, 24))), rel=1e-12)
+    assert expected > 1.2
+    advice = advise([s2, s8, s32, store], 4 * 2**20, 2**17, costs, steps=100)
+    assert f"not measured: Revolve s=24 should fit too (about 4.00 MiB), predicted {expected:.2f} s" in advice.text
