@@ -57,16 +57,20 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--nondeterministic", action="store_true",
                    help="multithreaded adjoints (atomics in any order) instead of model.gradient's default")
     t.add_argument("--threads", type=int, help="OpenMP threads (sets OMP_NUM_THREADS before any kernel loads)")
-    t.add_argument("--repeats", type=int, default=1, help="runs per configuration; the fastest counts (default 1)")
-    t.add_argument("--probe", type=int, default=50, help="steps per timing probe of the per-step costs")
+    t.add_argument("--repeats", type=int, default=1, help="interleaved rounds of runs (every configuration once "
+                   "a round); a row keeps the fastest run and the medians (default 1)")
+    t.add_argument("--probe", type=int, default=50, help="steps of the short timing probes of the per-path costs "
+                   "(the long ones: 8x, at most --steps)")
     t.add_argument("--out", help="output folder (default: tradeoff-<example>)")
     return parser
 
 
 def _how(costs) -> str:
+    """How the model's steps run, as calibrate found them (the plan that gave the probes' stats)."""
+    from .tradeoff import ALL
     if not costs.native:
         return "every step on the Python path (untraceable)"
-    if costs.python_first >= 2**62:
+    if costs.python_first >= ALL:
         return "first runs on the Python path, reruns native (the trace is never trusted)"
     return f"native after the first {costs.python_first} steps"
 
@@ -94,7 +98,9 @@ def tradeoff_main(args) -> int:
     state_mib = problem.model.state_bytes / 2**20
     threads = os.environ.get("OMP_NUM_THREADS", f"{os.cpu_count()} CPUs")
     title = (f"{problem.description}, {steps:,} steps; one state {state_mib * 1024:.0f} KiB; "
-             f"deterministic={deterministic}, OMP threads {threads}, best of {args.repeats}")
+             f"deterministic={deterministic}, OMP threads {threads}, "
+             + (f"{args.repeats} interleaved rounds (fastest; theory/measured of the medians)" if args.repeats > 1
+                else "one run each"))
     print(title, flush=True)
 
     costs = calibrate(problem, min(args.probe, steps), deterministic=deterministic,
