@@ -11,5 +11,6 @@ from . import paths, problems, report, tradeoff
 from .problems import Problem
 from .tradeoff import Advice, Config, Costs, Row, advise, calibrate, configurations, sweep
 
-__all__ = ["paths", "problems", "report", "tradeoff", "Problem", "Advice", "Config", "Costs", "Row", "advise", "calibrate",
+__all__ = ["paths", "problems", "report", "tradeoff",
+           "Problem", "Advice", "Config", "Costs", "Row", "advise", "calibrate",
            "configurations", "sweep"]

@@ -112,7 +112,8 @@ def tradeoff_main(args) -> int:
           + (f"; HDF5 snapshot write {costs.write_s * 1e3:.3f} ms, read {costs.read_s * 1e3:.3f} ms" if disk else ""),
           flush=True)
     print("per path (us, wall / CPU): " + ", ".join(
-        f"{f.name[:-2].replace('_', ' ')} {getattr(costs.wall, f.name) * 1e6:.1f} / {getattr(costs.cpu, f.name) * 1e6:.1f}"
+        f"{f.name[:-2].replace('_', ' ')} {getattr(costs.wall, f.name) * 1e6:.1f} / "
+        f"{getattr(costs.cpu, f.name) * 1e6:.1f}"
         for f in fields(costs.wall) if getattr(costs.wall, f.name) or getattr(costs.cpu, f.name))
         + "; " + _how(costs), flush=True)
     configs = configurations(steps, budgets, disk, storeall=not args.no_storeall)
@@ -120,7 +121,8 @@ def tradeoff_main(args) -> int:
 
     def log(row):
         print(f"  {row.config:<22} {row.forward_steps:>9,} forward steps  peak {row.peak_mib:8.2f} MiB  "
-              f"{row.wall_s:7.2f} s (theory {row.theory_s:.2f} s), CPU {row.cpu_s:.2f} s (theory {row.theory_cpu_s:.2f} s)"
+              f"{row.wall_s:7.2f} s (theory {row.theory_s:.2f} s), "
+              f"CPU {row.cpu_s:.2f} s (theory {row.theory_cpu_s:.2f} s)"
               + ("" if row.paths_exact else "  (paths differ from the plan)"), flush=True)
     rows = sweep(problem, steps, configs, costs, deterministic=deterministic, directory=args.disk_dir,
                  repeats=args.repeats, log=log)

@@ -108,8 +108,9 @@ def plan(actions, *, native: bool = True, python_first: int = 2) -> Paths:
 _FEATURES = ("python_steps", "python_records", "advanced", "kept", "at_once", "native_reversals",
              "python_reversals", "actions", "disk_writes", "disk_reads")
 # The ones `fit` prices. A native run's few Python steps (the same in every run: a trusted
-# trace's first two) cost as part of the run, unless `fit` is told to price them; an at-once step's replay as part of its reversal; and a
-# schedule's actions (about four a reversed step, whatever the budget) as part of the reversals.
+# trace's first two) cost as part of the run, unless `fit` is told to price them; an at-once
+# step's replay as part of its reversal; and a schedule's actions (about four a reversed step,
+# whatever the budget) as part of the reversals.
 _NATIVE = ("advanced", "kept", "native_reversals", "disk_writes", "disk_reads")
 _PYTHON = ("python_steps", "python_records", "python_reversals")
 
