@@ -4,11 +4,13 @@
 sweeps the snapshot budget for an example model, runs the real gradient for each configuration, and
 writes a table (Markdown, CSV, JSON) and a plot of wall time against peak memory; with
 ``--memory-limit`` it says which configuration to use and what slowdown to expect. The same steps
-are functions here: `problems.make`, `tradeoff.calibrate`, `tradeoff.sweep`, `tradeoff.advise`.
+are functions here: `problems.make`, `tradeoff.calibrate`, `tradeoff.sweep`, `tradeoff.advise`;
+`paths.plan` counts the paths a schedule's run takes.
 """
-from . import problems, report, tradeoff
+from . import paths, problems, report, tradeoff
 from .problems import Problem
 from .tradeoff import Advice, Config, Costs, Row, advise, calibrate, configurations, sweep
 
-__all__ = ["problems", "report", "tradeoff", "Problem", "Advice", "Config", "Costs", "Row", "advise", "calibrate",
+__all__ = ["paths", "problems", "report", "tradeoff",
+           "Problem", "Advice", "Config", "Costs", "Row", "advise", "calibrate",
            "configurations", "sweep"]

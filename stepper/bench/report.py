@@ -23,6 +23,9 @@ _COLUMNS = [  # (header, formatter of a row)
     ("wall s", lambda r: f"{r.wall_s:.2f}"),
     ("CPU s", lambda r: f"{r.cpu_s:.2f}"),
     ("theory s", lambda r: f"{r.theory_s:.2f}"),
+    ("theory CPU s", lambda r: "-" if math.isnan(r.theory_cpu_s) else f"{r.theory_cpu_s:.2f}"),
+    ("theory / measured, CPU (wall), medians", lambda r: "-" if math.isnan(r.theory_cpu_s) else
+     f"{r.theory_cpu_s / r.cpu_median_s:.2f} ({r.theory_s / r.wall_median_s:.2f})"),
     ("slowdown", lambda r: f"{r.slowdown:.2f}x"),
     ("theory slowdown", lambda r: f"{r.theory_slowdown:.2f}x"),
 ]
@@ -87,7 +90,7 @@ def plot(rows: list[Row], path: str, title: str, limit_mib: float | None = None)
     ax.set_ylabel("gradient wall time (s)")
     ax.set_title(textwrap.fill(title, 95), fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, title="theory: the schedule's step counts x measured per-step times",
+    ax.legend(fontsize=7, title="theory: the paths the schedule's run takes x their unit costs",
               title_fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

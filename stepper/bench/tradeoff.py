@@ -2,9 +2,11 @@
 
 `sweep` runs the real gradient once per configuration (Revolve with each RAM snapshot budget,
 MultiLevel RAM + HDF5 splits with measured disk costs, and store-all) and returns one `Row` each:
-the measured wall time and peak memory next to what the schedule's own step counts predict with
-per-step times measured beforehand (`Costs`). `advise` picks, for a memory limit, the fastest
-configuration that fits and the slowdown to expect against store-all.
+the measured wall and CPU time and peak memory next to the theory: the paths the schedule's run
+takes (native advances, native reversals, steps kept natively, Python steps, disk snapshots:
+`paths.plan`, a dry plan of its actions) priced with unit costs fitted on probe gradients that
+take the same paths (`Costs.wall`, `Costs.cpu`; `calibrate`). `advise` picks, for a memory
+limit, the fastest configuration that fits and the slowdown to expect against store-all.
 
     from stepper.bench import problems, tradeoff
     p = problems.make("wave", 64)
@@ -16,15 +18,17 @@ from __future__ import annotations
 
 import math
 import os
+import statistics
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
 import stepper as sp
 
 from . import rss
+from .paths import PathCosts, Paths, fit, plan
 from .problems import Problem
 
 __all__ = ["Config", "Costs", "Row", "Advice", "calibrate", "measure_disk", "configurations", "sweep", "advise"]
@@ -56,21 +60,40 @@ class Config:
 class Costs:
     """Per-step times measured on this machine, in seconds: a forward step of a checkpointed sweep
     (recorded or not: recording reuses pooled buffers), one step's adjoint, a recorded step of
-    store-all (which touches fresh memory every step), and one disk snapshot write/read."""
+    store-all (which touches fresh memory every step), and one disk snapshot write/read (these
+    price MultiLevel's disk snapshots). ``wall`` and ``cpu``: each path's unit cost in wall and
+    process CPU seconds (`paths.PathCosts`, None: priced per step by `predict`); ``native`` and
+    ``python_first``: how the model's steps run (`paths.plan`), as its probes ran."""
     forward_s: float
     adjoint_s: float
     storeall_step_s: float
     write_s: float = 0.0
     read_s: float = 0.0
+    wall: PathCosts | None = None
+    cpu: PathCosts | None = None
+    native: bool = True
+    python_first: int = 2
+
+    def paths(self, schedule) -> Paths:
+        """The paths a run of `schedule` (a fresh one: it is consumed) takes with this model."""
+        return plan(schedule, native=self.native, python_first=self.python_first)
+
+    def price(self, paths: Paths, cpu: bool = False) -> float:
+        """Seconds (wall, or CPU with `cpu`) a run taking `paths` should take (nan uncalibrated)."""
+        unit = self.cpu if cpu else self.wall
+        return math.nan if unit is None else unit.price(paths)
 
     def predict(self, summary, store_all: bool = False) -> float:
-        """Seconds a schedule should take, from its `checkpoint.validate` summary."""
+        """Seconds a schedule should take, from its `checkpoint.validate` summary, pricing every
+        step alike (what `price` refines by path)."""
         if store_all:
             return summary.forward_steps * self.storeall_step_s + summary.reverse_steps * self.adjoint_s
         return (summary.forward_steps * self.forward_s + summary.reverse_steps * self.adjoint_s
                 + summary.disk_writes * self.write_s + summary.disk_reads * self.read_s)
 
     def storeall_s(self, steps: int) -> float:
+        if self.wall is not None:
+            return self.price(self.paths(sp.StoreAll(steps)))
         return steps * (self.storeall_step_s + self.adjoint_s)
 
 
@@ -81,7 +104,10 @@ class Row:
     ``rss_growth_mib`` that peak less the process's size when the run started (None off Linux).
     ``cpu_s`` is the process's CPU time during the run (all threads): with one thread it shows the
     work done even when other processes share the cores and stretch ``wall_s``.
-    ``slowdown`` and ``theory_slowdown`` are relative to store-all (measured, and predicted)."""
+    ``slowdown`` and ``theory_slowdown`` are relative to store-all (measured, and predicted).
+    ``theory_cpu_s``: the CPU time predicted; ``wall_median_s``, ``cpu_median_s``: the medians
+    over the repeats (the other times are the fastest run's); ``paths_exact``: whether the run's
+    statistics equal the planned path counts (`paths.Paths.matches`)."""
     config: str
     kind: str
     ram_snapshots: int
@@ -99,26 +125,61 @@ class Row:
     theory_s: float
     slowdown: float = math.nan
     theory_slowdown: float = math.nan
+    theory_cpu_s: float = math.nan
+    wall_median_s: float = math.nan
+    cpu_median_s: float = math.nan
+    paths_exact: bool | None = None
 
 
-def calibrate(problem: Problem, probe: int = 50, *, deterministic: bool = True, repeats: int = 5) -> Costs:
-    """Per-step times of `problem`, each the best of `repeats` gradients over `probe` steps: forward
-    and adjoint from Revolve(probe, 2) (mostly recomputation), store-all's recorded step from
-    StoreAll(probe)."""
+def calibrate(problem: Problem, probe: int = 50, *, deterministic: bool = True, repeats: int = 5,
+              directory: str | None = None, max_steps: int | None = None) -> Costs:
+    """Per-step and per-path costs of `problem`, each the best of `repeats` interleaved rounds of
+    probe gradients over `probe` steps (and 8x `probe`, at most `max_steps`): forward and adjoint
+    per step from Revolve(probe, 2) (mostly recomputation), store-all's recorded step from
+    StoreAll(probe); per path (`Costs.wall`, `Costs.cpu`) fitted on Revolve and store-all probes
+    whose paths are counted by `paths.plan` (with `directory`, MultiLevel probes writing HDF5
+    snapshots there too). How the model's steps run (native or not, after how many Python steps)
+    is the plan that reproduces the probes' statistics."""
     model, initial = problem.model, problem.initial
     model.rollout(initial, 2, deterministic=deterministic, progress=False)      # compile, warm up
-    forward = adjoint = storeall = math.inf
-
-    def stats(schedule):
-        return model.gradient(initial, probe, loss=problem.loss, running_loss=problem.running_loss,
-                              schedule=schedule, deterministic=deterministic,
-                              progress=False).stats
+    long = max(probe, min(8 * probe, max_steps or 8 * probe))
+    probes = [lambda: sp.Revolve(probe, 2) if probe > 2 else sp.StoreAll(probe), lambda: sp.StoreAll(probe)]
+    probes += [lambda: sp.StoreAll(long)]
+    if probe > 2:
+        probes += [lambda: sp.Revolve(probe, 1), lambda: sp.Revolve(long, min(4, long - 1)),
+                   lambda: sp.Revolve(long, max(2, long // 8))]
+    if directory is not None and long > 4:
+        probes += [lambda: sp.MultiLevel(long, 2, max(2, long // 8), write_cost=1.0, read_cost=1.0),
+                   lambda: sp.MultiLevel(long, 4, max(2, long // 4), write_cost=0.5, read_cost=0.5)]
+    path = None if directory is None else os.path.join(directory, "calibrate.h5")
+    on_disk = [path if plan(make()).disk_writes else None for make in probes]
+    runs = [[] for _ in probes]
     for _ in range(repeats):
-        st = stats(sp.Revolve(probe, 2) if probe > 2 else sp.StoreAll(probe))
-        forward, adjoint = min(forward, st.forward_seconds / st.forward_steps), min(adjoint, st.adjoint_seconds / probe)
-        st = stats(sp.StoreAll(probe))
-        storeall = min(storeall, st.forward_seconds / probe)
-    return Costs(forward, adjoint, storeall)
+        for k, make in enumerate(probes):
+            schedule = make()
+            runs[k].append(_gradient(problem, schedule.max_n, schedule, on_disk[k], deterministic))
+    forward = min(r.stats.forward_seconds / r.stats.forward_steps for r, _, _ in runs[0])
+    adjoint = min(r.stats.adjoint_seconds / r.stats.steps for r, _, _ in runs[0])
+    storeall = min(r.stats.forward_seconds / r.stats.steps for r, _, _ in runs[1])
+    native, python_first = _how_steps_run([(make, rs[0][0].stats) for make, rs in zip(probes, runs)])
+    paths = [plan(make(), native=native, python_first=python_first) for make in probes]
+    python = not native or python_first > 2
+    wall = fit([(p, min(r.stats.total_seconds for r, _, _ in rs)) for p, rs in zip(paths, runs)], python)
+    cpu = fit([(p, min(c for _, c, _ in rs)) for p, rs in zip(paths, runs)], python)
+    return Costs(forward, adjoint, storeall, wall=wall, cpu=cpu, native=native, python_first=python_first)
+
+
+ALL = 2**62     # python_first of a step whose trace is never trusted: every first run on Python
+
+
+def _how_steps_run(probes) -> tuple[bool, int]:
+    """(native, python_first) whose plans give every probe's statistics (see `paths.plan`): a
+    trusted trace's, one never trusted (its steps' first runs on Python: it reads s.n, say), an
+    untraceable step's; a trusted trace's if none does (its rows then say paths_exact=False)."""
+    for native, python_first in ((True, 2), (True, ALL), (False, 0), (True, 1), (True, 3), (True, 0)):
+        if all(not plan(make(), native=native, python_first=python_first).matches(stats) for make, stats in probes):
+            return native, python_first
+    return True, 2
 
 
 def measure_disk(problem: Problem, costs: Costs, directory: str) -> Costs:
@@ -127,7 +188,7 @@ def measure_disk(problem: Problem, costs: Costs, directory: str) -> Costs:
     with sp.HDF5Storage(os.path.join(directory, "measure.h5")) as store:
         write_s, read_s = store.measure_costs(example, repeats=5)
     os.remove(os.path.join(directory, "measure.h5"))
-    return Costs(costs.forward_s, costs.adjoint_s, costs.storeall_step_s, write_s, read_s)
+    return replace(costs, write_s=write_s, read_s=read_s)
 
 
 def configurations(steps: int, budgets, disk_snapshots=(), storeall: bool = True) -> list[Config]:
@@ -144,15 +205,16 @@ def configurations(steps: int, budgets, disk_snapshots=(), storeall: bool = True
     return configs
 
 
-def _gradient(problem: Problem, steps: int, config: Config, costs: Costs, path, deterministic: bool):
-    """One run: (result, seconds of process CPU time, peak RSS growth in bytes or None)."""
+def _gradient(problem: Problem, steps: int, schedule, path, deterministic: bool):
+    """One run: (result, seconds of process CPU time, (peak RSS, its growth) in bytes or None).
+    Memory freed before goes back to the system first, so that each run (probes too) pays for the
+    fresh pages it touches alike: store-all's kept steps touch new memory every step."""
     rss.trim()
     have_rss = rss.reset_peak()
     before = rss.current_bytes()
     cpu = time.process_time()
     result = problem.model.gradient(problem.initial, steps, loss=problem.loss, running_loss=problem.running_loss,
-                                    schedule=config.schedule(steps, costs),
-                                    storage=path, deterministic=deterministic, progress=False)
+                                    schedule=schedule, storage=path, deterministic=deterministic, progress=False)
     cpu = time.process_time() - cpu
     peak = rss.peak_bytes() if have_rss and before is not None else None
     if path and os.path.exists(path):
@@ -160,38 +222,50 @@ def _gradient(problem: Problem, steps: int, config: Config, costs: Costs, path, 
     return result, cpu, None if peak is None else (peak, peak - before)
 
 
-def _run_one(problem: Problem, steps: int, config: Config, costs: Costs, directory: str,
-             deterministic: bool, repeats: int) -> Row:
+def _row(config: Config, steps: int, costs: Costs, runs) -> Row:
+    """The Row of `config` from its `runs` (_gradient's results): the fastest run's numbers, the
+    medians, and the theory of the paths its schedule takes."""
     summary = sp.validate(config.schedule(steps, costs), steps)
-    disk = config.kind == "multilevel"
-    path = os.path.join(directory, "snapshots.h5") if disk else None
-    runs = [_gradient(problem, steps, config, costs, path, deterministic) for _ in range(repeats)]
+    paths = costs.paths(config.schedule(steps, costs))
     result, cpu, memory = min(runs, key=lambda run: run[0].stats.total_seconds)
     st = result.stats
+    priced = costs.wall is not None
     return Row(
         config=config.label, kind=config.kind,
         ram_snapshots=config.ram if config.kind != "storeall" else steps,
-        disk_snapshots=config.schedule(steps, costs).disk_used if disk else 0,
+        disk_snapshots=config.schedule(steps, costs).disk_used if config.kind == "multilevel" else 0,
         forward_steps=st.forward_steps, schedule_forward_steps=summary.forward_steps,
         disk_writes=st.snapshots_written(sp.StorageType.DISK), disk_reads=st.snapshots_read(sp.StorageType.DISK),
         peak_mib=st.peak_memory_bytes / 2**20, rss_peak_mib=None if memory is None else memory[0] / 2**20,
         rss_growth_mib=None if memory is None else memory[1] / 2**20,
         wall_s=st.total_seconds, cpu_s=cpu, io_s=st.io_seconds,
-        theory_s=costs.predict(summary, config.kind == "storeall"))
+        theory_s=costs.price(paths) if priced else costs.predict(summary, config.kind == "storeall"),
+        theory_cpu_s=costs.price(paths, cpu=True),
+        wall_median_s=statistics.median(r.stats.total_seconds for r, _, _ in runs),
+        cpu_median_s=statistics.median(c for _, c, _ in runs),
+        paths_exact=not paths.matches(st) and (paths.disk_writes, paths.disk_reads) == (
+            st.snapshots_written(sp.StorageType.DISK), st.snapshots_read(sp.StorageType.DISK)))
 
 
 def sweep(problem: Problem, steps: int, configs, costs: Costs, *, deterministic: bool = True,
           directory: str | None = None, repeats: int = 1, log=None) -> list[Row]:
-    """Run the gradient of `problem` over `steps` steps for each configuration, `repeats` times
-    (the fastest run counts; shared machines are noisy); HDF5 snapshots go to `directory`
-    (default: a temporary one). `log(row)` is called after each configuration."""
+    """Run the gradient of `problem` over `steps` steps for each configuration, in `repeats`
+    interleaved rounds (each configuration once per round: a shared machine's load falls on all
+    alike); a Row keeps the fastest run and the medians. HDF5 snapshots go to `directory`
+    (default: a temporary one). `log(row)` is called after each configuration's last run."""
+    configs = list(configs)
+    runs = [[] for _ in configs]
     rows = []
     with tempfile.TemporaryDirectory(dir=directory) as tmp:
-        for config in configs:
-            row = _run_one(problem, steps, config, costs, tmp, deterministic, repeats)
-            rows.append(row)
-            if log:
-                log(row)
+        path = os.path.join(tmp, "snapshots.h5")
+        for round_ in range(repeats):
+            for k, config in enumerate(configs):
+                runs[k].append(_gradient(problem, steps, config.schedule(steps, costs),
+                                         path if config.kind == "multilevel" else None, deterministic))
+                if round_ == repeats - 1:
+                    rows.append(_row(config, steps, costs, runs[k]))
+                    if log:
+                        log(rows[-1])
     return relative_to_storeall(rows, steps, costs)
 
 
@@ -239,7 +313,10 @@ def _unmeasured(s, best, revolves, costs, steps, mib) -> str:
     theory scaled by the measured/theory ratio of the nearest measured budget, and never faster
     than a measured budget with at least as many snapshots (more snapshots never cost time)."""
     nearest = min(revolves, key=lambda r: (abs(r.ram_snapshots - s), -r.ram_snapshots))
-    predicted = sp.optimal_steps(steps, s) * costs.forward_s + steps * costs.adjoint_s
+    if costs.wall is not None:
+        predicted = costs.price(costs.paths(sp.Revolve(steps, s)))
+    else:
+        predicted = sp.optimal_steps(steps, s) * costs.forward_s + steps * costs.adjoint_s
     if nearest.theory_s > 0:
         predicted *= nearest.wall_s / nearest.theory_s
     larger = [r.wall_s for r in revolves if r.ram_snapshots >= s]
