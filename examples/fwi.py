@@ -4,7 +4,9 @@ Devito's FWI tutorial (examples/seismic/tutorials/03_fwi): a 2.5 km/s medium wit
 spacing 10 m, Ricker sources (10 Hz) down the left edge, receivers down the right edge, an
 absorbing (damping) layer around the domain; recover the disc from the recorded data starting
 from the background. The unknown is the squared slowness m = 1/v^2 (s^2/km^2); the wave equation
-``m u_tt - lap(u) + damp u_t = q`` is stepped as Devito steps it (2nd order in time and space):
+``m u_tt - lap(u) + damp u_t = q`` is stepped 2nd order in time and space, with the damping term
+centred in time (Devito 4.8 takes it one-sided, r2 damp u; benchmarks/peer_impls/fwi_ours.py is
+Devito's update term for term):
 
     u_next = (dt^2/h^2 lap(u) + m (2u - up) + dt/2 damp up) / (m + dt/2 damp)
 
