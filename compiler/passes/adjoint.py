@@ -52,7 +52,29 @@ def is_reverse_mark(s) -> bool:
     return isinstance(s, ir.ReverseMark)
 
 
-class _Sweep:
+class RuleBuilder:
+    """What the per-op rules in builtins.py build with (adjoint and tangent rules alike): typed ops
+    appended through the subclass's `emit`, at its current `loc`."""
+
+    def op(self, name, *args) -> ir.Temp:
+        types, result = OPS[name].typing([a.type for a in args], [isinstance(a, ir.Const) and a.weak for a in args])
+        args = tuple(self._as(a, t) for a, t in zip(args, types))
+        out = ir.Temp(result)
+        self.emit(ir.Op(out, name, args, self.loc))
+        return out
+
+    def _as(self, a, t):
+        if a.type == t:
+            return a
+        if isinstance(a, ir.Const):
+            return ir.Const(a.value, t)
+        return self.op(cast_op(t), a)
+
+    def const(self, value, t) -> ir.Const:
+        return ir.Const(value, t)
+
+
+class _Sweep(RuleBuilder):
     def __init__(self, used_temps: set[int]):
         self.used = used_temps
         self.adj: dict[int, ir.Var] = {}
@@ -134,24 +156,6 @@ class _Sweep:
         # that starts the next accumulation; with +0.0 it may not (+0.0 + -0.0 is +0.0).
         self.emit(ir.Assign(adj, ir.Const(-0.0 if differentiable(x.type) else 0, x.type), self.loc))
         return g
-
-    # builder interface used by the adjoint rules in builtins.py
-    def op(self, name, *args) -> ir.Temp:
-        types, result = OPS[name].typing([a.type for a in args], [isinstance(a, ir.Const) and a.weak for a in args])
-        args = tuple(self._as(a, t) for a, t in zip(args, types))
-        out = ir.Temp(result)
-        self.emit(ir.Op(out, name, args, self.loc))
-        return out
-
-    def _as(self, a, t):
-        if a.type == t:
-            return a
-        if isinstance(a, ir.Const):
-            return ir.Const(a.value, t)
-        return self.op(cast_op(t), a)
-
-    def const(self, value, t) -> ir.Const:
-        return ir.Const(value, t)
 
     def accum(self, x, value):
         if not isinstance(x, ir.Temp) or not differentiable(x.type):
@@ -262,4 +266,4 @@ class _Sweep:
                 self.accum(x, total)
 
 
-__all__ = ["adjoint_function", "AdjointUnsupported", "is_reverse_mark", "differentiable", "bool_", "ScalarType"]
+__all__ = ["adjoint_function", "AdjointUnsupported", "RuleBuilder", "is_reverse_mark", "differentiable", "bool_", "ScalarType"]

@@ -20,10 +20,10 @@ reverse-over-forward (Hessian-vector products) reuses every adjoint rule.
 from __future__ import annotations
 
 from .. import ir
-from ..builtins import OPS, cast_op, construct_op
+from ..builtins import OPS, construct_op
 from ..types import ArrayType, MatrixType, ScalarType, VectorType, int32
 from ..typing_rules import scalar_of
-from .adjoint import AdjointUnsupported
+from .adjoint import AdjointUnsupported, RuleBuilder
 
 
 class TangentUnsupported(AdjointUnsupported):
@@ -59,7 +59,7 @@ def tangent_function(fn: ir.Function, name: str | None = None) -> ir.Function:
                        fn.loc, fn.tid_ndim)
 
 
-class _Tangent:
+class _Tangent(RuleBuilder):
     def __init__(self, dparams: dict, used: set[int]):
         self.dparams = dparams
         self.used = used
@@ -71,23 +71,6 @@ class _Tangent:
     # ---- the builder the rules in builtins.py use ------------------------------------------------
     def emit(self, s):
         self.out.append(s)
-
-    def op(self, name, *args) -> ir.Temp:
-        types, result = OPS[name].typing([a.type for a in args], [isinstance(a, ir.Const) and a.weak for a in args])
-        args = tuple(self._as(a, t) for a, t in zip(args, types))
-        out = ir.Temp(result)
-        self.emit(ir.Op(out, name, args, self.loc))
-        return out
-
-    def _as(self, a, t):
-        if a.type == t:
-            return a
-        if isinstance(a, ir.Const):
-            return ir.Const(a.value, t)
-        return self.op(cast_op(t), a)
-
-    def const(self, value, t) -> ir.Const:
-        return ir.Const(value, t)
 
     def dense(self, d, t):
         """Tangent `d`, or the zero of type `t` where it is structurally zero."""
