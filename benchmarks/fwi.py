@@ -41,6 +41,7 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
 RESULTS = os.path.join(HERE, "results")
 NBL = 20
 SPACING = 10.0
@@ -89,22 +90,6 @@ def build_problem(n: int, order: int, dtype, path: str, ndim: int = 2) -> None:
 
 
 # -- the workers -----------------------------------------------------------------------------------
-def _rss_kib(key: str = "VmRSS") -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-    return 0
-
-
-def _reset_peak() -> None:
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        pass
-
-
 def devito_runner(problem: dict, mode: str, snapshots: int | None):
     from devito import Function, TimeFunction
     from devito.checkpointing import CheckpointOperator, DevitoCheckpoint
@@ -180,12 +165,13 @@ def worker(args) -> dict:
     problem = dict(np.load(args.problem))
     run, info = (devito_runner if args.tool == "devito" else ours_runner)(problem, args.mode, args.snapshots)
     run()                                                     # compiles, warms caches
-    _reset_peak()
-    before = _rss_kib()
+    from stepper.bench import rss
+    rss.reset_peak()
+    before = rss.current_bytes()
     t0 = time.perf_counter()
     value = run()
     seconds = time.perf_counter() - t0
-    out = {"seconds": seconds, "peak_mib": (_rss_kib("VmHWM") - before) / 1024, **info}
+    out = {"seconds": seconds, "peak_mib": (rss.peak_bytes() - before) / 2**20, **info}
     if np.ndim(value) == 0:
         out["loss"] = float(value)
     elif args.grad_out:
