@@ -59,10 +59,12 @@ def _calls(kernel, shape, args):
     return (lambda: forward(buffer, serial)), (lambda: adjoint(buffer, adj_buffer, None, 0, 0, None, adj_serial))
 
 
-def _arguments(name: str, shape, dtype, rng):
-    inputs = 4 if name == "fwi" else 2
+def _arguments(name: str, shape, dtype, rng, order: int):
+    inputs = 4 if name.startswith("fwi") else 2
     scale = [1.0, 1.0, 0.1, 0.05][:inputs]
     args = [sp.array((rng.standard_normal(shape) * s).astype(dtype.np_dtype), requires_grad=True) for s in scale]
+    if name == "fwi_array":         # the weights, a constant array (no gradient)
+        args.append(sp.array(np.array(stencil_spellings.WEIGHTS[order], dtype.np_dtype)))
     args.append(sp.zeros(shape, dtype=dtype, requires_grad=True))
     args[-1].grad.assign(rng.standard_normal(shape).astype(dtype.np_dtype))
     return args
@@ -97,7 +99,7 @@ def kernel_table(orders, ndims, dtypes, n2: int, n3: int, rounds: int, before: b
                 calls = {}
                 for variant, kernels in variants.items():
                     for name, k in kernels.items():
-                        args = _arguments(name, shape, dtype, rng)
+                        args = _arguments(name, shape, dtype, rng, order)
                         calls[(variant, name)] = (*_calls(k, shape, args), args)
                 times = {key: ([], []) for key in calls}
                 for key, (forward, adjoint, _) in calls.items():      # warm up (and compile)
@@ -107,7 +109,7 @@ def kernel_table(orders, ndims, dtypes, n2: int, n3: int, rounds: int, before: b
                         times[key][0].append(_seconds(forward))
                         times[key][1].append(_seconds(adjoint))
                 med = {key: (np.median(f), np.median(a)) for key, (f, a) in times.items()}
-                waves = [name for name in group if name != "fwi"]
+                waves = [name for name in group if not name.startswith("fwi")]
                 fastest_f = min(med[("after", name)][0] for name in waves)
                 fastest_a = min(med[("after", name)][1] for name in waves)
                 for name in group:
@@ -115,7 +117,7 @@ def kernel_table(orders, ndims, dtypes, n2: int, n3: int, rounds: int, before: b
                     ratios = np.array(times[("after", name)][1]) / np.array(times[("after", name)][0])
                     row = (f"| {ndim}-D {shape[0]}^{ndim} | {order} | {dname} | {name} | {f * 1e6:.0f} | {a * 1e6:.0f} | "
                            f"{a / f:.2f} ({ratios.min():.2f}-{ratios.max():.2f}) | "
-                           + (f"{f / fastest_f:.2f} | {a / fastest_a:.2f} |" if name != "fwi" else "- | - |"))
+                           + (f"{f / fastest_f:.2f} | {a / fastest_a:.2f} |" if name in waves else "- | - |"))
                     if before:
                         fb, ab = med[("before", name)]
                         row += f" {ab / fb:.2f} |"

@@ -8,7 +8,9 @@
 - `neighbours`: loops over the radius and over an offset table of the 2 * ndim directions.
 
 Plus `fwi`: Devito's acoustic update (a damping layer, a squared-slowness field) with the same
-Laplacian, written with the coefficient table. benchmarks/spellings.py (``--kernels``) times their
+Laplacian, written with the coefficient table, and `fwi_array`: the same with the weights passed as
+an array (as Devito's generated code and benchmarks/peer_impls/fwi_ours.py hold them), whose gradient
+scatters. benchmarks/spellings.py (``--kernels``) times their
 forward and adjoint kernels; tests/test_transposed_adjoint.py checks that every spelling reaches the
 two-pass form and computes the same thing.
 """
@@ -147,7 +149,22 @@ def _kernels_2d(order: int, dtype, kernel) -> dict:
             v = (2.0 * x - (1.0 - d) * up[i, j] + m[i, j] * lap) / (1.0 + d)
         u_next[i, j] = v
 
-    return {"unrolled": unrolled, "helper": helper, "table": table, "neighbours": neighbours, "fwi": fwi}
+    @kernel
+    def fwi_array(up: A, u: A, m: A, damp: A, w: sp.array(dtype=dtype), u_next: A):
+        i, j = sp.tid()
+        n, k = u.shape[0], u.shape[1]
+        v = dtype(0.0)
+        if i >= R and j >= R and i < n - R and j < k - R:
+            x = u[i, j]
+            lap = 2.0 * w[0] * x
+            for r in range(1, R + 1):
+                lap += w[r] * (u[i + r, j] + u[i - r, j] + u[i, j + r] + u[i, j - r])
+            d = damp[i, j]
+            v = (2.0 * x - (1.0 - d) * up[i, j] + m[i, j] * lap) / (1.0 + d)
+        u_next[i, j] = v
+
+    return {"unrolled": unrolled, "helper": helper, "table": table, "neighbours": neighbours, "fwi": fwi,
+            "fwi_array": fwi_array}
 
 
 def _kernels_3d(order: int, dtype, kernel) -> dict:
@@ -263,4 +280,20 @@ def _kernels_3d(order: int, dtype, kernel) -> dict:
             v = (2.0 * x - (1.0 - d) * up[i, j, k] + m[i, j, k] * lap) / (1.0 + d)
         u_next[i, j, k] = v
 
-    return {"unrolled": unrolled, "helper": helper, "table": table, "neighbours": neighbours, "fwi": fwi}
+    @kernel
+    def fwi_array(up: A, u: A, m: A, damp: A, w: sp.array(dtype=dtype), u_next: A):
+        i, j, k = sp.tid()
+        n0, n1, n2 = u.shape[0], u.shape[1], u.shape[2]
+        v = dtype(0.0)
+        if i >= R and j >= R and k >= R and i < n0 - R and j < n1 - R and k < n2 - R:
+            x = u[i, j, k]
+            lap = 3.0 * w[0] * x
+            for r in range(1, R + 1):
+                lap += w[r] * (u[i + r, j, k] + u[i - r, j, k] + u[i, j + r, k] + u[i, j - r, k]
+                               + u[i, j, k + r] + u[i, j, k - r])
+            d = damp[i, j, k]
+            v = (2.0 * x - (1.0 - d) * up[i, j, k] + m[i, j, k] * lap) / (1.0 + d)
+        u_next[i, j, k] = v
+
+    return {"unrolled": unrolled, "helper": helper, "table": table, "neighbours": neighbours, "fwi": fwi,
+            "fwi_array": fwi_array}

@@ -137,6 +137,7 @@ class Load:
     array: ArrayRef
     indices: tuple[Operand, ...]
     loc: Loc
+    or_zero: bool = False       # zero where the indices are outside the array (a select's side not taken)
 
 
 @dataclass(frozen=True)

@@ -103,11 +103,12 @@ def test_every_spelling_has_a_gather_form_over_all_its_arrays_and_no_loop_tape(o
         compiled = kernel.compiled()
         assert not compiled.needs_tape, name
         gather = compiled.gather
-        assert gather is not None and not gather.scatters, name
-        assert set(gather.arrays) == {p.name for p in compiled.forward.params[:-1]}, name
+        table = name == "fwi_array"      # its weights, read at constant indices: their gradient scatters
+        assert gather is not None and bool(gather.scatters) == table, name
+        assert set(gather.arrays) == {p.name for p in compiled.forward.params[:-1]} - ({"w"} if table else set()), name
         # the wave's partials reach its neighbours as the incoming gradient times constants, which
         # the one-pass form loads again; Devito's update divides by a local denominator first
-        assert (gather.pointwise is not None) == (name == "fwi"), name
+        assert (gather.pointwise is not None) == name.startswith("fwi"), name
         if gather.pointwise is not None:
             verify(gather.pointwise, single_definition=False)
             assert any(isinstance(s, ir.ScratchStore) for s in ir.walk(gather.pointwise.body))
@@ -319,3 +320,101 @@ def test_checkpointed_gradient_of_a_two_pass_step_equals_store_all_bit_for_bit()
 def half_sum_sq(u: F2, out: F1):
     i, j = sp.tid()
     sp.atomic_add(out, 0, 0.5 * u[i, j] * u[i, j])
+
+
+@sp.kernel
+def fwi_table(up: F2, u: F2, m: F2, damp: F2, coeffs: F1, u_next: F2):
+    """4th order with its weights in an array (read at constant indices: its gradient scatters)."""
+    i, j = sp.tid()
+    n, k = u.shape[0], u.shape[1]
+    value = sp.float64(0.0)
+    if i >= 2 and j >= 2 and i < n - 2 and j < k - 2:
+        x = u[i, j]
+        lap = 2.0 * coeffs[0] * x
+        for r in range(1, 3):
+            lap += coeffs[r] * (u[i + r, j] + u[i - r, j] + u[i, j + r] + u[i, j - r])
+        d = damp[i, j]
+        value = (2.0 * x - (1.0 - d) * up[i, j] + m[i, j] * lap) / (1.0 + d)
+    u_next[i, j] = value
+
+
+@pytest.mark.parametrize("table_grad", [False, True], ids=["constant-table", "table-with-gradient"])
+def test_a_coefficient_table_passed_as_an_array_keeps_the_two_pass_form(table_grad, device):
+    """The table's gradient scatters; it runs in the pointwise pass, once per thread, in thread
+    order: the one-pass form's bits for every gradient, the table's included, serial or not."""
+    gather = fwi_table.compiled().gather
+    assert gather.pointwise is not None and gather.scatters
+    shape = (70, 61)        # over one chunk of logged adds (ADD_CHUNK in prelude.h): their order shows
+    rng = np.random.default_rng(5)
+    fields = [rng.standard_normal(shape), rng.standard_normal(shape), 0.1 * rng.standard_normal(shape),
+              0.05 * rng.standard_normal(shape)]
+    table, w = np.array(W4), rng.standard_normal(shape)
+
+    def run(kernel, deterministic):
+        arrays = [sp.array(v, requires_grad=True, device=device) for v in fields]
+        coeffs = sp.array(table, requires_grad=table_grad, device=device)
+        out = sp.zeros(shape, dtype=sp.float64, requires_grad=True, device=device)
+        tape = sp.Tape(deterministic=deterministic)
+        with tape:
+            sp.launch(kernel, shape, inputs=[*arrays, coeffs], outputs=[out])
+        tape.backward(grads={out: w})
+        return [a.grad.numpy() for a in arrays] + ([coeffs.grad.numpy()] if table_grad else [])
+
+    one = run(one_pass_copy(fwi_table), True)
+    for deterministic in (True, False):
+        two = run(fwi_table, deterministic)
+        for a, b in zip(two, one):
+            if deterministic or a.size > len(W4):       # atomics into the table: order-dependent
+                np.testing.assert_array_equal(a, b)
+            else:
+                np.testing.assert_allclose(a, b, rtol=1e-12)
+
+
+@pytest.mark.parametrize("order, ndim, shape", [(8, 2, (23, 19)), (4, 3, (9, 11, 8)), (2, 2, (3, 4))])
+def test_weights_passed_as_an_array_reach_the_branch_free_form_and_the_tuple_spellings_gradients(
+        order, ndim, shape, device):
+    """Devito's spelling: the weights in an array, read at constant indices under the guard. Their
+    loads become selects' or-zero loads (no branch is left in the interior or the row variant: both
+    vectorise) and the gradients are the coefficient tuple's, to rounding (the roots differ: a
+    product with w[r] per radius against one root times constants)."""
+    kernel, tuple_kernel = corpus(order, ndim)["fwi_array"], corpus(order, ndim)["fwi"]
+    gather = kernel.compiled().gather
+    assert gather.row is not None or ndim == 1
+    for fn in (gather.interior.function, gather.row.function):
+        assert not any(isinstance(s, ir.If) for s in ir.walk(fn.body)), fn.name
+    assert any(isinstance(s, ir.Load) and s.or_zero for s in ir.walk(gather.row.function.body))
+    values, w = inputs(tuple_kernel, shape, seed=order)
+    weights = np.array(stencil_spellings.WEIGHTS[order])
+
+    def run(k, extra):
+        arrays = [sp.array(v, requires_grad=True, device=device) for v in values]
+        out = sp.zeros(shape, dtype=sp.float64, requires_grad=True, device=device)
+        tape = sp.Tape()
+        with tape:
+            sp.launch(k, shape, inputs=[*arrays, *extra], outputs=[out])
+        tape.backward(grads={out: w})
+        return out.numpy(), [a.grad.numpy() for a in arrays]
+
+    out, grads = run(kernel, [sp.array(weights, device=device)])
+    expected_out, expected = run(tuple_kernel, [])
+    np.testing.assert_allclose(out, expected_out, rtol=1e-13, atol=1e-14)
+    for a, b in zip(grads, expected):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-13)
+
+
+def test_only_loops_whose_threads_write_their_own_elements_vectorise_without_alias_tests():
+    """SP_INDEPENDENT (prelude.h) tells the C++ compiler that no iteration writes what another
+    touches. A gather form's passes qualify; a pass that adds into a coefficient table's gradient,
+    which every thread shares, must not carry it (a vectorised sum would lose adds), unless the
+    launch has no such gradient (a grads variant without it)."""
+    from compiler.codegen.targets import CPU, render_cpu, render_grads_variant
+    functions = fwi_table.compiled().functions()
+    generic = render_cpu([functions], False).source
+    pointwise_loop, transposed_loop = "fwi_table_pointwise_interior_thread<", "fwi_table_gather_interior_thread<"
+    hinted = [line for line in generic.splitlines() if "SP_INDEPENDENT for" in line]
+    assert any(transposed_loop in line for line in hinted)
+    assert not any(pointwise_loop in line for line in hinted)       # every gradient present: the table's too
+    params = [p.name for p in fwi_table.compiled().forward.params]
+    without_table = sum(1 << k for k, name in enumerate(params) if name != "coeffs")
+    variant = render_grads_variant(functions, without_table, CPU).source
+    assert any(pointwise_loop in line for line in variant.splitlines() if "SP_INDEPENDENT for" in line)

@@ -232,6 +232,8 @@ def adjoint(kernel, compiled, function, buffer: bytes, adj_buffer: bytes, n: int
         first = loaded.function(gather.pointwise.name, adjoint=True)
         _run(kernel, first, grid, block, [args, adj, ctypes.c_void_p(tape), ctypes.c_int64(0), ctypes.c_int(0),
                                           ctypes.c_void_p(0)], dev.ordinal)
+        if serial == 2:     # what still scatters runs here; the next launch reuses the add tables
+            _apply_adds(kernel, loaded, tables, chunks, add_slots, dev.ordinal, None)
     _run(kernel, fn, grid, block, [args, adj, ctypes.c_void_p(tape), ctypes.c_int64(capacity), ctypes.c_int(0),
                                    ctypes.c_void_p(0)], dev.ordinal)
     if serial == 2:

@@ -31,6 +31,17 @@ extern "C" __device__ int printf(const char*, ...);
 #define SP_FUNC static inline
 #define SP_MEMBER inline
 #define SP_MEMCPY __builtin_memcpy
+// Before a loop whose iterations touch no memory another iteration writes (a gather form's threads:
+// each writes its own elements, the launch's inputs and scratch are only read): vectorise without
+// run-time alias tests, whose number (one per pair of streams) passes the compiler's limit in a
+// kernel with many arrays (a coefficient table read at constant indices added 35).
+#if defined(__clang__)
+#define SP_INDEPENDENT _Pragma("clang loop vectorize(assume_safety)")
+#elif defined(__GNUC__)
+#define SP_INDEPENDENT _Pragma("GCC ivdep")
+#else
+#define SP_INDEPENDENT
+#endif
 #endif
 
 template <int N, typename T>
@@ -320,6 +331,8 @@ template <typename T, typename... I> SP_FUNC bool in_bounds(const array_t<T>& a,
     int64_t v[] = {int64_t(idx)...}; for (int d = 0; d < int(sizeof...(I)); ++d) if (v[d] < 0 || v[d] >= a.shape[d]) return false;
     return true; }
 template <typename T, typename... I> SP_FUNC T load(const array_t<T>& a, I... idx) { return *address(a, idx...); }
+template <typename T, typename... I> SP_FUNC T load_or_zero(const array_t<T>& a, I... idx) {
+    return in_bounds(a, idx...) ? load(a, idx...) : T(); }
 
 // Deterministic launches that add into a few elements sum in chunks of this many threads (add_log
 // on the CPU, add_slot on a GPU).

@@ -372,9 +372,12 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
     row = row if target is CPU and interior is not None else None     # a gather form's (GatherAdjoint.row)
     if row is not None:
         lines += _thread_function(row.function, debug, sites, target, adjoint, fn.name, hot=True)
+    gather_entry = adjoint and entry_template is target.gather_entry
     if interior is not None:
         nest = _interior_nest(fn.tid_ndim, fn.name + call, interior.function.name + call, interior, private, prelude,
-                              threshold, (row.function.name + call, row) if row is not None else None)
+                              threshold, (row.function.name + call, row) if row is not None else None,
+                              independent=gather_entry and _independent(grads, fn, interior.function,
+                                                                        *((row.function,) if row else ())))
         box = space["extents"] + "\n" + "\n".join(_interior_box(fn.tid_ndim, interior)) + "\n"
         inside = " && ".join(f"lo{k} <= i{k} && i{k} < hi{k}" for k in range(fn.tid_ndim))
         pick = f"if ({inside}) {interior.function.name}{call} else "
@@ -391,21 +394,29 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
         if first_interior is not None:
             lines += _thread_function(first_interior.function, debug, sites, target, adjoint, fn.name, hot=True)
             first_nest = _interior_nest(fn.tid_ndim, first.name + call, first_interior.function.name + call,
-                                        first_interior, private, prelude, threshold)
+                                        first_interior, private, prelude, threshold,
+                                        independent=_independent(grads, first, first_interior.function))
         else:
             first_nest = _plain_nest(fn.tid_ndim, first.name + call, private, prelude, threshold)
+        first_plain = _plain_nest(fn.tid_ndim, f"{first.name}_thread<{checked}>({tids}, L, A, G, tp);", private,
+                                  prelude, threshold)
+        if _adds_into_memory(first):
+            # what still scatters (a coefficient table's gradient) runs in the pointwise pass: a
+            # deterministic launch logs its adds there, in the chunks the one-pass form and the GPU use
+            first_nest = _either_logged(first_nest, first, fn.tid_ndim, threshold, fast, checked, tids, all_grads,
+                                        tape="scratch")
+            first_plain = _either_logged(first_plain, first, fn.tid_ndim, threshold, fast, checked, tids, all_grads,
+                                         tape="scratch")
         nest = "    {\n" + first_nest + "    }\n    {\n" + nest + "    }\n"     # scopes: each its own box
-        plain_nest = _plain_nest(fn.tid_ndim, f"{first.name}_thread<{checked}>({tids}, L, A, G, tp);", private, prelude,
-                                 threshold) + plain_nest
+        plain_nest = first_plain + plain_nest
         scratch = f"    uint64_t* const scratch = sp::scratch_memory(L.n * {two_pass.scratch_bytes});\n"
     logged = ""
     if target is CPU and _adds_into_memory(fn):
         if not adjoint:
             logged = _logged_loop(fn.tid_ndim, threshold, f"{fn.name}_thread({tids}, L, A);", ("A",), "")
         elif entry_template is target.gather_entry:
-            logged = _logged_loop(fn.tid_ndim, threshold, "sp::tape_t tp = {nullptr, 1, 0, 0, 0, 0, 0, fresh};\n"
-                                  f"if ({all_grads}) {fn.name}_thread<{fast}>({tids}, L, A, G, tp);\n"
-                                  f"else {fn.name}_thread<{checked}>({tids}, L, A, G, tp);", ("A", "G"), "0")
+            logged = _logged_loop(fn.tid_ndim, threshold, _gather_call(fn, fast, checked, tids, all_grads, "nullptr"),
+                                  ("A", "G"), "0")
         else:
             logged = _logged_loop(fn.tid_ndim, threshold,
                                   "sp::tape_t tp = {tape + t * capacity, 1, 0, capacity, count_only, 0, 0, fresh};\n"
@@ -419,6 +430,15 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
     return "\n".join(lines) + "\n" + entry
 
 
+def _independent(grads: int | None, *functions: ir.Function) -> bool:
+    """Whether each thread of these gather-form passes writes only its own elements: no atomics and
+    no accumulation into a gradient another thread adds to, among the gradients of mask `grads`
+    (None: all present). Their loops may then vectorise without alias tests (SP_INDEPENDENT)."""
+    return not any(isinstance(s, ir.Atomic) or isinstance(s, ir.AccumGrad) and s.fresh_bit is None
+                   and not s.exclusive and (grads is None or grads >> s.array.param.index & 1)
+                   for fn in functions for s in ir.walk(fn.body))
+
+
 def _adds_into_memory(fn: ir.Function) -> bool:
     """Whether `fn` makes atomic adds (forward atomics, or an adjoint's shared accumulations), which
     a deterministic launch into a few elements logs (see add_log in prelude.h) instead of running
@@ -427,13 +447,31 @@ def _adds_into_memory(fn: ir.Function) -> bool:
                isinstance(s, ir.AccumGrad) and s.fresh_bit is None and not s.exclusive for s in ir.walk(fn.body))
 
 
-def _logged_loop(ndim: int, threshold: int, body: str, private, result: str, reduction: bool = False) -> str:
+def _gather_call(fn: ir.Function, fast: str, checked: str, tids: str, all_grads: str, tape: str) -> str:
+    """One thread of gather-form pass `fn`, with adds logged (the tape is `tape`: a two-pass form's
+    scratch memory, or none)."""
+    return (f"sp::tape_t tp = {{{tape}, 1, 0, 0, 0, 0, 0, fresh}};\n"
+            f"if ({all_grads}) {fn.name}_thread<{fast}>({tids}, L, A, G, tp);\n"
+            f"else {fn.name}_thread<{checked}>({tids}, L, A, G, tp);")
+
+
+def _either_logged(nest: str, fn: ir.Function, ndim: int, threshold: int, fast: str, checked: str, tids: str,
+                   all_grads: str, tape: str) -> str:
+    """`nest`, or with serial flag 2 the same pass `fn` over logged chunks (see _logged_loop)."""
+    body = _gather_call(fn, fast, checked, tids, all_grads, tape)
+    return _logged_loop(ndim, threshold, body, ("A", "G"), None) + "    else {\n" + nest + "    }\n"
+
+
+def _logged_loop(ndim: int, threshold: int, body: str, private, result: str | None,
+                 reduction: bool = False) -> str:
     """The CPU entry's deterministic path for adds into a few elements (serial flag 2): fixed chunks
     of the index space, each logging its adds (add_log in prelude.h), applied in chunk order; shared
     out among threads from `threshold` threads on, and run by one below it in the same order (the
-    same bits, and float32 elements still get double partials)."""
+    same bits, and float32 elements still get double partials). The entry returns `result` after
+    it, or with None goes on to its next pass."""
     space = _index_space(ndim)
     inner = "\n".join("                " + line for line in body.split("\n"))
+    ending = f"\n        return {result};" if result is not None else ""
     return f"""    if (serial == 2) {{
         const int64_t chunks = (L.end - L.first + sp::ADD_CHUNK - 1) / sp::ADD_CHUNK;
         std::vector<sp::add_log> logs(chunks);
@@ -447,8 +485,7 @@ def _logged_loop(ndim: int, threshold: int, body: str, private, result: str, red
             }}
             sp::adds_log = nullptr;
         }}
-        for (const auto& log : logs) log.apply();
-        return {result};
+        for (const auto& log : logs) log.apply();{ending}
     }}
 """
 
@@ -522,18 +559,21 @@ def _plain_nest(ndim: int, call: str, private, prelude: str, threshold: int) -> 
 
 
 def _interior_nest(ndim: int, edge: str, middle: str, interior, private, prelude: str, threshold: int,
-                   row=None) -> str:
+                   row=None, independent: bool = False) -> str:
     """The CPU loop nest of an entry with an interior variant: the box [lo_k, hi_k) per axis is
     evaluated once; each row of the innermost index runs in three parts, the edges through `edge`
     and the part inside the box through `middle` (a row outside the box runs `edge` throughout, or
-    with `row` = (call, its Interior), a gather form's row variant, that in the row's box)."""
+    with `row` = (call, its Interior), a gather form's row variant, that in the row's box).
+    `independent`: no thread writes memory another reads or writes (see SP_INDEPENDENT in
+    prelude.h); the middle runs vectorise without alias tests."""
     box = _interior_box(ndim, interior)
     if row is not None and ndim > 1:
         box += _axis_box(ndim - 1, row[1], "rlo", "rhi")
     k = ndim - 1
     pad = "    " * (k + 1)
+    hint = "SP_INDEPENDENT " if independent and k > 0 else ""    # (one index: the middle run is OpenMP's loop)
     runs = [f"{pad}for (int32_t i{k} = {_start(k)}; i{k} < a; ++i{k}) {edge}",
-            f"{pad}for (int32_t i{k} = a; i{k} < b; ++i{k}) {middle}",
+            f"{pad}{hint}for (int32_t i{k} = a; i{k} < b; ++i{k}) {middle}",
             f"{pad}for (int32_t i{k} = b; i{k} < {_stop(k)}; ++i{k}) {edge}"]
     if k == 0:
         # one index: the middle run alone is shared out among threads; the box is cut to the rows run
@@ -548,8 +588,8 @@ def _interior_nest(ndim: int, edge: str, middle: str, interior, private, prelude
                     for a in range(k))
     closing = "".join(f"{'    ' * (a + 1)}}}\n" for a in reversed(range(k)))
     if row is not None:
-        runs[1] = (f"{pad}if (mid) for (int32_t i{k} = a; i{k} < b; ++i{k}) {middle}\n"
-                   f"{pad}else for (int32_t i{k} = a; i{k} < b; ++i{k}) {row[0]}")
+        runs[1] = (f"{pad}if (mid) {{ {hint}for (int32_t i{k} = a; i{k} < b; ++i{k}) {middle} }}\n"
+                   f"{pad}else {{ {hint}for (int32_t i{k} = a; i{k} < b; ++i{k}) {row[0]} }}")
     inner = ([f"{pad}{prelude}"] if prelude else []) + [
         f"{pad}const bool mid = {mid};",
         f"{pad}const int32_t a = mid ? (int32_t)lo{k} : {'(int32_t)rlo' if row else f'e{k}'}, "

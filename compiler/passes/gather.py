@@ -138,7 +138,7 @@ def gather_adjoint(adjoint: ir.Function, two_pass: bool = True) -> GatherAdjoint
     local = {name for name in eligible if all(site_offset[id(s)] == zero for s in gathered
                                               if s.array.param.name == name)}
     found = None
-    if two_pass and not scatters and not any(widens) and local != set(eligible):
+    if two_pass and not any(widens) and local != set(eligible):
         # (the zero-offset pass runs at thread p itself, so it recomputes what only it needs)
         found = transpose.roots(body, [s for s in gathered if s.array.param.name not in local
                                        and site_offset[id(s)] != zero])
@@ -275,7 +275,10 @@ def _build(adjoint: ir.Function, body, eligible: dict[str, ir.Param], source: st
         ops, flat = transpose.flat_index(p, extent, loc)
         out += ops
     for c in passes:
-        out += _pass(body, c, p, extent, own, totals, site_offset, site_clamps, keep_scatter=c == zero, clamp=clamp,
+        # what still scatters runs once per thread: in the zero-offset pass, or in a two-pass form's
+        # pointwise pass (the thread's own adjoint, in the same thread order)
+        out += _pass(body, c, p, extent, own, totals, site_offset, site_clamps, keep_scatter=c == zero and not scratch,
+                     clamp=clamp,
                      loc=loc, scratch=scratch, flat=flat, skip=skip)
     # One write per element of each gathered gradient: where the launch says the gradient is new
     # memory (its bit of the fresh mask, bit k for parameter k), it stores instead of adding.

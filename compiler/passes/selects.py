@@ -3,7 +3,9 @@
 A branch in a thread body keeps the C++ compiler from vectorising the thread loop unless the
 compiler if-converts it itself, which GCC does not do for our bodies. A branch whose sides only
 compute (pure operations, reads and writes of locals, reads of scratch memory, which are in bounds
-wherever the thread is) can run both sides on every thread: each write of a local that is read
+wherever the thread is, and reads of an array the body never writes at constant indices, made as
+`Load.or_zero`: the same for every thread, hoisted out of its loop, zero if out of bounds, where
+the forward would not have read) can run both sides on every thread: each write of a local that is read
 after the branch becomes a select between the new value and the old one on the branch's condition
 (a local read only inside the branch needs none: what the side not taken writes there is never
 read). Values computed on the side not
@@ -58,15 +60,20 @@ def select_branches(fn: ir.Function, safe=frozenset()) -> ir.Function:
             for a in ir.used_operands(x):
                 if isinstance(a, ir.Temp):
                     counts[a.id] = counts.get(a.id, 0) + 1
-    return dataclasses.replace(fn, body=tuple(_Convert(uses, reads, safe, guarded).block(fn.body)))
+    written = {id(s.array.param) for s in ir.walk(fn.body) if isinstance(s, (ir.Store, ir.Atomic))
+               and not s.array.adjoint}
+    constant = {id(s) for s in ir.walk(fn.body) if isinstance(s, ir.Load) and not s.array.adjoint
+                and id(s.array.param) not in written and all(isinstance(i, ir.Const) for i in s.indices)}
+    return dataclasses.replace(fn, body=tuple(_Convert(uses, reads, safe, guarded, constant).block(fn.body)))
 
 
 _LOGIC = {"and": lambda a, b: a and b, "or": lambda a, b: a or b, "not": lambda a: not a}
 
 
 class _Convert:
-    def __init__(self, uses, reads, safe, guarded):
+    def __init__(self, uses, reads, safe, guarded, constant):
         self.uses, self.reads, self.safe, self.guarded = uses, reads, safe, guarded
+        self.constant = constant         # ids of loads at constant indices of arrays nothing writes
         self.kept: set[int] = set()          # the Vars of the branch being converted read after it
         self.known: dict[int, bool] = {}     # conditions that settled tests make constant
 
@@ -104,7 +111,7 @@ class _Convert:
     def _convertible(self, s: ir.If) -> bool:
         inner = list(ir.walk(s.then + s.orelse))
         if not all(isinstance(x, _SAFE) or isinstance(x, ir.Op) and not OPS[x.op].definition or id(x) in self.safe
-                   for x in inner):
+                   or id(x) in self.constant for x in inner):
             return False
         # every value defined inside is read only under a branch on the same condition
         defined = {t.id for x in inner for t in ir.defined_temps(x)}
@@ -126,6 +133,8 @@ class _Convert:
                 negated = self._not(out, s.cond, s.loc)
                 out += [ir.Op(then, "and", (cond, s.cond), s.loc), ir.Op(other, "and", (cond, negated), s.loc)]
                 out += self._predicated(s.then, then, s.loc) + self._predicated(s.orelse, other, s.loc)
+            elif id(s) in self.constant:
+                out.append(dataclasses.replace(s, or_zero=True))
             elif isinstance(s, ir.Assign) and s.var.id in self.kept:
                 old, new = ir.Temp(s.var.type), ir.Temp(s.var.type)
                 out += [ir.ReadVar(old, s.var, s.loc), ir.Op(new, "where", (cond, s.value, old), s.loc),

@@ -28,8 +28,10 @@ Every accumulation is computed by the same operations from the same values as in
 and summed in the same order, so the two forms give the same bits. Roots defined in a branch are
 stored under it, and read under the same branch of the copy, whose condition is computed the same way
 at the same thread; the copy's thread p - c is a thread of the launch (clamped or wrapped into it),
-whose roots the pointwise pass stored. The form applies where the one-pass form scatters nothing,
-does not widen, has no loops (a loop's temps take many values) and needs at least one root computed.
+whose roots the pointwise pass stored. Accumulations that still scatter (into a coefficient table
+read at constant indices, say) run in the pointwise pass, once per thread in thread order, where the
+one-pass form runs them in its zero-offset pass. The form applies where the one-pass form does not
+widen, has no loops (a loop's temps take many values) and needs at least one root computed.
 """
 from __future__ import annotations
 
