@@ -503,13 +503,14 @@ def _adjoint_setup(compiled, sig, args, dims, serial, fresh):
             values += _zero_values(p.type)
     adj_buffer = sig.packer.pack(*values)
     adjoint = compiled.adjoint
-    if gather is not None:
-        # Parallel and deterministic by construction; serial only for what still scatters.
-        adjoint, serial = gather.function, serial and gather.scatters
     gathered = gather.arrays if gather is not None else ()
     # Only gradients that exist receive adds: an input without one (a table, a series) is no target.
-    serial = _serial_flag(serial, sig.adjoint_logs_adds,
-                          (args[k] for n, k in sig.read_arrays if n not in gathered and args[k].requires_grad))
+    targets = [args[k] for n, k in sig.read_arrays if n not in gathered and args[k].requires_grad]
+    if gather is not None:
+        # Parallel and deterministic by construction; serial only for what still scatters into a
+        # gradient the launch has (a constant coefficient table's adds are compiled out).
+        adjoint, serial = gather.function, serial and gather.scatters and bool(targets)
+    serial = _serial_flag(serial, sig.adjoint_logs_adds, targets)
     grads = grads_variants.grads_mask(sig.gather_grads, args) if gather is not None else None
     return adjoint, adj_buffer, serial, math.prod(space if wide else dims), grads
 
