@@ -1,4 +1,4 @@
-"""Gradient debugging tools: Jacobians by autodiff and by finite differences, and gradient checks.
+"""Gradient debugging tools: Jacobians by autodiff and by finite differences, and gradient checks::
 
     jacs = autograd.jacobian(my_kernel, n, inputs=[a, b], outputs=[out])   # {("a", "out"): J, ...}
     fds = autograd.jacobian_fd(my_kernel, n, inputs=[a, b], outputs=[out])
@@ -15,6 +15,7 @@ function that launches kernels: it is called as ``function(*inputs)`` and either
 arrays or writes into the arrays given as `outputs`.
 
 What the tools do to your data:
+
 - a kernel runs on private copies of its arguments, so your arrays, their gradients and any Tape that
   recorded them are left exactly as they were;
 - a Python function runs on your arrays. Finite differences perturb inputs in place (through

@@ -54,6 +54,7 @@ def function(model, steps: int, *, inputs, loss=None, running_loss=None, schedul
     - Without either it returns the final state as ``{name: array}``; `jax.vjp` pulls cotangents of
       it back with one checkpointed sweep (that runs the forward again: the primal run keeps nothing).
     - `initial`: values (NumPy or stepper arrays) of the states not in `inputs`, held fixed.
+
     Parameters in `inputs` replace the model's for each run; the model keeps its own values. Example::
 
         f = stepper.jax.function(model, 1000, inputs=["u", "kappa"], loss=misfit)

@@ -118,11 +118,11 @@ def value_and_grad(model, initial, steps, *, loss=None, running_loss=None, param
 
 @dataclass
 class TaylorResult:
-    """``h``: the step sizes; ``remainders0``: |J(m+h dm) - J(m)| (falls as h);
-    ``remainders1``: |J(m+h dm) - J(m) - h dJ.dm| (falls as h^2 if the gradient is right);
+    """``h``: the step sizes; ``remainders0``: ``|J(m+h dm) - J(m)|`` (falls as h);
+    ``remainders1``: ``|J(m+h dm) - J(m) - h dJ.dm|`` (falls as h^2 if the gradient is right);
     ``rates0``/``rates1``: their convergence rates between successive h; ``passed``: every
     ``rates1`` above ``min_rate``, or the remainders at rounding level (exact for linear losses).
-    With ``hessian=True`` also ``remainders2``: |J(m+h dm) - J(m) - h dJ.dm - h^2/2 dm.H.dm|
+    With ``hessian=True`` also ``remainders2``: ``|J(m+h dm) - J(m) - h dJ.dm - h^2/2 dm.H.dm|``
     (falls as h^3 if the Hessian-vector product is right) and ``rates2``, which must be above
     ``min_rate + 1`` too."""
     h: list

@@ -227,7 +227,7 @@ class array:
 
     @property
     def version(self) -> int:
-        """Bumped by every write the runtime sees: assign, fill_, zero_, copy and kernel launches."""
+        """Bumped by every write the runtime sees: ``assign``, ``fill_``, ``zero_``, copy and kernel launches."""
         return self._storage.version
 
     @property
