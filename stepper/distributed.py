@@ -403,6 +403,7 @@ class Distributed(HaloExchanges, Ranks):
         parameters the same on every rank."""
         from .second_order import jvp
         self._check_same("jvp", steps, None)
+        self._check_direction(tangents, "tangents")
 
         def run():
             result = jvp(self.model, initial, steps, tangents, loss, running_loss, **options)
@@ -418,6 +419,7 @@ class Distributed(HaloExchanges, Ranks):
         ``hvp`` are summed over ranks, states' are this rank's block (`gather` assembles them)."""
         from .second_order import hvp
         self._check_same("hvp", steps, schedule)
+        self._check_direction(direction, "direction")
         options = self._per_rank(dict(options, storage=storage))
 
         def run():
@@ -428,6 +430,30 @@ class Distributed(HaloExchanges, Ranks):
             return replace(result, loss=float(self.sum(result.loss)), grads=self._summed(result.grads),
                            hvp=self._summed(result.hvp))
         return self._guarded(run)
+
+    def _check_direction(self, tangents, what: str) -> None:
+        """A collective check of jvp's tangents / hvp's direction: a mistake on any rank (a global
+        array for a block, say) is the same ModelError on every rank, and so is a replicated
+        parameter's tangent that is not the same on every rank."""
+        from .second_order import _checked
+        problem, params = None, {}
+        try:
+            checked = _checked(self.model, tangents, what)
+            params = {n: t.numpy().tobytes() for n, t in checked.items() if n in self.model.params}
+        except ModelError as exc:
+            problem = str(exc)
+            if any(f"{what}['{n}']: expected shape" in problem or f"{what}['{n}'] has shape" in problem
+                   for n in self.parts):
+                problem += " (a distributed state's tangent is this rank's block: dist.scatter({name: global}) gives it)"
+        everyone = self.comm.allgather((problem, params))
+        for r, (theirs, _) in enumerate(everyone):
+            if theirs is not None:
+                raise ModelError(f"rank {r}: {theirs}")
+        for name, mine in everyone[0][1].items():
+            differs = [r for r, (_, theirs) in enumerate(everyone) if theirs.get(name) != mine]
+            if differs:
+                raise ModelError(f"{what}['{name}'] differs between rank 0 and rank {differs[0]}: '{name}' is a "
+                                 f"parameter every rank holds whole, so its tangent must be the same on every rank")
 
     def _agree(self, costs):
         return tuple(self.comm.allreduce(c, op=self._MPI.MAX) for c in costs)

@@ -7,7 +7,8 @@ model's jvp and hvp:
   running misfit;
 - hvp along it under StoreAll, Revolve and MultiLevel with per-rank HDF5, and under Revolve with
   the launches overlapping their exchanges (dist.launch), with a plain dist.gradient beside them;
-- the Gauss-Newton product along it (terminal misfit only).
+- the Gauss-Newton product along it (terminal misfit only);
+- directions refused on every rank: a global array for a block, a parameter's that differs on a rank.
 """
 from __future__ import annotations
 
@@ -84,8 +85,24 @@ def run(outdir, grid=None):
     save_hvp(dist, saved, "overlap", dist.hvp(initial, STEPS, d, loss=loss, running_loss=running,
                                               schedule=sp.Revolve(STEPS, 3)))
     saved["overlapped"] = np.array(dist.overlapped)
+    saved["errors"] = np.array(refused(dist, initial, loss))      # strings: loadable without pickle
     if dist.rank == 0:
         np.savez(os.path.join(outdir, "second_order.npz"), **saved)
+
+
+def refused(dist, initial, loss) -> list:
+    """The messages of a direction holding the global array of a state, and of a parameter direction
+    that differs on rank 1 (the same ModelError on every rank, so none waits for the others)."""
+    messages = []
+    wrong = [{"u": sp.array(mw.initial_global()["u"], dtype=F)},
+             {"c": sp.array([0.02 + 0.01 * (dist.rank == 1)], dtype=F)}]
+    for direction in wrong:
+        try:
+            dist.hvp(initial, STEPS, direction, loss=loss)
+        except sp.ModelError as exc:
+            messages.append(str(exc))
+    everyone = dist.comm.allgather(messages)
+    return everyone
 
 
 def save_hvp(dist, saved, key, h):

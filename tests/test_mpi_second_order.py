@@ -109,3 +109,14 @@ def test_decomposed_gauss_newton_product_equals_the_single_process_one(job, seri
     _, _, gn = serial
     for name in ("u", "u_prev", "c"):
         _close(got[f"gauss_newton_{name}"], gn.hvp[name].numpy(), f"Gauss-Newton product ['{name}']")
+
+
+@needs_mpi
+def test_a_wrong_direction_is_the_same_error_on_every_rank(job):
+    ranks, _, got = job
+    everyone = got["errors"].tolist()
+    assert len(everyone) == ranks and all(m == everyone[0] for m in everyone)
+    block_shape, param = everyone[0]
+    assert block_shape.startswith("rank 0: direction['u'] has shape (13, 9) of float64, but it must match its array")
+    assert block_shape.endswith("(a distributed state's tangent is this rank's block: dist.scatter({name: global}) gives it)")
+    assert param.startswith("direction['c'] differs between rank 0 and rank 1: 'c' is a parameter every rank holds")
