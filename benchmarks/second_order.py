@@ -5,6 +5,8 @@ a gradient of the same model, interleaved rounds, medians with their spread:
 - ``hvp / gradient``: `Model.hvp(..., gradient=False)` (the second-order sweep alone, what
   `f.hessp` runs) and `Model.hvp` (with the gradient run that gives ``grads`` their bits) over
   `Model.gradient`, all with the same Revolve schedule;
+- ``Gauss-Newton / gradient``: `Model.hvp(..., gauss_newton=True, gradient=False)` (one jvp and one
+  gradient, what `f.gauss_newton` runs) over `Model.gradient`;
 - optionally (``--jax``) JAX's ``jvp(grad(f))`` of the same wave as a ``lax.scan`` with nested
   remat (``jax.checkpoint`` of blocks of ``--block`` steps) over JAX's own ``grad``.
 
@@ -45,9 +47,12 @@ def ours(n: int, steps: int, snapshots: int, rounds: int) -> dict:
         "hvp_alone": lambda: model.hvp(initial, steps, direction, loss=loss, schedule=revolve, gradient=False,
                                        progress=False),
         "hvp": lambda: model.hvp(initial, steps, direction, loss=loss, schedule=revolve, progress=False),
+        "gauss_newton": lambda: model.hvp(initial, steps, direction, loss=loss, schedule=revolve, gradient=False,
+                                          gauss_newton=True, progress=False),
     }
     model.jvp(initial, 3, tangents=direction, loss=loss)
     model.hvp(initial, 3, direction, loss=loss)
+    model.hvp(initial, 3, direction, loss=loss, gauss_newton=True)
     times = {k: [] for k in runs}
     for _ in range(rounds):
         for name, run in runs.items():
@@ -96,7 +101,7 @@ def _report(label: str, times: dict) -> None:
     med = {k: statistics.median(v) for k, v in times.items()}
     print(f"{label}: " + ", ".join(f"{k} {med[k]:.3f} s (spread {max(v) - min(v):.3f})" for k, v in times.items()))
     ratios = [("jvp / rollout", "jvp", "rollout"), ("hvp alone / gradient", "hvp_alone", "gradient"),
-              ("hvp with grads / gradient", "hvp", "gradient")]
+              ("hvp with grads / gradient", "hvp", "gradient"), ("Gauss-Newton / gradient", "gauss_newton", "gradient")]
     for text, a, b in ratios:
         if a in times:
             per = [x / y for x, y in zip(times[a], times[b])]

@@ -1,9 +1,12 @@
 """The diffusivity inverse problem (examples/diffusivity_inverse.py) solved with Newton-CG, whose
 Hessian-vector products (`f.hessp`, `Model.hvp`) go through the same checkpointed rollout, beside
 L-BFGS-B: iterations, gradient and Hessian-vector evaluations, gradient-equivalents and time.
+"(GN)" rows use the Gauss-Newton product `f.gauss_newton` (J^T J v: positive semi-definite, one
+jvp and one gradient) where the others use the Hessian, which is indefinite at kappa = 1.
 
-A gradient-equivalent counts a gradient as 1 and a Hessian-vector product as its measured cost
-relative to a gradient (timed here, interleaved, median of 5).
+A gradient-equivalent counts a gradient as 1 and a product as its measured cost relative to a
+gradient (timed here, interleaved, median of 5). The second table gives the gradient-equivalents
+each method needed to first reach a misfit (L-BFGS-B run 4x longer): what it costs to go deeper.
 
 Run: python examples/diffusivity_newton.py [--cells 40] [--steps 400] [--iterations 60]
 (needs scipy: pip install scipy)
@@ -40,20 +43,48 @@ def problem(cells, steps):
     return f, truth
 
 
-def hessp_cost(f, rounds=5) -> tuple[float, float]:
-    """(median time of a Hessian-vector product / a gradient, spread) over interleaved rounds,
-    after one warm-up round (which compiles the tangent kernels and their adjoints)."""
+def product_costs(f, rounds=5) -> dict:
+    """{"hessp" / "gauss_newton": (median time of one product / a gradient, spread)} over
+    interleaved rounds, after one warm-up round (which compiles the tangent kernels and their
+    adjoints)."""
     p = np.random.default_rng(0).standard_normal(f.x0.size)
-    f.hessp(f.x0, p)
-    ratios = []
+    products = {"hessp": f.hessp, "gauss_newton": f.gauss_newton}
+    for product in products.values():
+        product(f.x0, p)
+    ratios = {name: [] for name in products}
     for _ in range(rounds):
         t0 = time.perf_counter()
         f(f.x0)
-        t1 = time.perf_counter()
-        f.hessp(f.x0, p)
-        t2 = time.perf_counter()
-        ratios.append((t2 - t1) / (t1 - t0))
-    return statistics.median(ratios), max(ratios) - min(ratios)
+        grad = time.perf_counter() - t0
+        for name, product in products.items():
+            t0 = time.perf_counter()
+            product(f.x0, p)
+            ratios[name].append((time.perf_counter() - t0) / grad)
+    return {name: (statistics.median(r), max(r) - min(r)) for name, r in ratios.items()}
+
+
+def counted(f, product, ratio, trace):
+    """`f` and `product` that append (gradient-equivalents so far, misfit) to `trace` at every
+    evaluation of `f`."""
+    spent = [0.0]
+
+    def g(theta):
+        value, grad = f(theta)
+        spent[0] += 1
+        trace.append((spent[0], value))
+        return value, grad
+
+    def p(theta, v):
+        spent[0] += ratio
+        return product(theta, v)
+    return g, p
+
+
+def first_reaching(trace, level):
+    for spent, value in trace:
+        if value <= level:
+            return spent
+    return None
 
 
 def until(f, target):
@@ -65,14 +96,16 @@ def until(f, target):
     return g
 
 
-def main(cells=40, steps=400, iterations=60, methods=("Newton-CG", "trust-ncg", "trust-krylov")):
+def main(cells=40, steps=400, iterations=60, methods=("Newton-CG", "trust-ncg", "trust-krylov", "Newton-CG (GN)",
+                                                      "trust-ncg (GN)"), levels=()):
     try:
         from scipy.optimize import minimize
     except ImportError:
         print("this example needs scipy: pip install scipy")
         return None
     f, truth = problem(cells, steps)
-    ratio, spread = hessp_cost(f)
+    costs = product_costs(f)
+    ratio, spread = costs["hessp"]
     first = f(f.x0)[0]
     inner = slice(2, cells - 2)
 
@@ -84,19 +117,39 @@ def main(cells=40, steps=400, iterations=60, methods=("Newton-CG", "trust-ncg", 
                      options={"maxiter": iterations})
     rows = [("L-BFGS-B", lbfgs.nit, lbfgs.nfev, 0, float(lbfgs.nfev), lbfgs.fun, error(lbfgs.x),
              time.perf_counter() - t0)]
+    runs = {}
     for method in methods:
         # Each stops at L-BFGS-B's final misfit; a small first trust radius keeps kappa where the
         # explicit scheme is stable (kappa <= 1.6) while the Hessian is still indefinite.
-        options = {"maxiter": iterations} if method == "Newton-CG" else {"maxiter": iterations, "initial_trust_radius": 0.1}
+        name, gauss_newton = method.removesuffix(" (GN)"), method.endswith("(GN)")
+        product, cost = (f.gauss_newton, costs["gauss_newton"][0]) if gauss_newton else (f.hessp, ratio)
+        options = {"maxiter": iterations} if name == "Newton-CG" else {"maxiter": iterations, "initial_trust_radius": 0.1}
         t0 = time.perf_counter()
-        r = minimize(until(f, lbfgs.fun), f.x0, jac=True, hessp=f.hessp, method=method, options=options)
-        rows.append((method, r.nit, r.nfev, r.nhev, r.nfev + ratio * r.nhev, r.fun, error(r.x), time.perf_counter() - t0))
+        r = minimize(until(f, lbfgs.fun), f.x0, jac=True, hessp=product, method=name, options=options)
+        rows.append((method, r.nit, r.nfev, r.nhev, r.nfev + cost * r.nhev, r.fun, error(r.x), time.perf_counter() - t0))
+        runs[method] = (name, product, cost, options)
     print(f"{cells} cells, 4 profiles, {steps} steps, Revolve(steps, 20); misfit at kappa = 1: {first:.3e}; "
-          f"a Hessian-vector product costs {ratio:.2f} gradients (median of 5, spread {spread:.2f})")
-    print(f"{'method':<13} {'iters':>5} {'grads':>5} {'hessp':>5} {'grad-equiv':>10} {'misfit':>10} "
+          f"in gradients (median of 5, spread): a Hessian-vector product {ratio:.2f} ({spread:.2f}), "
+          f"a Gauss-Newton product {costs['gauss_newton'][0]:.2f} ({costs['gauss_newton'][1]:.2f})")
+    print(f"{'method':<15} {'iters':>5} {'grads':>5} {'prods':>5} {'grad-equiv':>10} {'misfit':>10} "
           f"{'kappa err':>9} {'time s':>7}")
     for name, it, nf, nh, equiv, fun, err, t in rows:
-        print(f"{name:<13} {it:>5} {nf:>5} {nh:>5} {equiv:>10.1f} {fun:>10.3e} {err:>9.3f} {t:>7.2f}")
+        print(f"{name:<15} {it:>5} {nf:>5} {nh:>5} {equiv:>10.1f} {fun:>10.3e} {err:>9.3f} {t:>7.2f}")
+    if levels:
+        deepest = min(levels)
+        traces = {"L-BFGS-B": []}
+        g, _ = counted(f, None, 0.0, traces["L-BFGS-B"])
+        minimize(g, f.x0, jac=True, method="L-BFGS-B", bounds=[(0.05, 1.6)] * cells,
+                 options={"maxiter": 4 * iterations, "ftol": 1e-16, "gtol": 1e-14})
+        for method, (name, product, cost, options) in runs.items():
+            traces[method] = []
+            g, p = counted(f, product, cost, traces[method])
+            minimize(until(g, deepest), f.x0, jac=True, hessp=p, method=name, options=options)
+        print("gradient-equivalents to first reach a misfit of (- : not within the iterations)")
+        print(f"{'method':<15} " + " ".join(f"{level:>9.1e}" for level in levels))
+        for method, trace in traces.items():
+            reached = (first_reaching(trace, level) for level in levels)
+            print(f"{method:<15} " + " ".join(f"{r:>9.1f}" if r is not None else f"{'-':>9}" for r in reached))
     return rows, ratio
 
 
@@ -105,5 +158,7 @@ if __name__ == "__main__":
     parser.add_argument("--cells", type=int, default=40)
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--iterations", type=int, default=60)
+    parser.add_argument("--levels", type=float, nargs="*", default=[1e-4, 1e-5, 1e-6, 1e-7, 1e-8, 1e-9],
+                        help="misfits for the second table (none: no second table)")
     args = parser.parse_args()
-    main(args.cells, args.steps, args.iterations)
+    main(args.cells, args.steps, args.iterations, levels=tuple(args.levels))

@@ -37,6 +37,13 @@ every rank, so every rank gets the same bits. ``result.grads`` of a state is thi
 (``dist.gather`` assembles the global array). A path given as ``storage=`` or ``checkpoint=`` gets
 the rank in its name (``run.h5`` -> ``run.rank0003.h5``) when there is more than one rank.
 
+``dist.jvp`` and ``dist.hvp`` are `Model.jvp` / `Model.hvp` on every rank, reduced like
+``dist.gradient``: the loss and its tangent are summed over ranks, and so are replicated
+parameters' ``hvp`` (a parameter's direction must be the same on every rank; a state's is this
+rank's block, from `scatter`). The tangent of a halo exchange is the exchange of the tangents
+(it is linear), made beside it inside the tangent model's steps, and its adjoint is again an
+exchange's adjoint: so both run through every schedule and tier as gradients do.
+
 A rank that raises inside ``dist.rollout`` / ``dist.gradient`` prints its error and aborts the
 communicator (``comm.Abort``), so that no rank waits forever for a message that will not come.
 """
@@ -51,7 +58,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from compiler import array
+from compiler import array, zeros
+from compiler.runtime.forward_mode import active_tangents
 from compiler.runtime.tape import RecordedOp, active_tape, caller_location
 
 from .disk_plan import agreed_costs
@@ -384,13 +392,100 @@ class Distributed(HaloExchanges, Ranks):
         options = self._per_rank(dict(options, storage=storage))
 
         def run():
-            with agreed_costs(lambda costs: tuple(self.comm.allreduce(c, op=self._MPI.MAX) for c in costs)):
+            with agreed_costs(self._agree):
                 result = self.model.gradient(initial, steps, loss, schedule, **options)
-            grads = dict(result.grads)
-            for name, p in self.model.params.items():
-                grads[name] = array(self.sum(grads[name].numpy()), dtype=p.dtype, device=p.device)
-            return replace(result, loss=float(self.sum(result.loss)), grads=grads)
+            return replace(result, loss=float(self.sum(result.loss)), grads=self._summed(result.grads))
         return self._guarded(run)
+
+    def jvp(self, initial, steps, tangents=None, loss=None, running_loss=None, **options):
+        """`Model.jvp` on every rank: ``final`` and ``tangents`` are this rank's blocks, ``loss`` and
+        ``loss_tangent`` the sums over ranks. `tangents` of states are blocks (`scatter`), those of
+        parameters the same on every rank."""
+        from .second_order import jvp
+        self._check_same("jvp", steps, None)
+        self._check_direction(tangents, "tangents")
+
+        def run():
+            result = jvp(self.model, initial, steps, tangents, loss, running_loss, **options)
+            if result.loss is None:
+                return result
+            return replace(result, loss=float(self.sum(result.loss)),
+                           loss_tangent=float(self.sum(result.loss_tangent)))
+        return self._guarded(run)
+
+    def hvp(self, initial, steps, direction, loss=None, running_loss=None, schedule=None, storage=None,
+            **options):
+        """`Model.hvp` on every rank: ``loss`` is the sum over ranks, parameters' ``grads`` and
+        ``hvp`` are summed over ranks, states' are this rank's block (`gather` assembles them)."""
+        from .second_order import hvp
+        self._check_same("hvp", steps, schedule)
+        self._check_direction(direction, "direction")
+        options = self._per_rank(dict(options, storage=storage))
+
+        def run():
+            with agreed_costs(self._agree):
+                result = hvp(self.model, initial, steps, direction, loss, running_loss, schedule, **options)
+            if result.grads is None:
+                return replace(result, hvp=self._summed(result.hvp))
+            return replace(result, loss=float(self.sum(result.loss)), grads=self._summed(result.grads),
+                           hvp=self._summed(result.hvp))
+        return self._guarded(run)
+
+    def _check_direction(self, tangents, what: str) -> None:
+        """A collective check of jvp's tangents / hvp's direction: a mistake on any rank (a global
+        array for a block, say) is the same ModelError on every rank, and so is a replicated
+        parameter's tangent that is not the same on every rank."""
+        from .second_order import _checked
+        problem, params = None, {}
+        try:
+            checked = _checked(self.model, tangents, what)
+            params = {n: t.numpy().tobytes() for n, t in checked.items() if n in self.model.params}
+        except ModelError as exc:
+            problem = str(exc)
+            if any(f"{what}['{n}']: expected shape" in problem or f"{what}['{n}'] has shape" in problem
+                   for n in self.parts):
+                problem += " (a distributed state's tangent is this rank's block: dist.scatter({name: global}) gives it)"
+        everyone = self.comm.allgather((problem, params))
+        for r, (theirs, _) in enumerate(everyone):
+            if theirs is not None:
+                raise ModelError(f"rank {r}: {theirs}")
+        for name, mine in everyone[0][1].items():
+            differs = [r for r, (_, theirs) in enumerate(everyone) if theirs.get(name) != mine]
+            if differs:
+                raise ModelError(f"{what}['{name}'] differs between rank 0 and rank {differs[0]}: '{name}' is a "
+                                 f"parameter every rank holds whole, so its tangent must be the same on every rank")
+
+    def _agree(self, costs):
+        return tuple(self.comm.allreduce(c, op=self._MPI.MAX) for c in costs)
+
+    def _summed(self, grads: dict) -> dict:
+        """`grads` with every parameter's entry summed over ranks (in rank order)."""
+        grads = dict(grads)
+        for name, p in self.model.params.items():
+            if name in grads:
+                grads[name] = array(self.sum(grads[name].numpy()), dtype=p.dtype, device=p.device)
+        return grads
+
+    def _begin_exchange(self, name: str, x: array, out: array):
+        """`HaloExchanges._begin_exchange`, and inside `Tangents` (a tangent model's step) the same
+        exchange of the tangents: the block's (zeros if it has none, so that every rank's messages
+        meet) into the tangent of `out`. Its messages follow the values' on the same tags, and
+        MPI keeps the order of messages between two ranks, so each lands where it belongs."""
+        finish = super()._begin_exchange(name, x, out)
+        tan = active_tangents()
+        if tan is None:
+            return finish
+        out_dot = tan.get(out)
+        if out_dot is None:
+            out_dot = zeros(out.shape, out.dtype, out.device, requires_grad=out.requires_grad)
+            tan.seed(out, out_dot, check=False)
+        x_dot = tan.get(x)
+        finish_dot = super()._begin_exchange(name, x_dot if x_dot is not None else tan.zero_for(x), out_dot)
+
+        def complete():
+            finish()
+            finish_dot()
+        return complete
 
 
 def _checked_grid(grid, size: int) -> tuple:

@@ -179,7 +179,8 @@ class Model:
         forward: the gradient of the loss's tangent). Returns an `HvpResult`: ``.loss`` and
         ``.grads`` (those of `gradient`, bit for bit), ``.hvp[name]`` for every float initial state
         and parameter, ``.stats`` (the second-order sweep) and ``.gradient_stats``. A schedule object
-        is copied for the second sweep; options as for `gradient`."""
+        is copied for the second sweep; options as for `gradient`. ``gauss_newton=True``: the
+        Gauss-Newton product J^T H_L J v in ``.hvp`` instead (terminal losses; stepper/second_order.py)."""
         from .second_order import hvp
         return hvp(self, initial, steps, direction, loss, running_loss, schedule, storage, **options)
 

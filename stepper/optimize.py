@@ -85,7 +85,9 @@ def value_and_grad(model, initial, steps, *, loss=None, running_loss=None, param
     sets the parameters to `theta` (in place), runs `Model.gradient` and returns the loss as a float
     and the gradient as a float64 vector. ``f.hessp(theta, p)`` is the Hessian at `theta` times
     the vector `p` (`Model.hvp`: one second-order sweep, about twice a gradient), for scipy's
-    ``Newton-CG``, ``trust-ncg`` and ``trust-krylov``. ``f.x0`` is the starting vector (today's values),
+    ``Newton-CG``, ``trust-ncg`` and ``trust-krylov``; ``f.gauss_newton(theta, p)`` the Gauss-Newton
+    product instead (``Model.hvp(gauss_newton=True)``: terminal losses; positive semi-definite for
+    least squares; one jvp and one gradient). ``f.x0`` is the starting vector (today's values),
     ``f.split(theta)`` gives ``{name: ndarray}``. `schedule`: a function ``steps -> schedule`` (a
     schedule runs once; the default is Revolve). Example::
 
@@ -103,13 +105,14 @@ def value_and_grad(model, initial, steps, *, loss=None, running_loss=None, param
         result = model.gradient(start, steps, loss=loss, running_loss=running_loss, schedule=schedule, **options)
         return float(result.loss), variables.flat(result.grads)
 
-    def hessp(theta, p):
+    def product(theta, p, gauss_newton=False):
         start = variables.apply(theta)
         result = model.hvp(start, steps, variables.arrays(p), loss=loss, running_loss=running_loss,
-                           schedule=schedule, gradient=False, **options)
+                           schedule=schedule, gradient=False, gauss_newton=gauss_newton, **options)
         return variables.flat(result.hvp)
 
-    f.hessp = hessp
+    f.hessp = product
+    f.gauss_newton = lambda theta, p: product(theta, p, gauss_newton=True)
     f.x0 = variables.x0
     f.split = variables.split
     f.names = tuple(variables.names)

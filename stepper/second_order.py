@@ -13,6 +13,15 @@ the state. It is an ordinary Model, so everything a model gets, it gets:
 
 `hvp`'s ``grads`` come from a plain `gradient` run beforehand, so they are that run's bits; the
 second-order sweep costs about twice a gradient (tangent kernels do about twice the work).
+
+``hvp(..., gauss_newton=True)`` gives the generalised Gauss-Newton product J^T H_L J v instead,
+where J is the Jacobian of the final state with respect to the initial states and parameters and
+H_L the Hessian of the terminal loss in the final state: for a least-squares loss
+0.5 |r(x)|^2 with a linear residual that is the Gauss-Newton J_r^T J_r v, positive semi-definite
+wherever the loss is convex in the final state, which is what Newton-CG needs far from a minimum.
+It leaves out the model's own curvature, so it needs no second-order sweep: a `jvp` gives
+w = J v, and a plain `gradient` of the loss's tangent along w held fixed, <dL(x), w>, gives
+J^T H_L w (the gradient of <dL(x), w> in x is H_L w). Cost: one tangent sweep and one gradient.
 """
 from __future__ import annotations
 
@@ -278,32 +287,60 @@ def jvp(model, initial, steps, tangents=None, loss=None, running_loss=None, *, d
 
 
 def hvp(model, initial, steps, direction, loss=None, running_loss=None, schedule=None, storage=None, *,
-        gradient=True, **options) -> HvpResult:
+        gradient=True, gauss_newton=False, **options) -> HvpResult:
     """See `Model.hvp`. ``gradient=False`` skips the plain gradient run (``loss``, ``grads`` and
-    ``gradient_stats`` are then None): Newton-CG asks for many products at one point."""
+    ``gradient_stats`` are then None): Newton-CG asks for many products at one point.
+    ``gauss_newton=True``: the generalised Gauss-Newton product (module docstring) in ``hvp``."""
     if loss is None and running_loss is None:
         raise ModelError("hvp() needs loss= (a function of the final state) and/or running_loss= "
                          "(a function of each step's s)")
     if not direction:
         raise ModelError("hvp() needs direction={name: array} naming at least one state or parameter")
-    tm = TangentModel(model, initial, direction, what="direction")
+    if gauss_newton and (running_loss is not None or loss is None):
+        raise ModelError("hvp(gauss_newton=True) needs a terminal loss= and no running_loss=: its product "
+                         "J^T H_L J v pairs the final state's tangent with the loss's curvature there (a running "
+                         "loss would need every step's tangent during the reverse sweep); use the full Hessian "
+                         "(gauss_newton=False) for running losses")
     second_schedule = schedule
-    if schedule is not None and hasattr(schedule, "__iter__"):
+    if gradient and schedule is not None and hasattr(schedule, "__iter__"):
         try:
             second_schedule = copy.deepcopy(schedule)      # a schedule runs once; the second sweep runs a copy
         except Exception:
             raise ModelError(f"hvp(schedule=...) runs two sweeps and this {type(schedule).__name__} cannot be "
                              "copied; pass a function steps -> schedule") from None
+    if gauss_newton:
+        _checked(model, direction, "direction")
+    else:
+        tm = TangentModel(model, initial, direction, what="direction")
     first = None
     if gradient:
         first = model.gradient(initial, steps, loss=loss, schedule=schedule, storage=storage,
                                running_loss=running_loss, **options)
-    second = tm.aug.gradient(tm.aug_initial, steps, loss=tm.loss(loss) if loss is not None else None,
-                             schedule=second_schedule, storage=storage,
-                             running_loss=tm.running_loss(running_loss) if running_loss is not None else None,
-                             **options)
+    if gauss_newton:
+        second = _gauss_newton_sweep(model, initial, steps, direction, loss, second_schedule, storage, options)
+    else:
+        second = tm.aug.gradient(tm.aug_initial, steps, loss=tm.loss(loss) if loss is not None else None,
+                                 schedule=second_schedule, storage=storage,
+                                 running_loss=tm.running_loss(running_loss) if running_loss is not None else None,
+                                 **options)
     names = [n for n, s in model.states.items() if s.dtype.is_float] + list(model.params)
     hv = {n: second.grads[n] for n in names}
     if first is None:
         return HvpResult(None, None, hv, second.stats, None)
     return HvpResult(first.loss, first.grads, hv, second.stats, first.stats)
+
+
+def _gauss_newton_sweep(model, initial, steps, direction, loss, schedule, storage, options):
+    """The gradient of <dL(x), w> at the final state x, with w = J v (a jvp's final tangent) held
+    fixed: J^T H_L J v in its ``grads``."""
+    forward = {k: options[k] for k in ("deterministic", "check_finite") if k in options}
+    w = jvp(model, initial, steps, direction, progress=options.get("progress"), **forward).tangents
+
+    def curvature(state):
+        tan = Tangents()
+        for name, t in w.items():
+            tan.seed(state[name], t, check=False)
+        with tan:
+            value = check_scalar_loss(loss(state), "loss(state)")
+        return _tangent_or_zero(tan, value)
+    return model.gradient(initial, steps, loss=curvature, schedule=schedule, storage=storage, **options)
