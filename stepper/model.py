@@ -154,8 +154,11 @@ class Model:
           schedule; default ``Revolve(steps, ceil(sqrt(steps)))``.
         - ``storage``: where DISK snapshots go: a path (HDF5, checked before the run), a Storage, or
           ``{StorageType.RAM: ..., StorageType.DISK: ...}``. RAM snapshots default to memory.
-        - ``deterministic=True`` (default) runs every kernel serially in thread order, so atomics add
-          up in the same order and every schedule gives the same bits; it costs the multithreading.
+        - ``deterministic=True`` (default) fixes the order of every sum, so every schedule and
+          thread count gives the same bits: gathered adjoints (each thread writes its own elements)
+          run parallel as they are; adds into a few elements (a loss, a shared parameter's
+          gradient) are summed in fixed chunks, in parallel; other atomics run serially in
+          thread order, which costs the multithreading of those kernels.
           ``check_finite=True`` names the first step whose state is NaN or infinite.
 
         Returns a `GradientResult`: ``.loss``, ``.grads[name]`` for initial states and parameters,
