@@ -51,7 +51,7 @@ def interleaved(contenders: dict, rounds: int) -> dict:
 
 def rollout_costs(rounds: int, steps: int = 3000) -> list[str]:
     import stepper as sp
-    import stepper.rollout as rollout_module
+    import stepper.runs.rollout as rollout_module
     from peer_impls.ours import make_model, wave_step
     from peer_impls.problem import B, C, initial
     n = 256
@@ -141,7 +141,7 @@ def series_costs(rounds: int, n: int = 64, steps: int = 1000, snapshots: int = 2
     import stepper as sp
     from compiler.runtime.copy_kernels import renamed_forward
     from compiler.runtime.launch import packed_adjoint, packed_forward
-    from stepper.executor import Sweep
+    from stepper.execute.executor import Sweep
     from acoustic_series import acoustic_model
     model, initial, running_loss, fixed = acoustic_model(n, steps)
     entries, buffers = [], []                        # forward: step, loss; then the adjoints: loss, step

@@ -10,14 +10,14 @@ from checkpoint import *          # noqa: F401,F403
 from checkpoint import __all__ as _checkpoint_all
 
 from .errors import ModelError, NonFiniteError
-from .gradient import GradientResult, GradientStats
+from .runs.gradient import GradientResult, GradientStats
 from .model import Model
 from .optimize import TaylorResult, taylor_test, value_and_grad
-from .rollout import Rollout, RolloutStats
-from .second_order import HvpResult, JvpResult
-from .snapshots import TierStats
-from .state import State, StateSpec
-from .step_context import StepContext
+from .runs.rollout import Rollout, RolloutStats
+from .runs.second_order import HvpResult, JvpResult
+from .execute.snapshots import TierStats
+from .step.state import State, StateSpec
+from .step.step_context import StepContext
 
 __version__ = "0.1.0"
 

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 import stepper as sp
-import stepper.graph_loop as graph_loop
+import stepper.execute.fast.graph_loop as graph_loop
 from compiler.backends import cudasim
-from stepper.executor import Sweep
+from stepper.execute.executor import Sweep
 from stepper_models import instances_made, chain_initial, chain_model, sum_squares64, wave_initial, wave_model
 
 pytestmark = [pytest.mark.cuda,
@@ -72,7 +72,7 @@ def test_graph_recomputations_give_the_python_paths_and_store_alls_bits(schedule
     # they could differ between the runs, and so its plan), and disk copies are synchronous (a copy
     # still in flight holds its version for as long as it takes: two runs' peaks came out 496 and
     # 592 bytes, by timing)
-    from stepper.snapshots import Tiers
+    from stepper.execute.snapshots import Tiers
     monkeypatch.setattr(Tiers, "MAX_IN_FLIGHT", 0)
     model, initial = make()
     stored = model.gradient(initial, STEPS, loss=loss, schedule=sp.StoreAll(STEPS))

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 import stepper as sp
-import stepper.rollout as rollout_module
-from stepper.executor import Sweep
-from stepper.trace_notes import UntraceableStepWarning
+import stepper.runs.rollout as rollout_module
+from stepper.execute.executor import Sweep
+from stepper.step.trace_notes import UntraceableStepWarning
 from test_native_loop import same_bits
 
 F64 = sp.array(dtype=sp.float64)
@@ -83,7 +83,7 @@ SCHEDULES = [lambda: sp.Revolve(STEPS, 3), lambda: sp.Revolve(STEPS, 8), lambda:
              lambda: sp.MultiLevel(STEPS, 2, 3, write_cost=0, read_cost=0)]
 
 
-@pytest.mark.filterwarnings("error::stepper.trace_notes.UntraceableStepWarning")
+@pytest.mark.filterwarnings("error::stepper.step.trace_notes.UntraceableStepWarning")
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_a_series_read_only_by_the_running_loss_is_reversed_natively(schedule, monkeypatch, tmp_path):
     """The step reads no series, its running loss does: Revolve used to fail with KeyError
@@ -98,7 +98,7 @@ def test_a_series_read_only_by_the_running_loss_is_reversed_natively(schedule, m
     same_bits(stored, native)
 
 
-@pytest.mark.filterwarnings("error::stepper.trace_notes.UntraceableStepWarning")
+@pytest.mark.filterwarnings("error::stepper.step.trace_notes.UntraceableStepWarning")
 @pytest.mark.parametrize("schedule", SCHEDULES)
 @pytest.mark.parametrize("loss", [running_misfit, running_misfit32])
 def test_a_step_reading_a_series_runs_natively_with_store_alls_bits(schedule, loss, monkeypatch, tmp_path):

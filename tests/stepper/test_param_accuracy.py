@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import stepper as sp
-from stepper.executor import Sweep
+from stepper.execute.executor import Sweep
 
 F32 = sp.array(dtype=sp.float32)
 F64 = sp.array(dtype=sp.float64)
@@ -140,7 +140,7 @@ def test_the_same_bits_on_1_2_and_5_threads():
 @pytest.mark.parametrize("dtype", [sp.vec3], ids=["vec3"])
 def test_vector_parameters_are_summed_componentwise_in_float64(dtype):
     """A vec3 parameter's three components each get a float64 sum (ParamSums views them as floats)."""
-    from stepper.param_sums import ParamSums
+    from stepper.execute.param_sums import ParamSums
     p = sp.array(np.zeros((2, 3), np.float32), dtype=dtype, requires_grad=True)
     sums = ParamSums({"p": p}, "cpu")
     tiny = np.float32(2e-8)

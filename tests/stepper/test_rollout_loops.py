@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import stepper as sp
-import stepper.rollout as rollout_module
+import stepper.runs.rollout as rollout_module
 from stepper_models import chain_initial, chain_model
 
 F64 = sp.array(dtype=sp.float64)

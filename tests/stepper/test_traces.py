@@ -9,7 +9,7 @@ import stepper as sp
 from stepper_models import chain_initial, chain_model
 
 # Some steps here are untraceable on purpose; the warning they give is tests/stepper/test_series.py's.
-pytestmark = pytest.mark.filterwarnings("ignore::stepper.trace_notes.UntraceableStepWarning")
+pytestmark = pytest.mark.filterwarnings("ignore::stepper.step.trace_notes.UntraceableStepWarning")
 
 F32 = sp.array(dtype=float)
 F64 = sp.array(dtype=sp.float64)
@@ -149,7 +149,7 @@ def test_replayed_scratch_buffers_are_zero_filled_as_asked(device):
 def test_recomputations_leave_out_the_running_loss(monkeypatch, device):
     """The running loss's launches are part of the trace (a recording's adjoint needs them), but
     a recomputation replays only the step function's: the loss kernel runs once per recording."""
-    import stepper.trace as trace
+    import stepper.step.trace as trace
     relaunched = []
     real = trace.relaunch
     monkeypatch.setattr(trace, "relaunch", lambda kernel, *a, **k: (relaunched.append(kernel), real(kernel, *a, **k)))

@@ -54,8 +54,8 @@ import numpy as np
 from compiler import array
 from compiler.runtime.tape import RecordedOp, active_tape, caller_location
 
-from .disk_plan import agreed_costs
-from .errors import ModelError
+from ..execute.disk_plan import agreed_costs
+from ..errors import ModelError
 from .halo_exchange import HaloExchanges
 
 __all__ = ["Distributed", "Partition", "rank_path", "require_mpi"]

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from compiler import OverwriteError, Tape, array
 from compiler.runtime.tape import host_accesses, outside_tapes
 
-from .errors import ModelError
+from ..errors import ModelError
 from .state import State
 from .trace_notes import warn_untraceable
 from .trace import StepTrace, trace_step

@@ -43,8 +43,8 @@ from compiler.backends.cpu_build import build_cpu_library, load_cpu_library
 from compiler.runtime.launch import packed_forward
 from compiler.runtime.tape import settle
 
-from .state import State
-from .trace import SeriesRows, Slot
+from ...step.state import State
+from ...step.trace import SeriesRows, Slot
 
 __all__ = ["NativeLoops"]
 

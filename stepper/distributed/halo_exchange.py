@@ -38,7 +38,7 @@ from compiler.runtime.copy_kernels import add_into
 from compiler.runtime.launch import launch_in_parts
 from compiler.runtime.tape import RecordedOp, active_tape, caller_location
 
-from .errors import ModelError
+from ..errors import ModelError
 
 __all__ = ["Halo", "HaloExchanges"]
 

@@ -37,8 +37,8 @@ from compiler.runtime.tape import settle
 
 from .native_loop import _DRIVER, _Launch, _Series, _ptr
 from .native_reverse import Kept
-from .snapshots import HeldStates
-from .state import State
+from ..snapshots import HeldStates
+from ...step.state import State
 from .stretch_versions import StretchVersions, Version
 
 __all__ = ["NativeSweep"]

@@ -33,9 +33,9 @@ from compiler.runtime.launch import packed_adjoint, packed_forward
 from compiler.runtime.tape import settle
 
 from .native_loop import _ptr
-from .state import State
-from .trace import SeriesRows, Slot
-from .versions import set_grad
+from ...step.state import State
+from ...step.trace import SeriesRows, Slot
+from ...step.versions import set_grad
 
 __all__ = ["Kept", "NativeReversal", "kept_part"]
 

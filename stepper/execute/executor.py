@@ -23,15 +23,15 @@ import numpy as np
 from checkpoint import Copy, EndForward, EndReverse, Forward, Move, Reverse, StorageType
 from compiler import array
 
-from .errors import ModelError, NonFiniteError
-from .graph_loop import GraphLoops
-from .native_loop import NativeLoops
-from .native_reverse import Kept, NativeReversal, kept_part
-from .native_sweep import NativeSweep
+from ..errors import ModelError, NonFiniteError
+from .fast.graph_loop import GraphLoops
+from .fast.native_loop import NativeLoops
+from .fast.native_reverse import Kept, NativeReversal, kept_part
+from .fast.native_sweep import NativeSweep
 from .param_sums import ParamSums
-from .state import State, write_values
-from .step_context import RecordedStep, StepRunner, StepTape, check_scalar_loss
-from .versions import BufferPool, set_grad
+from ..step.state import State, write_values
+from ..step.step_context import RecordedStep, StepRunner, StepTape, check_scalar_loss
+from ..step.versions import BufferPool, set_grad
 
 __all__ = ["Sweep", "check_finite_state"]
 
