@@ -64,7 +64,7 @@ class TangentModel:
     and copied."""
 
     def __init__(self, model, initial, tangents, what: str = "tangents"):
-        from ..model import Model
+        Model = type(model)       # not imported: model.py imports this module (no import circle)
         model._check_ready()
         self.model = model
         self.initial = check_initial(model.states, initial, model.device)
