@@ -4,7 +4,7 @@
     python benchmarks/step_costs.py --rounds 3 --only rollout
 
 - rollout: the 256^2 nonlinear wave (benchmarks/peer_impls), a forward rollout per step with
-  trusted steps run from their trace (stepper/rollout.py) and with the step function called every
+  trusted steps run from their trace (stepper/runs/rollout.py) and with the step function called every
   step, against the kernel alone replayed from a `capture()` graph on the same buffers.
 - pendulums: issue 14's ensemble, 10,000 damped pendulums with a running loss (deterministic), a
   Revolve gradient per step evaluation (forward evaluations + reverse steps), against one launch of
@@ -157,7 +157,7 @@ def series_costs(rounds: int, n: int = 64, steps: int = 1000, snapshots: int = 2
     loop = _kernel_loop()
     forward_table = (ctypes.c_int64 * 12)(*[x for e in entries for x in (e[0], e[1], 0, e[2])])
     # as a native run calls them on all but its last step: the step's kernel without its copying
-    # store up_next = u (renamed: stepper/native_loop.py), which takes about half the time here
+    # store up_next = u (renamed: stepper/execute/fast/native_loop.py), which takes about half the time here
     renamed_table = (ctypes.c_int64 * 12)(*forward_table)
     renamed_table[0] = renamed_forward(fixed[0][0])
     reverse_table = (ctypes.c_int64 * 12)(*[x for e in adjoints for x in e])

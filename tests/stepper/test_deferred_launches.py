@@ -53,7 +53,7 @@ def test_a_later_launch_runs_the_held_one_first(device):
 
 @pytest.mark.filterwarnings("ignore::stepper.step.trace_notes.UntraceableStepWarning")   # a host write, on purpose
 def test_host_access_runs_the_held_launch_first(device):
-    """The step fills a buffer on the host, so it has no trace (stepper/trace.py) and its function
+    """The step fills a buffer on the host, so it has no trace (stepper/step/trace.py) and its function
     runs on every evaluation, recorded ones included: each looks at its output."""
     seen = []
 

@@ -1,4 +1,4 @@
-"""Native step loops (stepper/native_loop.py): recomputations of a traced step run as one compiled
+"""Native step loops (stepper/execute/fast/native_loop.py): recomputations of a traced step run as one compiled
 call per Forward action, not Python once per step, and give the bits of the step-by-step path and
 of store-all."""
 import numpy as np
@@ -462,7 +462,7 @@ class Edited:
 
 
 def test_a_native_stretch_leaves_the_executors_state_and_statistics(monkeypatch):
-    """The reverse sweep's stretch (stepper/native_sweep.py) works out holds, snapshots and counts
+    """The reverse sweep's stretch (stepper/execute/fast/native_sweep.py) works out holds, snapshots and counts
     as the executor would: same bits, same counts, no more memory, nothing left held."""
     import stepper.execute.fast.native_sweep as native_sweep
     stretches = []

@@ -1,5 +1,5 @@
 """Steps that read time-indexed inputs (`Model.series`) and steps scored by a running loss run on the
-native paths (stepper/native_loop.py, native_reverse.py, native_sweep.py): the driver moves each
+native paths (stepper/execute/fast/native_loop.py, native_reverse.py, native_sweep.py): the driver moves each
 series argument to the step's row and reads each step's running loss out, and every gradient has
 the bits of the Python path and of store-all."""
 import warnings
@@ -196,7 +196,7 @@ def test_a_running_loss_that_reads_the_step_index_keeps_every_first_step_on_the_
 
 def test_series_and_running_losses_on_the_device_give_store_alls_bits(device, monkeypatch):
     """On a GPU the recomputations run as graphs of two steps whose series rows are copied into
-    row buffers of their own before each replay (stepper/graph_loop.py)."""
+    row buffers of their own before each replay (stepper/execute/fast/graph_loop.py)."""
     model, initial = series_model(step_reads=True, device=device)
     stored = gradient(model, initial, sp.StoreAll(STEPS), False, monkeypatch)
     for schedule in (sp.Revolve(STEPS, 3), sp.StoreAll(STEPS)):

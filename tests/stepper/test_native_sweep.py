@@ -1,4 +1,4 @@
-"""A native stretch's one-step recomputations (stepper/native_sweep.py, `_renamed_step`): a step
+"""A native stretch's one-step recomputations (stepper/execute/fast/native_sweep.py, `_renamed_step`): a step
 whose whole-state copy (``s.next.y = s.prev.x``) is renamed shares that array with the state it
 started from, and neither is written over while the other is held."""
 import pytest

@@ -4,7 +4,7 @@ An ensemble of damped pendulums (Heun's method) shares one damping c; the loss i
 squared final-angle misfits. dL/dc sums one contribution per pendulum and step: 4 * 10^6 of them
 here (10^8 in issue 31's full case). Summed into one float32 element they drifted (2.5e-4 relative
 here, 2.6% for 10^4 pendulums over 10^4 steps); summed per launch in float64 partials (add_log in
-compiler/codegen/prelude.h) and over steps in a float64 accumulator (stepper/param_sums.py) they
+compiler/codegen/prelude.h) and over steps in a float64 accumulator (stepper/execute/param_sums.py) they
 agree with the float64 model to 1.4e-7. Still deterministic: checkpointed == store-all bit for bit,
 on every path, and the same bits on any thread count.
 """

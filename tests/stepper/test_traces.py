@@ -1,4 +1,4 @@
-"""Step traces (stepper/trace.py): a step that ran, checked, is recomputed and re-recorded from the
+"""Step traces (stepper/step/trace.py): a step that ran, checked, is recomputed and re-recorded from the
 launches it made, without its Python function, while every step has made the same launches. Steps
 whose launches differ, or that write other than through launches, run their function every time.
 Either way, every schedule gives store-all's bits."""
@@ -164,9 +164,9 @@ def test_recomputations_leave_out_the_running_loss(monkeypatch, device):
     result = model.gradient(initial, STEPS, loss=loss, running_loss=running, schedule=sp.Revolve(STEPS, 3))
     same_bits(stored, result)
     replays = result.stats.forward_steps - STEPS                 # every evaluation but the first runs
-    # recordings are reversed at once natively (stepper/native_reverse.py); on the CPU,
-    # recomputations run in the native step loop (stepper/native_loop.py), and CUDA models' runs
-    # here are too short for graphs (stepper/graph_loop.py): replayed from Python
+    # recordings are reversed at once natively (stepper/execute/fast/native_reverse.py); on the CPU,
+    # recomputations run in the native step loop (stepper/execute/fast/native_loop.py), and CUDA models' runs
+    # here are too short for graphs (stepper/execute/fast/graph_loop.py): replayed from Python
     assert result.stats.native_reversals > 0
     assert (result.stats.native_steps > 0) == (device == "cpu")
     assert relaunched.count(halve) + result.stats.native_steps + result.stats.native_reversals == replays

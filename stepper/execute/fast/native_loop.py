@@ -1,7 +1,7 @@
 """Native step loops: a run of recomputed steps handed to compiled code in one call.
 
 A recomputation between checkpoints (``Forward(n0, n1)`` recording nothing, over steps that ran
-before) replays the step's trace (stepper/trace.py) once per step from Python: each replay takes new
+before) replays the step's trace (stepper/step/trace.py) once per step from Python: each replay takes new
 versions from the pool, packs every launch's arguments and calls each kernel through ctypes, about
 30-40 us a step on top of the kernels. Here the whole run is one foreign call instead: the trace's
 launches are packed once (`compiler.runtime.launch.packed_forward`), and a small C++ driver

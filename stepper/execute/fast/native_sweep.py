@@ -1,13 +1,13 @@
 """A stretch of a reverse sweep run natively: the schedule's actions worked out first, then one call.
 
-With recomputations in native loops (stepper/native_loop.py) and each recorded step reversed at
-once natively (stepper/native_reverse.py), what is left of a binomial reverse sweep in Python is
+With recomputations in native loops (stepper/execute/fast/native_loop.py) and each recorded step reversed at
+once natively (stepper/execute/fast/native_reverse.py), what is left of a binomial reverse sweep in Python is
 the executor's dispatch: four or so actions per reversed step (read a snapshot, advance, record and
 reverse, the Reverse itself), each taking and releasing versions in the pool, about 60 us a
 reversed step. Here the sweep hands over a stretch of actions that need nothing but RAM snapshots
 held in the pool (`HeldStates`) and the two plans the step already has: they are worked out in
 Python on plain counters (which version each action reads and writes, in the order the executor
-would take and release them: stepper/stretch_versions.py), written into one table of operations, and
+would take and release them: stepper/execute/fast/stretch_versions.py), written into one table of operations, and
 run by one call into C++ (sweep.cpp): ``0`` an advance (the native loop's ring, the same driver),
 ``1`` a step reversed from the state it started from (the native reversal's packed launches, fills and
 adjoints): a step recorded and reversed at once, or one recorded natively before (`Kept`:
