@@ -10,12 +10,12 @@ from checkpoint import *          # noqa: F401,F403
 from checkpoint import __all__ as _checkpoint_all
 
 from .errors import ModelError, NonFiniteError
-from .runs.gradient import GradientResult, GradientStats
+from .execute.snapshots import TierStats
 from .model import Model
 from .optimize import TaylorResult, taylor_test, value_and_grad
+from .runs.gradient import GradientResult, GradientStats
 from .runs.rollout import Rollout, RolloutStats
 from .runs.second_order import HvpResult, JvpResult
-from .execute.snapshots import TierStats
 from .step.state import State, StateSpec
 from .step.step_context import StepContext
 

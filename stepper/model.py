@@ -16,9 +16,9 @@ from __future__ import annotations
 from compiler import array, float32
 from compiler.runtime.device import get_device, require_cuda
 
+from .errors import ModelError
 from .runs import gradient as _gradient
 from .runs import rollout as _rollout
-from .errors import ModelError
 from .step.state import State, StateSpec, make_spec
 from .step.trace import series_row
 

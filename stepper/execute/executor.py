@@ -24,14 +24,14 @@ from checkpoint import Copy, EndForward, EndReverse, Forward, Move, Reverse, Sto
 from compiler import array
 
 from ..errors import ModelError, NonFiniteError
+from ..step.state import State, write_values
+from ..step.step_context import RecordedStep, StepRunner, StepTape, check_scalar_loss
+from ..step.versions import BufferPool, set_grad
 from .fast.graph_loop import GraphLoops
 from .fast.native_loop import NativeLoops
 from .fast.native_reverse import Kept, NativeReversal, kept_part
 from .fast.native_sweep import NativeSweep
 from .param_sums import ParamSums
-from ..step.state import State, write_values
-from ..step.step_context import RecordedStep, StepRunner, StepTape, check_scalar_loss
-from ..step.versions import BufferPool, set_grad
 
 __all__ = ["Sweep", "check_finite_state"]
 

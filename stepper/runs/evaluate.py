@@ -8,8 +8,8 @@ from checkpoint import EndForward, Forward, StorageType
 from compiler.runtime.tape import outside_tapes
 
 from ..errors import ModelError
-from .gradient import start_sweep
 from ..step.step_context import check_scalar_loss
+from .gradient import start_sweep
 
 
 class _ForwardOnly:

@@ -11,12 +11,12 @@ from dataclasses import dataclass, field
 
 from checkpoint import Online, Revolve, StorageType, from_checkpoint_schedules
 
-from ..execute.disk_plan import price_disk, warn_if_large
 from ..errors import ModelError
+from ..execute.disk_plan import price_disk, warn_if_large
 from ..execute.executor import Sweep
-from .progress import progress_bar
 from ..execute.snapshots import TierStats, Tiers, resolve_storage
 from ..step.state import State, check_initial
+from .progress import progress_bar
 
 __all__ = ["gradient", "GradientResult", "GradientStats", "prepare_schedule"]
 

@@ -23,9 +23,9 @@ from compiler import array, clone, zeros_like
 from compiler.runtime.tape import RecordedOp, active_tape, caller_location, outside_tapes, settle_for_host
 
 from ..errors import ModelError
+from ..step.state import check_initial, write_values
 from .evaluate import _ForwardOnly
 from .gradient import start_sweep
-from ..step.state import check_initial, write_values
 
 __all__ = ["RolloutFunction", "record_call", "check_call_arrays"]
 

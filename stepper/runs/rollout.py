@@ -27,13 +27,13 @@ from compiler.runtime.tape import active_tape
 
 from ..errors import ModelError
 from ..execute.executor import check_finite_state
-from ..step.fingerprint import fingerprint, mismatches, step_fingerprint
 from ..execute.fast.graph_loop import GraphLoops
 from ..execute.fast.native_loop import NativeLoops
-from .progress import progress_bar
+from ..step.fingerprint import fingerprint, mismatches, step_fingerprint
 from ..step.state import State, check_initial, write_values
 from ..step.step_context import StepRunner
 from ..step.versions import BufferPool
+from .progress import progress_bar
 
 __all__ = ["rollout", "resume", "Rollout", "RolloutStats", "fingerprint"]
 

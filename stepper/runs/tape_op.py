@@ -14,8 +14,8 @@ from compiler import array, clone
 from compiler.runtime.tape import RecordedOp, caller_location
 
 from ..errors import ModelError
-from .gradient import start_sweep
 from ..step.state import State, check_initial
+from .gradient import start_sweep
 
 __all__ = ["record_rollout"]
 

@@ -18,8 +18,8 @@ from compiler.runtime.tape import host_accesses, outside_tapes
 
 from ..errors import ModelError
 from .state import State
-from .trace_notes import warn_untraceable
 from .trace import StepTrace, trace_step
+from .trace_notes import warn_untraceable
 from .versions import BufferPool, set_grad
 
 __all__ = ["StepContext", "StepTape", "RecordedStep", "StepRunner"]

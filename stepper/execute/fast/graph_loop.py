@@ -29,9 +29,9 @@ from collections import Counter, OrderedDict
 from compiler.runtime.graph import Graph
 from compiler.runtime.launch import relaunch
 
-from .native_reverse import kept_part
 from ...step.state import State
 from ...step.trace import SeriesRows, Slot
+from .native_reverse import kept_part
 
 __all__ = ["GraphLoops"]
 

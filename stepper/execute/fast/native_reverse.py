@@ -32,10 +32,10 @@ import struct
 from compiler.runtime.launch import packed_adjoint, packed_forward
 from compiler.runtime.tape import settle
 
-from .native_loop import _ptr
 from ...step.state import State
 from ...step.trace import SeriesRows, Slot
 from ...step.versions import set_grad
+from .native_loop import _ptr
 
 __all__ = ["Kept", "NativeReversal", "kept_part"]
 

@@ -34,10 +34,10 @@ import numpy as np
 from checkpoint import Copy, EndReverse, Forward, Move, Reverse, StorageType
 from compiler.runtime.tape import settle
 
+from ...step.state import State
+from ..snapshots import HeldStates
 from .native_loop import _Launch, _Series, _ptr, native_library
 from .native_reverse import Kept
-from ..snapshots import HeldStates
-from ...step.state import State
 from .stretch_versions import StretchVersions, Version
 
 __all__ = ["NativeSweep"]
