@@ -183,14 +183,14 @@ def wave(rows: list, n: int, steps: int, snapshots: int, rounds: int) -> None:
 
 
 def own_alternatives(rows: list, n: int, steps: int, rounds: int, scratch: Path) -> None:
-    """Our own paths side by side: native loops (recomputations as CUDA graphs, stepper/graph_loop.py,
-    and recordings reversed at once without a tape, stepper/native_reverse.py) against launch by
+    """Our own paths side by side: native loops (recomputations as CUDA graphs, stepper/execute/fast/graph_loop.py,
+    and recordings reversed at once without a tape, stepper/execute/fast/native_reverse.py) against launch by
     launch through the tape; the reversals alone against the tape; and disk snapshots leaving the
     GPU by asynchronous copies against waiting for each copy (Tiers.MAX_IN_FLIGHT = 0)."""
     import stepper as sp
-    import stepper.native_reverse as native_reverse
-    from stepper.executor import Sweep
-    from stepper.snapshots import Tiers
+    import stepper.execute.fast.native_reverse as native_reverse
+    from stepper.execute.executor import Sweep
+    from stepper.execute.snapshots import Tiers
     model, loss, start = _wave_model(n)
     revolve = lambda: model.gradient(start, steps=steps, loss=loss, schedule=sp.Revolve(steps, 10))  # noqa: E731
 

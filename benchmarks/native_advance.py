@@ -25,11 +25,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.peer_impls.ours import OursRunner, loss, make_model   # noqa: E402
 from benchmarks.peer_impls.problem import initial   # noqa: E402
 import stepper as sp                                 # noqa: E402
-from stepper import native_loop                      # noqa: E402
-from stepper.executor import Sweep                   # noqa: E402
-from stepper.state import State                      # noqa: E402
-from stepper.step_context import StepRunner          # noqa: E402
-from stepper.versions import BufferPool              # noqa: E402
+from stepper.execute.fast import native_loop         # noqa: E402
+from stepper.execute.executor import Sweep           # noqa: E402
+from stepper.step.state import State                 # noqa: E402
+from stepper.step.step_context import StepRunner     # noqa: E402
+from stepper.step.versions import BufferPool         # noqa: E402
 
 
 def setup(n: int):

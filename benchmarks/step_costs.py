@@ -4,7 +4,7 @@
     python benchmarks/step_costs.py --rounds 3 --only rollout
 
 - rollout: the 256^2 nonlinear wave (benchmarks/peer_impls), a forward rollout per step with
-  trusted steps run from their trace (stepper/rollout.py) and with the step function called every
+  trusted steps run from their trace (stepper/runs/rollout.py) and with the step function called every
   step, against the kernel alone replayed from a `capture()` graph on the same buffers.
 - pendulums: issue 14's ensemble, 10,000 damped pendulums with a running loss (deterministic), a
   Revolve gradient per step evaluation (forward evaluations + reverse steps), against one launch of
@@ -51,7 +51,7 @@ def interleaved(contenders: dict, rounds: int) -> dict:
 
 def rollout_costs(rounds: int, steps: int = 3000) -> list[str]:
     import stepper as sp
-    import stepper.rollout as rollout_module
+    import stepper.runs.rollout as rollout_module
     from peer_impls.ours import make_model, wave_step
     from peer_impls.problem import B, C, initial
     n = 256
@@ -141,7 +141,7 @@ def series_costs(rounds: int, n: int = 64, steps: int = 1000, snapshots: int = 2
     import stepper as sp
     from compiler.runtime.copy_kernels import renamed_forward
     from compiler.runtime.launch import packed_adjoint, packed_forward
-    from stepper.executor import Sweep
+    from stepper.execute.executor import Sweep
     from acoustic_series import acoustic_model
     model, initial, running_loss, fixed = acoustic_model(n, steps)
     entries, buffers = [], []                        # forward: step, loss; then the adjoints: loss, step
@@ -157,7 +157,7 @@ def series_costs(rounds: int, n: int = 64, steps: int = 1000, snapshots: int = 2
     loop = _kernel_loop()
     forward_table = (ctypes.c_int64 * 12)(*[x for e in entries for x in (e[0], e[1], 0, e[2])])
     # as a native run calls them on all but its last step: the step's kernel without its copying
-    # store up_next = u (renamed: stepper/native_loop.py), which takes about half the time here
+    # store up_next = u (renamed: stepper/execute/fast/native_loop.py), which takes about half the time here
     renamed_table = (ctypes.c_int64 * 12)(*forward_table)
     renamed_table[0] = renamed_forward(fixed[0][0])
     reverse_table = (ctypes.c_int64 * 12)(*[x for e in adjoints for x in e])

@@ -30,7 +30,7 @@ except ImportError:                   # pragma: no cover - the message is the po
     raise ImportError("stepper.jax needs JAX: pip install 'stepper[jax]' (or pip install jax)") from None
 
 from .errors import ModelError
-from .interop_common import RolloutFunction, check_call_arrays, record_call
+from .runs.interop import RolloutFunction, check_call_arrays, record_call
 
 __all__ = ["function", "call"]
 

@@ -16,11 +16,11 @@ from __future__ import annotations
 from compiler import array, float32
 from compiler.runtime.device import get_device, require_cuda
 
-from . import gradient as _gradient
-from . import rollout as _rollout
 from .errors import ModelError
-from .state import State, StateSpec, make_spec
-from .trace import series_row
+from .runs import gradient as _gradient
+from .runs import rollout as _rollout
+from .step.state import State, StateSpec, make_spec
+from .step.trace import series_row
 
 __all__ = ["Model"]
 
@@ -172,7 +172,7 @@ class Model:
         tangent: d final / d(initial, params) . tangents), ``.loss`` and ``.loss_tangent`` (terminal
         + running loss and its directional derivative; None without a loss). Options
         ``deterministic`` (default True), ``check_finite``, ``progress``."""
-        from .second_order import jvp
+        from .runs.second_order import jvp
         return jvp(self, initial, steps, tangents, loss, running_loss, **options)
 
     def hvp(self, initial, steps: int, direction, loss=None, running_loss=None, schedule=None, storage=None,
@@ -183,8 +183,8 @@ class Model:
         ``.grads`` (those of `gradient`, bit for bit), ``.hvp[name]`` for every float initial state
         and parameter, ``.stats`` (the second-order sweep) and ``.gradient_stats``. A schedule object
         is copied for the second sweep; options as for `gradient`. ``gauss_newton=True``: the
-        Gauss-Newton product J^T H_L J v in ``.hvp`` instead (terminal losses; stepper/second_order.py)."""
-        from .second_order import hvp
+        Gauss-Newton product J^T H_L J v in ``.hvp`` instead (terminal losses; stepper/runs/second_order.py)."""
+        from .runs.second_order import hvp
         return hvp(self, initial, steps, direction, loss, running_loss, schedule, storage, **options)
 
     def evaluate(self, initial, steps: int | None = None, loss=None, *, running_loss=None, **options) -> float:
@@ -193,7 +193,7 @@ class Model:
         so ``evaluate(...) == gradient(...).loss`` bit for bit. Made for finite-difference checks and
         line searches. ``loss`` and ``running_loss`` as in `gradient`; options ``deterministic``
         (default True), ``check_finite``, ``progress``."""
-        from .evaluate import evaluate
+        from .runs.evaluate import evaluate
         return evaluate(self, initial, steps, loss, running_loss=running_loss, **options)
 
     def __repr__(self) -> str:

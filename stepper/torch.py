@@ -28,7 +28,7 @@ except ImportError:                   # pragma: no cover - the message is the po
 from compiler import array, from_dlpack
 
 from .errors import ModelError
-from .interop_common import RolloutFunction, check_call_arrays, record_call
+from .runs.interop import RolloutFunction, check_call_arrays, record_call
 
 __all__ = ["function", "call"]
 

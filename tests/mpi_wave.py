@@ -259,7 +259,7 @@ MEMBERS = 5
 def member(k, own_c=False):
     """Member k of the ensemble: the wave from a scaled bump against shifted observations, with its
     own wave speed c when `own_c`."""
-    from stepper.ensemble import Member
+    from stepper.distributed import Member
     initial = {name: sp.array((1.0 + 0.1 * k) * v, dtype=F) for name, v in initial_global().items()}
     observed = sp.array(np.roll(observed_global(), k, axis=1), dtype=F)
     params = {"c": np.array([0.25 + 0.01 * k])} if own_c else {}
@@ -267,7 +267,7 @@ def member(k, own_c=False):
 
 
 def ensemble(saved):
-    from stepper.ensemble import Ensemble
+    from stepper.distributed import Ensemble
     ens = Ensemble(serial_model())
     shared = ens.gradient(MEMBERS, member, STEPS, schedule=lambda steps: sp.Revolve(steps, 3))
     own = ens.gradient(MEMBERS, lambda k: member(k, own_c=True), STEPS)

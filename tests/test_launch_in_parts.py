@@ -1,6 +1,6 @@
 """launch_in_parts: a launch run as rows (a, b) of its first axis, a callback, then the other rows.
 
-The halo exchange of stepper/distributed.py runs the rows that read only a block's own elements
+The halo exchange of stepper/distributed/domain.py runs the rows that read only a block's own elements
 while its messages travel. Here: the callback sees exactly the first part done; the results, and
 the gradient of the one launch the Tape records, are those of a plain launch, bit for bit; kernels
 whose result depends on the order of threads run whole after the callback; and `row_reach` tells

@@ -330,7 +330,7 @@ def test_missing_mpi4py_is_a_clear_error(monkeypatch):
 
 
 def test_block_partition_and_per_rank_paths():
-    from stepper.distributed import block_rows, rank_path
+    from stepper.distributed.domain import block_rows, rank_path
     assert [block_rows(13, 4, r) for r in range(4)] == [(0, 4), (4, 3), (7, 3), (10, 3)]
     assert [block_rows(13, 2, r) for r in range(2)] == [(0, 7), (7, 6)]
     assert rank_path("out/run.h5", 3, 4) == "out/run.rank0003.h5"

@@ -127,7 +127,7 @@ def test_the_interior_keeps_only_the_launch_margin_and_selects_the_neighbours_gu
 
 
 def test_what_only_the_pointwise_pass_reads_counts_as_read_by_the_adjoint():
-    """A recording kept for later keeps the arrays its reversal reads (stepper/native_reverse.py)."""
+    """A recording kept for later keeps the arrays its reversal reads (stepper/execute/fast/native_reverse.py)."""
     compiled = corpus(8, 2)["fwi"].compiled()
     pointwise_reads = {s.array.param.name for s in ir.walk(compiled.gather.pointwise.body) if isinstance(s, ir.Load)}
     assert pointwise_reads == {"up", "u", "m", "damp"}

@@ -71,7 +71,7 @@ class OursRunner:
     def __init__(self, n: int, steps: int, schedule: str, snapshots: int | None = None, disk: int = 0,
                  deterministic: bool = True, count: bool = False, native: bool = True):
         if not native:                              # this worker process only: recompute step by step
-            from stepper.executor import Sweep
+            from stepper.execute.executor import Sweep
             Sweep.native_loops = False
         self.n, self.steps, self.kind = n, steps, schedule
         self.snapshots, self.disk, self.deterministic = snapshots, disk, deterministic

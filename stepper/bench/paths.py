@@ -1,6 +1,6 @@
 """The paths a gradient's steps take, counted from the schedule's actions, and what each costs.
 
-A checkpointed gradient does not run every step alike (stepper/executor.py): a traced step's
+A checkpointed gradient does not run every step alike (stepper/execute/executor.py): a traced step's
 first steps run through the Python step function until the runner trusts its trace
 (`StepRunner.trusted`, two steps), then every advance runs in the native step loop; a step
 recorded for later is kept natively (the state it starts from); a recorded step whose Reverse

@@ -51,9 +51,9 @@ def test_a_later_launch_runs_the_held_one_first(device):
     np.testing.assert_array_equal(result.grads["x"].numpy(), np.full(4, 4.0 ** (STEPS // 2)))
 
 
-@pytest.mark.filterwarnings("ignore::stepper.trace_notes.UntraceableStepWarning")   # a host write, on purpose
+@pytest.mark.filterwarnings("ignore::stepper.step.trace_notes.UntraceableStepWarning")   # a host write, on purpose
 def test_host_access_runs_the_held_launch_first(device):
-    """The step fills a buffer on the host, so it has no trace (stepper/trace.py) and its function
+    """The step fills a buffer on the host, so it has no trace (stepper/step/trace.py) and its function
     runs on every evaluation, recorded ones included: each looks at its output."""
     seen = []
 

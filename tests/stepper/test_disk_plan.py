@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 import stepper as sp
-from stepper import disk_plan
-from stepper.disk_plan import DiskVolumeWarning, planned_disk_snapshots, warn_if_large
+from stepper.execute import disk_plan
+from stepper.execute.disk_plan import DiskVolumeWarning, planned_disk_snapshots, warn_if_large
 from physics_models import final_theta_squared, pendulum_model
 
 

@@ -1,14 +1,14 @@
-"""GPU step loops (stepper/graph_loop.py): on a GPU, recomputations of a traced step run as CUDA
+"""GPU step loops (stepper/execute/fast/graph_loop.py): on a GPU, recomputations of a traced step run as CUDA
 graph launches (two steps a graph), and recordings reversed at once without a tape
-(stepper/native_reverse.py), with the bits of the step-by-step path and of store-all; a run finds
+(stepper/execute/fast/native_reverse.py), with the bits of the step-by-step path and of store-all; a run finds
 the graph an earlier run captured. On the CUDA simulator."""
 import numpy as np
 import pytest
 
 import stepper as sp
-import stepper.graph_loop as graph_loop
+import stepper.execute.fast.graph_loop as graph_loop
 from compiler.backends import cudasim
-from stepper.executor import Sweep
+from stepper.execute.executor import Sweep
 from stepper_models import instances_made, chain_initial, chain_model, sum_squares64, wave_initial, wave_model
 
 pytestmark = [pytest.mark.cuda,
@@ -72,7 +72,7 @@ def test_graph_recomputations_give_the_python_paths_and_store_alls_bits(schedule
     # they could differ between the runs, and so its plan), and disk copies are synchronous (a copy
     # still in flight holds its version for as long as it takes: two runs' peaks came out 496 and
     # 592 bytes, by timing)
-    from stepper.snapshots import Tiers
+    from stepper.execute.snapshots import Tiers
     monkeypatch.setattr(Tiers, "MAX_IN_FLIGHT", 0)
     model, initial = make()
     stored = model.gradient(initial, STEPS, loss=loss, schedule=sp.StoreAll(STEPS))
@@ -81,7 +81,7 @@ def test_graph_recomputations_give_the_python_paths_and_store_alls_bits(schedule
     monkeypatch.setattr(Sweep, "native_loops", True)
     graphs = model.gradient(initial, STEPS, loss=loss, schedule=schedule(), storage=tmp_path / "b.h5")
     assert python.stats.native_steps == 0 and graphs.stats.native_steps > 0
-    # recordings reversed at once go without a tape (stepper/native_reverse.py) on a GPU too, and
+    # recordings reversed at once go without a tape (stepper/execute/fast/native_reverse.py) on a GPU too, and
     # so does the first sweep's last, recorded natively (the state it started from kept)
     assert python.stats.native_reversals == 0 and graphs.stats.native_reversals == STEPS
     assert graphs.stats.forward_steps == python.stats.forward_steps

@@ -1,13 +1,13 @@
-"""Native step loops (stepper/native_loop.py): recomputations of a traced step run as one compiled
+"""Native step loops (stepper/execute/fast/native_loop.py): recomputations of a traced step run as one compiled
 call per Forward action, not Python once per step, and give the bits of the step-by-step path and
 of store-all."""
 import numpy as np
 import pytest
 
 import stepper as sp
-import stepper.native_loop as native_loop
-from stepper.executor import Sweep
-from stepper.trace_notes import UntraceableStepWarning
+import stepper.execute.fast.native_loop as native_loop
+from stepper.execute.executor import Sweep
+from stepper.step.trace_notes import UntraceableStepWarning
 from stepper_models import (chain_initial, chain_model, instances_made, integrate_particles, spring_forces, wave_1d,
                             wave_initial, wave_model)
 
@@ -120,7 +120,7 @@ def gradients(model, initial, schedule, native: bool, monkeypatch, **kw):
 SCHEDULES = [lambda: sp.Revolve(STEPS, 2), lambda: sp.Revolve(STEPS, 5), lambda: sp.MultiLevel(STEPS, 2, 3, write_cost=0, read_cost=0)]
 
 
-@pytest.mark.filterwarnings("error::stepper.trace_notes.UntraceableStepWarning")   # every model here is traced
+@pytest.mark.filterwarnings("error::stepper.step.trace_notes.UntraceableStepWarning")   # every model here is traced
 @pytest.mark.parametrize("schedule", SCHEDULES)
 @pytest.mark.parametrize("make", [lambda: (chain_model(), chain_initial()), zero_relying_model, copying_model,
                                   counting_model])
@@ -229,7 +229,7 @@ def test_store_all_records_in_one_native_call_and_reverses_in_one_stretch(schedu
     call (NativeLoops.advance_keeping), whether the schedule records step by step or in one action;
     after the first reversal (which plans it) the reverse sweep is one native stretch. The tape
     path's bits, counts and memory."""
-    import stepper.native_sweep as native_sweep
+    import stepper.execute.fast.native_sweep as native_sweep
     runs, stretches = [], []
     real_keep, real_run = native_loop.NativeLoops.advance_keeping, native_sweep.NativeSweep.run
     monkeypatch.setattr(native_loop.NativeLoops, "advance_keeping",
@@ -253,7 +253,7 @@ def test_recomputations_make_one_native_call_per_forward_action_and_no_python_la
     """Each first-sweep Forward is one call into the driver once the step is trusted, and so is
     the first sweep's last step, recorded natively (its start kept); the reverse sweep's advances
     and recordings run inside one native stretch. Python relaunches nothing."""
-    import stepper.trace as trace
+    import stepper.step.trace as trace
     relaunched, calls = [], []
     real_relaunch, real_advance = trace.relaunch, native_loop.NativeLoops.advance
     monkeypatch.setattr(trace, "relaunch", lambda kernel, *a, **k: (relaunched.append(kernel),
@@ -462,9 +462,9 @@ class Edited:
 
 
 def test_a_native_stretch_leaves_the_executors_state_and_statistics(monkeypatch):
-    """The reverse sweep's stretch (stepper/native_sweep.py) works out holds, snapshots and counts
+    """The reverse sweep's stretch (stepper/execute/fast/native_sweep.py) works out holds, snapshots and counts
     as the executor would: same bits, same counts, no more memory, nothing left held."""
-    import stepper.native_sweep as native_sweep
+    import stepper.execute.fast.native_sweep as native_sweep
     stretches = []
     real = native_sweep.NativeSweep.run
     monkeypatch.setattr(native_sweep.NativeSweep, "run", lambda self, a: stretches.append(a) or real(self, a))
@@ -519,7 +519,7 @@ def test_a_recording_reversed_at_once_runs_only_the_launches_a_later_one_reads(m
     replays its launch from that launch's inputs): it runs only launches whose outputs a later
     launch of the step reads. The copying model's kernel and copy both stay unrun; a scratch a
     later launch reads is still computed. Both paths skip the same launches, with store-all's bits."""
-    import stepper.native_reverse as native_reverse
+    import stepper.execute.fast.native_reverse as native_reverse
     traces = []
     real = native_reverse.NativeReversal.reverse
     monkeypatch.setattr(native_reverse.NativeReversal, "reverse",
@@ -538,7 +538,7 @@ def test_store_all_running_out_of_memory_midway_raises_and_leaves_the_model_usab
     """Memory running out while StoreAll's recordings take their versions (in one native run) is a
     MemoryError naming the version asked for; nothing is left half-done, and the next gradient
     gives the same bits as one that never failed."""
-    import stepper.versions as versions
+    import stepper.step.versions as versions
     model, initial = copying_model()
     before = gradients(model, initial, sp.StoreAll(STEPS), True, monkeypatch)
     real, calls = versions.allocate, []

@@ -1,5 +1,5 @@
 """Steps that read time-indexed inputs (`Model.series`) and steps scored by a running loss run on the
-native paths (stepper/native_loop.py, native_reverse.py, native_sweep.py): the driver moves each
+native paths (stepper/execute/fast/native_loop.py, native_reverse.py, native_sweep.py): the driver moves each
 series argument to the step's row and reads each step's running loss out, and every gradient has
 the bits of the Python path and of store-all."""
 import warnings
@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 import stepper as sp
-import stepper.rollout as rollout_module
-from stepper.executor import Sweep
-from stepper.trace_notes import UntraceableStepWarning
+import stepper.runs.rollout as rollout_module
+from stepper.execute.executor import Sweep
+from stepper.step.trace_notes import UntraceableStepWarning
 from test_native_loop import same_bits
 
 F64 = sp.array(dtype=sp.float64)
@@ -83,7 +83,7 @@ SCHEDULES = [lambda: sp.Revolve(STEPS, 3), lambda: sp.Revolve(STEPS, 8), lambda:
              lambda: sp.MultiLevel(STEPS, 2, 3, write_cost=0, read_cost=0)]
 
 
-@pytest.mark.filterwarnings("error::stepper.trace_notes.UntraceableStepWarning")
+@pytest.mark.filterwarnings("error::stepper.step.trace_notes.UntraceableStepWarning")
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_a_series_read_only_by_the_running_loss_is_reversed_natively(schedule, monkeypatch, tmp_path):
     """The step reads no series, its running loss does: Revolve used to fail with KeyError
@@ -98,7 +98,7 @@ def test_a_series_read_only_by_the_running_loss_is_reversed_natively(schedule, m
     same_bits(stored, native)
 
 
-@pytest.mark.filterwarnings("error::stepper.trace_notes.UntraceableStepWarning")
+@pytest.mark.filterwarnings("error::stepper.step.trace_notes.UntraceableStepWarning")
 @pytest.mark.parametrize("schedule", SCHEDULES)
 @pytest.mark.parametrize("loss", [running_misfit, running_misfit32])
 def test_a_step_reading_a_series_runs_natively_with_store_alls_bits(schedule, loss, monkeypatch, tmp_path):
@@ -196,7 +196,7 @@ def test_a_running_loss_that_reads_the_step_index_keeps_every_first_step_on_the_
 
 def test_series_and_running_losses_on_the_device_give_store_alls_bits(device, monkeypatch):
     """On a GPU the recomputations run as graphs of two steps whose series rows are copied into
-    row buffers of their own before each replay (stepper/graph_loop.py)."""
+    row buffers of their own before each replay (stepper/execute/fast/graph_loop.py)."""
     model, initial = series_model(step_reads=True, device=device)
     stored = gradient(model, initial, sp.StoreAll(STEPS), False, monkeypatch)
     for schedule in (sp.Revolve(STEPS, 3), sp.StoreAll(STEPS)):

@@ -1,11 +1,11 @@
-"""A native stretch's one-step recomputations (stepper/native_sweep.py, `_renamed_step`): a step
+"""A native stretch's one-step recomputations (stepper/execute/fast/native_sweep.py, `_renamed_step`): a step
 whose whole-state copy (``s.next.y = s.prev.x``) is renamed shares that array with the state it
 started from, and neither is written over while the other is held."""
 import pytest
 
 import stepper as sp
-import stepper.native_sweep as native_sweep
-from stepper.executor import Sweep
+import stepper.execute.fast.native_sweep as native_sweep
+from stepper.execute.executor import Sweep
 from stepper_models import wave_initial, wave_model
 from test_native_loop import STEPS, copying_model, gradients, loss, renaming_model, same_bits, wave_loss, x_and_z_loss
 

@@ -4,7 +4,7 @@ An ensemble of damped pendulums (Heun's method) shares one damping c; the loss i
 squared final-angle misfits. dL/dc sums one contribution per pendulum and step: 4 * 10^6 of them
 here (10^8 in issue 31's full case). Summed into one float32 element they drifted (2.5e-4 relative
 here, 2.6% for 10^4 pendulums over 10^4 steps); summed per launch in float64 partials (add_log in
-compiler/codegen/prelude.h) and over steps in a float64 accumulator (stepper/param_sums.py) they
+compiler/codegen/prelude.h) and over steps in a float64 accumulator (stepper/execute/param_sums.py) they
 agree with the float64 model to 1.4e-7. Still deterministic: checkpointed == store-all bit for bit,
 on every path, and the same bits on any thread count.
 """
@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import stepper as sp
-from stepper.executor import Sweep
+from stepper.execute.executor import Sweep
 
 F32 = sp.array(dtype=sp.float32)
 F64 = sp.array(dtype=sp.float64)
@@ -140,7 +140,7 @@ def test_the_same_bits_on_1_2_and_5_threads():
 @pytest.mark.parametrize("dtype", [sp.vec3], ids=["vec3"])
 def test_vector_parameters_are_summed_componentwise_in_float64(dtype):
     """A vec3 parameter's three components each get a float64 sum (ParamSums views them as floats)."""
-    from stepper.param_sums import ParamSums
+    from stepper.execute.param_sums import ParamSums
     p = sp.array(np.zeros((2, 3), np.float32), dtype=dtype, requires_grad=True)
     sums = ParamSums({"p": p}, "cpu")
     tiny = np.float32(2e-8)

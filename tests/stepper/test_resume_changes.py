@@ -1,6 +1,6 @@
 """`resume` refuses a model that is not the one that wrote the checkpoints (issue 31).
 
-A checkpoint records the parameters' values and the step's kernels (stepper/fingerprint.py); a
+A checkpoint records the parameters' values and the step's kernels (stepper/step/fingerprint.py); a
 resume with other values, or with a kernel whose source changed, stops with an error naming the
 parameter or kernel and both hashes, before it writes anything. ``allow_changes=True`` continues
 deliberately and the new checkpoints record what changed. Each run is a child process

@@ -1,4 +1,4 @@
-"""Rollouts of a trusted step (stepper/rollout.py): once the first two steps made the same launches
+"""Rollouts of a trusted step (stepper/runs/rollout.py): once the first two steps made the same launches
 and the step function read neither s.n, s.t nor array data on the host, the steps between two
 events run from the trace in one call (native loop on the CPU, graph loop on a GPU), with the bits
 of calling the step function every step; a function that reads any of those runs every step."""
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import stepper as sp
-import stepper.rollout as rollout_module
+import stepper.runs.rollout as rollout_module
 from stepper_models import chain_initial, chain_model
 
 F64 = sp.array(dtype=sp.float64)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import stepper as sp
-from stepper.trace_notes import UntraceableStepWarning
+from stepper.step.trace_notes import UntraceableStepWarning
 
 F64 = sp.array(dtype=sp.float64)
 

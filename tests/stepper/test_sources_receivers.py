@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import stepper as sp
-from stepper.executor import Sweep
+from stepper.execute.executor import Sweep
 
 G = sp.array(dtype=sp.float64, ndim=2)
 F = sp.array(dtype=sp.float64)

@@ -114,7 +114,7 @@ def test_ram_snapshots_are_held_states_unless_a_ram_storage_is_given(reference):
     if model.device == "cpu":
         assert held.stats.peak_memory_bytes == copied.stats.peak_memory_bytes
     else:   # a GPU copy on its way to the host keeps its state's versions in the pool until it lands
-        from stepper.snapshots import Tiers
+        from stepper.execute.snapshots import Tiers
         extra = copied.stats.peak_memory_bytes - held.stats.peak_memory_bytes
         assert 0 <= extra <= Tiers.MAX_IN_FLIGHT * model.state_bytes
 

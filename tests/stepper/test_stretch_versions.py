@@ -1,8 +1,8 @@
-"""A native stretch's version bookkeeping (stepper/stretch_versions.py): holds counted on the side
+"""A native stretch's version bookkeeping (stepper/execute/fast/stretch_versions.py): holds counted on the side
 and handed to the pool at the end, memory reused only where nothing outside the stretch holds it."""
 import stepper as sp
-from stepper.stretch_versions import StretchVersions
-from stepper.versions import BufferPool
+from stepper.execute.fast.stretch_versions import StretchVersions
+from stepper.step.versions import BufferPool
 
 
 def setup(float_states=2):

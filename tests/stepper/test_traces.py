@@ -1,4 +1,4 @@
-"""Step traces (stepper/trace.py): a step that ran, checked, is recomputed and re-recorded from the
+"""Step traces (stepper/step/trace.py): a step that ran, checked, is recomputed and re-recorded from the
 launches it made, without its Python function, while every step has made the same launches. Steps
 whose launches differ, or that write other than through launches, run their function every time.
 Either way, every schedule gives store-all's bits."""
@@ -9,7 +9,7 @@ import stepper as sp
 from stepper_models import chain_initial, chain_model
 
 # Some steps here are untraceable on purpose; the warning they give is tests/stepper/test_series.py's.
-pytestmark = pytest.mark.filterwarnings("ignore::stepper.trace_notes.UntraceableStepWarning")
+pytestmark = pytest.mark.filterwarnings("ignore::stepper.step.trace_notes.UntraceableStepWarning")
 
 F32 = sp.array(dtype=float)
 F64 = sp.array(dtype=sp.float64)
@@ -149,7 +149,7 @@ def test_replayed_scratch_buffers_are_zero_filled_as_asked(device):
 def test_recomputations_leave_out_the_running_loss(monkeypatch, device):
     """The running loss's launches are part of the trace (a recording's adjoint needs them), but
     a recomputation replays only the step function's: the loss kernel runs once per recording."""
-    import stepper.trace as trace
+    import stepper.step.trace as trace
     relaunched = []
     real = trace.relaunch
     monkeypatch.setattr(trace, "relaunch", lambda kernel, *a, **k: (relaunched.append(kernel), real(kernel, *a, **k)))
@@ -164,9 +164,9 @@ def test_recomputations_leave_out_the_running_loss(monkeypatch, device):
     result = model.gradient(initial, STEPS, loss=loss, running_loss=running, schedule=sp.Revolve(STEPS, 3))
     same_bits(stored, result)
     replays = result.stats.forward_steps - STEPS                 # every evaluation but the first runs
-    # recordings are reversed at once natively (stepper/native_reverse.py); on the CPU,
-    # recomputations run in the native step loop (stepper/native_loop.py), and CUDA models' runs
-    # here are too short for graphs (stepper/graph_loop.py): replayed from Python
+    # recordings are reversed at once natively (stepper/execute/fast/native_reverse.py); on the CPU,
+    # recomputations run in the native step loop (stepper/execute/fast/native_loop.py), and CUDA models' runs
+    # here are too short for graphs (stepper/execute/fast/graph_loop.py): replayed from Python
     assert result.stats.native_reversals > 0
     assert (result.stats.native_steps > 0) == (device == "cpu")
     assert relaunched.count(halve) + result.stats.native_steps + result.stats.native_reversals == replays

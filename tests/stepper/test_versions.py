@@ -120,7 +120,7 @@ def test_a_state_the_step_never_writes_is_named(device):
         model.rollout(initial, 1)
 
 
-@pytest.mark.filterwarnings("error::stepper.trace_notes.UntraceableStepWarning")   # a copy is a traced launch
+@pytest.mark.filterwarnings("error::stepper.step.trace_notes.UntraceableStepWarning")   # a copy is a traced launch
 def test_copy_keeps_a_state_unchanged_and_is_differentiable(device):
     def step(s):
         sp.launch(double, 4, inputs=[s.prev.x], outputs=[s.next.x])
@@ -201,7 +201,7 @@ def test_a_pools_new_versions_have_the_kinds_layout_and_name_it_when_memory_runs
     """The pool checks a kind's shape and dtype on its first version only and makes the later ones
     (StoreAll takes a version or two a step) from that layout: the same shape, element type and
     device; and a failed allocation still says what it was for."""
-    import stepper.versions as versions
+    import stepper.step.versions as versions
     pool = versions.BufferPool(device)
     kind = pool.kind((4, 3), sp.vec3)
     first, second = pool.take(kind), pool.take(kind)

@@ -38,7 +38,7 @@ from compiler.runtime.copy_kernels import add_into
 from compiler.runtime.launch import launch_in_parts
 from compiler.runtime.tape import RecordedOp, active_tape, caller_location
 
-from .errors import ModelError
+from ..errors import ModelError
 
 __all__ = ["Halo", "HaloExchanges"]
 
@@ -139,7 +139,7 @@ class HaloExchanges:
                              f"shape {part.halo_shape}, got {x.shape} and {out.shape}")
         tape = active_tape()
         if tape is not None:
-            # Not a launch (op.launch is None), so stepper/trace.py never replays a step that makes
+            # Not a launch (op.launch is None), so stepper/step/trace.py never replays a step that makes
             # it without calling the step function: recomputations exchange halos too.
             op = RecordedOp(f"halo exchange of '{name}'", {"block": x}, {"halo": out}, {},
                             lambda: self._backward(part, x, out), caller_location())

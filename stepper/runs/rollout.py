@@ -25,15 +25,15 @@ from dataclasses import dataclass
 from checkpoint.storage.checkpoint_dir import CheckpointDirectory
 from compiler.runtime.tape import active_tape
 
-from .errors import ModelError
-from .executor import check_finite_state
-from .fingerprint import fingerprint, mismatches, step_fingerprint
-from .graph_loop import GraphLoops
-from .native_loop import NativeLoops
+from ..errors import ModelError
+from ..execute.executor import check_finite_state
+from ..execute.fast.graph_loop import GraphLoops
+from ..execute.fast.native_loop import NativeLoops
+from ..step.fingerprint import fingerprint, mismatches, step_fingerprint
+from ..step.state import State, check_initial, write_values
+from ..step.step_context import StepRunner
+from ..step.versions import BufferPool
 from .progress import progress_bar
-from .state import State, check_initial, write_values
-from .step_context import StepRunner
-from .versions import BufferPool
 
 __all__ = ["rollout", "resume", "Rollout", "RolloutStats", "fingerprint"]
 

@@ -36,10 +36,10 @@ from compiler.passes.tangent import tangent_name
 from compiler.runtime.forward_mode import check_tangent
 from compiler.runtime.tape import outside_tapes
 
-from .errors import ModelError
+from ..errors import ModelError
 from .gradient import GradientStats, start_sweep
-from .state import State, check_initial
-from .step_context import check_scalar_loss
+from ..step.state import State, check_initial
+from ..step.step_context import check_scalar_loss
 
 __all__ = ["jvp", "hvp", "JvpResult", "HvpResult"]
 
@@ -73,7 +73,7 @@ class TangentModel:
     and copied."""
 
     def __init__(self, model, initial, tangents, what: str = "tangents"):
-        from .model import Model
+        Model = type(model)       # not imported: model.py imports this module (no import circle)
         model._check_ready()
         self.model = model
         self.initial = check_initial(model.states, initial, model.device)

@@ -1,15 +1,15 @@
 """A stretch of a reverse sweep run natively: the schedule's actions worked out first, then one call.
 
-With recomputations in native loops (stepper/native_loop.py) and each recorded step reversed at
-once natively (stepper/native_reverse.py), what is left of a binomial reverse sweep in Python is
+With recomputations in native loops (stepper/execute/fast/native_loop.py) and each recorded step reversed at
+once natively (stepper/execute/fast/native_reverse.py), what is left of a binomial reverse sweep in Python is
 the executor's dispatch: four or so actions per reversed step (read a snapshot, advance, record and
 reverse, the Reverse itself), each taking and releasing versions in the pool, about 60 us a
 reversed step. Here the sweep hands over a stretch of actions that need nothing but RAM snapshots
 held in the pool (`HeldStates`) and the two plans the step already has: they are worked out in
 Python on plain counters (which version each action reads and writes, in the order the executor
-would take and release them: stepper/stretch_versions.py), written into one table of operations, and
-run by one call into C++: ``0`` an advance (the native loop's ring, the same driver), ``1`` a step
-reversed from the state it started from (the native reversal's packed launches, fills and
+would take and release them: stepper/execute/fast/stretch_versions.py), written into one table of operations, and
+run by one call into C++ (sweep.cpp): ``0`` an advance (the native loop's ring, the same driver),
+``1`` a step reversed from the state it started from (the native reversal's packed launches, fills and
 adjoints): a step recorded and reversed at once, or one recorded natively before (`Kept`:
 StoreAll's forward sweep keeps every step's start state, and its reverse sweep, a tag Move and a
 Reverse per step, is one stretch), ``2`` an advance of one step whose whole-state copies are
@@ -32,106 +32,17 @@ import time
 import numpy as np
 
 from checkpoint import Copy, EndReverse, Forward, Move, Reverse, StorageType
-from compiler.backends.cpu_build import build_cpu_library, load_cpu_library
 from compiler.runtime.tape import settle
 
-from .native_loop import _DRIVER, _Launch, _Series, _ptr
+from ...step.state import State
+from ..snapshots import HeldStates
+from .native_loop import _Launch, _Series, _ptr, native_library
 from .native_reverse import Kept
-from .snapshots import HeldStates
-from .state import State
 from .stretch_versions import StretchVersions, Version
 
 __all__ = ["NativeSweep"]
 
 _RAM, _WORK, _NONE = StorageType.RAM, StorageType.WORK, StorageType.NONE
-
-_SWEEP = _DRIVER + r"""
-typedef int (*adjoint_t)(const char*, const char*, void*, int64_t, int, void*, int);
-struct sp_rpatch { char* buf; int64_t offset; int64_t slot; };      // buf + offset <- rslots[slot]
-struct sp_rcall { void* entry; const char* fwd; const char* adj; int64_t serial; int64_t zero_begin; int64_t zero_end; };
-struct sp_fill { int64_t slot; int64_t nbytes; };
-struct sp_plan {
-    int64_t S, F;                                      // states, float states
-    const sp_launch* launches; int64_t n_launches;     // the advance (native_loop's tables)
-    const sp_patch* patches; int64_t n_patches;
-    void** slots; sp_state* states; const sp_zero* zeros; int64_t n_zeros;
-    const sp_launch* rforward; int64_t n_rforward;     // the reversal (native_reverse's plan)
-    const sp_rpatch* rpatches; int64_t n_rpatches;
-    const sp_fill* before; int64_t n_before;           // zero fills of s.next and scratch, as taken
-    int64_t seed_slot; int64_t seed_size;              // the running loss's gradient, or -1
-    const sp_rcall* calls; int64_t n_calls;
-    const sp_fill* fills; int64_t after_begin; int64_t after_end;
-    void** rslots;                                     // prev[S] next[S] gprev[F] carry[F] scratch.. series..
-    const sp_renames* renames;                         // the advance's renamed copies, or null
-    sp_time* time;                                     // the advance's series rows (no losses)
-    const sp_series* rseries; int64_t n_rseries;       // the reversal's
-};
-
-// ops: 0, steps, n, start[S], a[S], b[S]  |  1, n, prev[S], next[S], gprev[F], carry[F]
-//      |  2, n, prev[S], next[S]  |  4: 0's with its copies renamed   (n: the index of the (first) step)
-//      |  3, count, (float32 gradient, float64 sum, elements) x count
-extern "C" void sp_sweep(const int64_t* ops, int64_t n_words, const sp_plan* p) {
-    const int64_t S = p->S, F = p->F;
-    int64_t i = 0;
-    while (i < n_words) {
-        const int64_t op = ops[i++];
-        if (op == 3) {                                 // stepper/param_sums.py's fold, after a reversed step
-            const int64_t count = ops[i++];
-            for (int64_t q = 0; q < count; ++q, i += 3) {
-                float* g = (float*)ops[i];
-                double* sum = (double*)ops[i + 1];
-                for (int64_t e = 0; e < ops[i + 2]; ++e) { sum[e] = sum[e] + (double)g[e]; g[e] = 0.0f; }
-            }
-            continue;
-        }
-        const int64_t n = ops[i++];
-        if (op == 2) {
-            for (int64_t s = 0; s < 2 * S; ++s) p->slots[s] = (void*)ops[i + s];
-            i += 2 * S;
-            p->time->n = n;
-            sp_step(p->launches, p->n_launches, p->patches, p->n_patches, p->slots, p->zeros, p->n_zeros,
-                    p->renames, p->time);              // one step, its copies renamed
-            continue;
-        }
-        if (op == 0 || op == 4) {
-            const int64_t steps = ops[i++];
-            for (int64_t s = 0; s < S; ++s) {
-                p->slots[s] = (void*)ops[i + s];
-                p->slots[S + s] = (void*)ops[i + S + s];
-                p->states[s].spare = (void*)ops[i + 2 * S + s];
-            }
-            i += 3 * S;
-            p->time->n = n;
-            sp_advance(steps, p->launches, p->n_launches, p->patches, p->n_patches, p->slots, p->states, S,
-                       p->zeros, p->n_zeros, op == 4 ? p->renames : nullptr, p->time);
-            continue;
-        }
-        for (int64_t k = 0; k < 2 * S + 2 * F; ++k) p->rslots[k] = (void*)ops[i + k];
-        i += 2 * S + 2 * F;
-        for (int64_t q = 0; q < p->n_rseries; ++q)
-            p->rslots[p->rseries[q].slot] = (void*)(p->rseries[q].base + n * p->rseries[q].stride);
-        for (int64_t q = 0; q < p->n_rpatches; ++q)
-            std::memcpy(p->rpatches[q].buf + p->rpatches[q].offset, &p->rslots[p->rpatches[q].slot], sizeof(void*));
-        for (int64_t z = 0; z < p->n_before; ++z)
-            std::memset(p->rslots[p->before[z].slot], 0, (size_t)p->before[z].nbytes);
-        for (int64_t l = 0; l < p->n_rforward; ++l)
-            p->rforward[l].entry(p->rforward[l].buf, (int)p->rforward[l].serial);
-        if (p->seed_slot >= 0) {
-            if (p->seed_size == 4) *(float*)p->rslots[p->seed_slot] = 1.0f;
-            else *(double*)p->rslots[p->seed_slot] = 1.0;
-        }
-        for (int64_t c = 0; c < p->n_calls; ++c) {
-            const sp_rcall& call = p->calls[c];
-            for (int64_t z = call.zero_begin; z < call.zero_end; ++z)
-                std::memset(p->rslots[p->fills[z].slot], 0, (size_t)p->fills[z].nbytes);
-            ((adjoint_t)call.entry)(call.fwd, call.adj, nullptr, 0, 0, nullptr, (int)call.serial);
-        }
-        for (int64_t z = p->after_begin; z < p->after_end; ++z)
-            std::memset(p->rslots[p->fills[z].slot], 0, (size_t)p->fills[z].nbytes);
-    }
-}
-"""
-
 
 def ring_result(start: tuple, a: tuple, b: tuple, pairs: list, steps: int) -> tuple:
     """The arrays (by state) that sp_advance with renamed copies `pairs` ((to, from) state
@@ -198,7 +109,7 @@ _function = None
 def _sweep_function():
     global _function
     if _function is None:
-        fn = load_cpu_library(build_cpu_library(_SWEEP, "stepper_native_sweep")).sp_sweep
+        fn = native_library("sweep.cpp", "stepper_native_sweep").sp_sweep
         fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
         fn.restype = None
         _function = fn

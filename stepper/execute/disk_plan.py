@@ -33,7 +33,7 @@ _agree: contextvars.ContextVar = contextvars.ContextVar("agree", default=None)
 def agreed_costs(agree):
     """Within the block, measured disk costs go through ``agree((write, read)) -> (write, read)``
     before planning: MPI ranks run one schedule in lockstep, and each measures its own disk and
-    steps, so they must plan with the same numbers (stepper/distributed.py passes the maximum
+    steps, so they must plan with the same numbers (stepper/distributed/domain.py passes the maximum
     over ranks)."""
     token = _agree.set(agree)
     try:

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from compiler import OverwriteError, Tape, array
 from compiler.runtime.tape import host_accesses, outside_tapes
 
-from .errors import ModelError
+from ..errors import ModelError
 from .state import State
-from .trace_notes import warn_untraceable
 from .trace import StepTrace, trace_step
+from .trace_notes import warn_untraceable
 from .versions import BufferPool, set_grad
 
 __all__ = ["StepContext", "StepTape", "RecordedStep", "StepRunner"]
@@ -32,7 +32,7 @@ class StepTape(Tape):
         super().__init__(deterministic=deterministic)
         self._protected = protected          # id(storage) -> "s.prev.x" / "s.params.k"
         self._ctx = ctx                      # names the step's other buffers in messages
-        self.writes_checked = 0              # recorded ops and host writes (see stepper/trace.py)
+        self.writes_checked = 0              # recorded ops and host writes (see stepper/step/trace.py)
 
     def check_writes(self, op) -> None:
         self.writes_checked += 1
@@ -217,7 +217,7 @@ class StepRunner:
         self.launches_skipped = 0
         # With `traced`, `run` reads each step's trace off its tape: `trace` is the one every step
         # has made so far (None before the first), False once a step could not be traced or two
-        # differed (stepper/trace.py).
+        # differed (stepper/step/trace.py).
         self.traced = traced
         self.trace: StepTrace | None | bool = None
         # Steps run so far whose function and running loss read neither s.n, s.t nor array data

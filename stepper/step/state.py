@@ -10,7 +10,7 @@ import numpy as np
 from compiler import array
 from compiler.types import as_dtype
 
-from .errors import ModelError
+from ..errors import ModelError
 
 __all__ = ["StateSpec", "State", "check_initial", "write_values"]
 

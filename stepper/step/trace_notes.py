@@ -1,6 +1,6 @@
 """Why a step stopped being traceable, said once per model.
 
-A step that cannot be replayed from its trace (stepper/trace.py) still runs correctly, through its
+A step that cannot be replayed from its trace (stepper/step/trace.py) still runs correctly, through its
 Python step function every time, but slower. Users should know, and know why: this module looks
 at the step's tape (and the first step's trace) and names the first thing that stops replays."""
 from __future__ import annotations

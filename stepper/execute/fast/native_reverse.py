@@ -4,7 +4,7 @@ A step the executor records natively keeps only its start state (Sweep._keep_nat
 recording of a binomial schedule's reverse sweep, ``Forward(n, n + 1)`` then ``Reverse(n + 1, n)``
 at once, and StoreAll's. Through the tape a reversal is a StepTape, a RecordedOp per launch, its
 adjoint packed afresh and gradients set and unset on every array: about 70 us of Python a step,
-more than a 256x256 stencil's kernels. Here the step's trace (stepper/trace.py) is planned once:
+more than a 256x256 stencil's kernels. Here the step's trace (stepper/step/trace.py) is planned once:
 every launch's forward and adjoint arguments are packed (`packed_forward`, `packed_adjoint`) and
 what Tape.backward would do around them is written down (which new gradients a gather form
 overwrites whole, which it zero-fills first, the running loss's seed). A step then patches the
@@ -32,10 +32,10 @@ import struct
 from compiler.runtime.launch import packed_adjoint, packed_forward
 from compiler.runtime.tape import settle
 
+from ...step.state import State
+from ...step.trace import SeriesRows, Slot
+from ...step.versions import set_grad
 from .native_loop import _ptr
-from .state import State
-from .trace import SeriesRows, Slot
-from .versions import set_grad
 
 __all__ = ["Kept", "NativeReversal", "kept_part"]
 

@@ -24,9 +24,9 @@ from checkpoint import HDF5Storage, StorageType
 from checkpoint.storage import Storage, StorageStats
 from compiler.runtime.host_copy import HostCopy
 
-from .errors import ModelError
-from .state import State
-from .versions import BufferPool
+from ..errors import ModelError
+from ..step.state import State
+from ..step.versions import BufferPool
 
 __all__ = ["HeldStates", "Tiers", "TierStats", "resolve_storage"]
 

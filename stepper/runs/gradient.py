@@ -11,12 +11,12 @@ from dataclasses import dataclass, field
 
 from checkpoint import Online, Revolve, StorageType, from_checkpoint_schedules
 
-from .disk_plan import price_disk, warn_if_large
-from .errors import ModelError
-from .executor import Sweep
+from ..errors import ModelError
+from ..execute.disk_plan import price_disk, warn_if_large
+from ..execute.executor import Sweep
+from ..execute.snapshots import TierStats, Tiers, resolve_storage
+from ..step.state import State, check_initial
 from .progress import progress_bar
-from .snapshots import TierStats, Tiers, resolve_storage
-from .state import State, check_initial
 
 __all__ = ["gradient", "GradientResult", "GradientStats", "prepare_schedule"]
 
@@ -32,9 +32,9 @@ class GradientStats:
     ``launches_skipped``: launches of recorded steps that were reversed at once, whose results
     nothing read, so they never ran (the adjoint replays the forward from the step's inputs).
     ``native_steps``: recomputations of a traced step run by the native step loop (one call per
-    ``Forward`` action instead of Python once per step; stepper/native_loop.py).
+    ``Forward`` action instead of Python once per step; stepper/execute/fast/native_loop.py).
     ``native_reversals``: recorded steps reversed from their trace without a tape (recorded
-    natively, keeping only the state they start from; stepper/native_reverse.py).
+    natively, keeping only the state they start from; stepper/execute/fast/native_reverse.py).
     ``renamed_copies``: whole-state copies (``sp.copy(s.next.a, s.prev.b)``, or a kernel's
     ``a_next[i] = b[i]``) a native run did by renaming buffers instead of copying: on those steps
     the copy launch did not run, or the kernel ran without its copying stores.

@@ -1,12 +1,12 @@
 """Native step loops: a run of recomputed steps handed to compiled code in one call.
 
 A recomputation between checkpoints (``Forward(n0, n1)`` recording nothing, over steps that ran
-before) replays the step's trace (stepper/trace.py) once per step from Python: each replay takes new
+before) replays the step's trace (stepper/step/trace.py) once per step from Python: each replay takes new
 versions from the pool, packs every launch's arguments and calls each kernel through ctypes, about
 30-40 us a step on top of the kernels. Here the whole run is one foreign call instead: the trace's
-launches are packed once (`compiler.runtime.launch.packed_forward`), and a small C++ driver calls their
-CPU forward entry points back to back, step after step, writing the current buffers' pointers into
-the packed arguments before each step.
+launches are packed once (`compiler.runtime.launch.packed_forward`), and a small C++ driver
+(driver.h and loop.cpp, beside this module) calls their CPU forward entry points back to back, step
+after step, writing the current buffers' pointers into the packed arguments before each step.
 
 The buffer ring: the state the run starts from is read by the first step only; each state then
 alternates between two versions, A and B, so step k reads what step k-1 wrote and never a buffer it
@@ -38,138 +38,27 @@ from __future__ import annotations
 
 import ctypes
 import logging
+from pathlib import Path
 
 from compiler.backends.cpu_build import build_cpu_library, load_cpu_library
 from compiler.runtime.launch import packed_forward
 from compiler.runtime.tape import settle
 
-from .state import State
-from .trace import SeriesRows, Slot
+from ...step.state import State
+from ...step.trace import SeriesRows, Slot
 
 __all__ = ["NativeLoops"]
 
 log = logging.getLogger(__name__)
 
-_DRIVER = r"""
-#include <cstdint>
-#include <cstring>
-typedef void (*forward_t)(const char*, int);
-struct sp_launch { forward_t entry; char* buf; int64_t serial; };
-struct sp_patch { int64_t launch; int64_t offset; int64_t slot; };   // buf + offset <- slots[slot]
-struct sp_state { int64_t prev; int64_t next; void* spare; };        // slot indices, the second new version
-struct sp_zero { int64_t slot; int64_t nbytes; };
-struct sp_series { int64_t slot; const char* base; int64_t stride; };   // row n at base + n * stride
-struct sp_time {                                                     // what moves with the step index
-    const sp_series* series; int64_t n_series;
-    int64_t n;                                                       // the index of the next step run
-    int64_t loss_slot; int64_t loss_size; double* losses;            // each step's running loss, or null
-};
-struct sp_rename { int64_t to; int64_t from; };                      // state indices: next.to = prev.from
-struct sp_renames {                                                  // copies of a state done by renaming
-    const sp_rename* pairs; int64_t n_pairs;
-    const int64_t* copies; const forward_t* instead; int64_t n_copies;  // the launches that copy, and what
-                                                                     // runs instead but on the last step
-                                                                     // (nothing, or the kernel without
-                                                                     // its copying stores)
-    int64_t n_zeros;                                                 // the zero fills before the renamed ones
-    void** saved;                                                    // 3 x n_pairs pointers of room
-};
+# The driver's C++ (driver.h, loop.cpp, sweep.cpp) lives beside this module and ships with the package.
+SOURCES = Path(__file__).resolve().parent
 
-static const sp_launch* sp_renamed(const sp_renames* r, const sp_launch& launch, int64_t l, sp_launch* instead) {
-    for (int64_t c = 0; c < r->n_copies; ++c)
-        if (r->copies[c] == l) {
-            if (r->instead[c] == nullptr) return nullptr;
-            *instead = launch;
-            instead->entry = r->instead[c];
-            return instead;
-        }
-    return &launch;
-}
 
-// One step on the buffers in slots[]: the series rows of step t->n in their slots, the pointers
-// patched into the launches, the zero fills, the launches, the running loss read out (where
-// t->losses); with `r`, its whole-state copies renamed (a copy launch skipped, a copying kernel run
-// without its copying stores, the renamed states' s.next not zero-filled).
-static void sp_step(const sp_launch* launches, int64_t n_launches, const sp_patch* patches, int64_t n_patches,
-                    void** slots, const sp_zero* zeros, int64_t n_zeros, const sp_renames* r, sp_time* t) {
-    if (t != nullptr)
-        for (int64_t q = 0; q < t->n_series; ++q)
-            slots[t->series[q].slot] = (void*)(t->series[q].base + t->n * t->series[q].stride);
-    for (int64_t p = 0; p < n_patches; ++p)
-        std::memcpy(launches[patches[p].launch].buf + patches[p].offset, &slots[patches[p].slot], sizeof(void*));
-    for (int64_t z = 0; z < (r != nullptr ? r->n_zeros : n_zeros); ++z)
-        std::memset(slots[zeros[z].slot], 0, (size_t)zeros[z].nbytes);
-    for (int64_t l = 0; l < n_launches; ++l) {
-        sp_launch instead;
-        const sp_launch* run = r != nullptr ? sp_renamed(r, launches[l], l, &instead) : &launches[l];
-        if (run != nullptr) run->entry(run->buf, (int)run->serial);
-    }
-    if (t == nullptr) return;
-    if (t->losses != nullptr) {
-        const void* loss = slots[t->loss_slot];
-        *t->losses++ = t->loss_size == 4 ? (double)*(const float*)loss : *(const double*)loss;
-    }
-    ++t->n;
-}
-
-// Runs `steps` steps. slots[] holds the buffers of the first step; after step k each state's prev
-// slot takes what its next slot held, and its next slot the buffer that is free again (the spare
-// after the first step: the starting state is never written). On return the prev slots hold the
-// last step's result and the next slots the other version.
-//
-// With `r`, every step but the last skips the copies next.to = prev.from (a copy launch, or the
-// stores of a kernel that copies as it goes: it runs without them): next step's prev.to is this
-// step's prev.from buffer itself. `from` then turns over three buffers (the one `to` reads,
-// the one it reads, the one it writes): the one `to` read becomes free, except after the first
-// two steps, where that is a starting buffer (to's, then from's) and the spares stand in for them.
-// The last step copies into to's next slot, untouched until then, so the result owns its buffers.
-extern "C" void sp_advance(int64_t steps, const sp_launch* launches, int64_t n_launches,
-                           const sp_patch* patches, int64_t n_patches, void** slots,
-                           const sp_state* states, int64_t n_states, const sp_zero* zeros, int64_t n_zeros,
-                           const sp_renames* r, sp_time* t) {
-    for (int64_t k = 0; k < steps; ++k) {
-        const bool renaming = r != nullptr && k < steps - 1;
-        sp_step(launches, n_launches, patches, n_patches, slots, zeros, n_zeros, renaming ? r : nullptr, t);
-        if (renaming)
-            for (int64_t q = 0; q < r->n_pairs; ++q) {
-                const sp_state& to = states[r->pairs[q].to];
-                const sp_state& from = states[r->pairs[q].from];
-                r->saved[3 * q] = slots[to.prev];
-                r->saved[3 * q + 1] = slots[to.next];
-                r->saved[3 * q + 2] = slots[from.prev];
-            }
-        for (int64_t s = 0; s < n_states; ++s) {
-            void* old = slots[states[s].prev];
-            slots[states[s].prev] = slots[states[s].next];
-            slots[states[s].next] = k == 0 ? states[s].spare : old;
-        }
-        if (renaming)
-            for (int64_t q = 0; q < r->n_pairs; ++q) {
-                const sp_state& to = states[r->pairs[q].to];
-                const sp_state& from = states[r->pairs[q].from];
-                void* freed = r->saved[3 * q];                           // what `to` read this step
-                slots[to.prev] = r->saved[3 * q + 2];
-                slots[to.next] = r->saved[3 * q + 1];
-                slots[from.next] = k == 0 ? to.spare : k == 1 ? from.spare : freed;
-            }
-    }
-}
-
-// Runs `steps` steps, step k from versions[k] into versions[k + 1] (n_states buffers each, in state
-// order): steps that each keep their result (records kept for the reverse sweep).
-extern "C" void sp_advance_each(int64_t steps, const sp_launch* launches, int64_t n_launches,
-                                const sp_patch* patches, int64_t n_patches, void** slots,
-                                const sp_state* states, int64_t n_states, const sp_zero* zeros, int64_t n_zeros,
-                                void* const* versions, sp_time* t) {
-    for (int64_t k = 0; k < steps; ++k) {
-        for (int64_t s = 0; s < n_states; ++s) {
-            slots[states[s].prev] = versions[k * n_states + s];
-            slots[states[s].next] = versions[(k + 1) * n_states + s];
-        }
-        sp_advance(1, launches, n_launches, patches, n_patches, slots, states, n_states, zeros, n_zeros, nullptr, t);
-    }
-}
-"""
+def native_library(source: str, name: str) -> ctypes.CDLL:
+    """The library built from `source` (loop.cpp or sweep.cpp, which include driver.h) by the
+    kernels' build code: content-hash cached (driver.h is part of the key), checked, timed out."""
+    return load_cpu_library(build_cpu_library((SOURCES / source).read_text(), name, include_dirs=[SOURCES]))
 
 
 class _Launch(ctypes.Structure):
@@ -215,7 +104,7 @@ def _driver_functions():
     cache) on first use."""
     global _driver
     if _driver is None:
-        library = load_cpu_library(build_cpu_library(_DRIVER, "stepper_native_loop"))
+        library = native_library("loop.cpp", "stepper_native_loop")
         tables = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
                   ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64]
         # (the tables go in as addresses: plain ints convert fastest; then renames or None, the time)
@@ -288,7 +177,7 @@ class _Plan:
 
 def renamed_copies(launches, nxt: State) -> list[tuple[int, list, int | None]]:
     """The launches that copy whole states, ``s.next.to = s.prev.src``, which a run of steps does
-    by renaming buffers (see sp_advance): ``(launch index, [(to, src), ...], what runs instead)``.
+    by renaming buffers (see sp_run in driver.h): ``(launch index, [(to, src), ...], what runs instead)``.
     A copy launch (``sp.copy(s.next.to, s.prev.src)``) runs nothing instead; a kernel whose
     identity stores (compiler/passes/identity_stores.py) copy runs without them. Each copy must
     cover the whole state, nothing else of the step may touch s.next.to, `src` must be another

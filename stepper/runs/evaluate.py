@@ -7,9 +7,9 @@ from checkpoint import EndForward, Forward, StorageType
 
 from compiler.runtime.tape import outside_tapes
 
-from .errors import ModelError
+from ..errors import ModelError
+from ..step.step_context import check_scalar_loss
 from .gradient import start_sweep
-from .step_context import check_scalar_loss
 
 
 class _ForwardOnly:

@@ -22,10 +22,10 @@ import numpy as np
 from compiler import array, clone, zeros_like
 from compiler.runtime.tape import RecordedOp, active_tape, caller_location, outside_tapes, settle_for_host
 
-from .errors import ModelError
+from ..errors import ModelError
+from ..step.state import check_initial, write_values
 from .evaluate import _ForwardOnly
 from .gradient import start_sweep
-from .state import check_initial, write_values
 
 __all__ = ["RolloutFunction", "record_call", "check_call_arrays"]
 
@@ -230,7 +230,7 @@ def record_call(name: str, inputs: list, outputs: list, forward, vjp, check=None
     get stepper arrays and return NumPy arrays or stepper arrays sharing the framework's memory
     (DLPack, for GPU results). `check(where)` runs before a recording (a differentiability check
     that raises naming the user's function and line)."""
-    settle_for_host()                   # the data leaves for another library (see stepper/trace.py)
+    settle_for_host()                   # the data leaves for another library (see stepper/step/trace.py)
     tape = active_tape()
     where = caller_location()
     op = RecordedOp(name, {f"inputs[{i}]": a for i, a in enumerate(inputs)},

@@ -1,4 +1,4 @@
-"""The versions a native stretch (stepper/native_sweep.py) reads and writes while it is worked out.
+"""The versions a native stretch (stepper/execute/fast/native_sweep.py) reads and writes while it is worked out.
 
 A stretch plans the executor's work before running any of it, so it cannot take and release
 versions in the pool as it goes: it counts holds here instead, on plain counters, and hands the

@@ -13,9 +13,9 @@ import numpy as np
 from compiler import array, clone
 from compiler.runtime.tape import RecordedOp, caller_location
 
-from .errors import ModelError
+from ..errors import ModelError
+from ..step.state import State, check_initial
 from .gradient import start_sweep
-from .state import State, check_initial
 
 __all__ = ["record_rollout"]
 

@@ -62,8 +62,8 @@ from compiler import array, zeros
 from compiler.runtime.forward_mode import active_tangents
 from compiler.runtime.tape import RecordedOp, active_tape, caller_location
 
-from .disk_plan import agreed_costs
-from .errors import ModelError
+from ..execute.disk_plan import agreed_costs
+from ..errors import ModelError
 from .halo_exchange import HaloExchanges
 
 __all__ = ["Distributed", "Partition", "rank_path", "require_mpi"]
@@ -401,7 +401,7 @@ class Distributed(HaloExchanges, Ranks):
         """`Model.jvp` on every rank: ``final`` and ``tangents`` are this rank's blocks, ``loss`` and
         ``loss_tangent`` the sums over ranks. `tangents` of states are blocks (`scatter`), those of
         parameters the same on every rank."""
-        from .second_order import jvp
+        from ..runs.second_order import jvp
         self._check_same("jvp", steps, None)
         self._check_direction(tangents, "tangents")
 
@@ -417,7 +417,7 @@ class Distributed(HaloExchanges, Ranks):
             **options):
         """`Model.hvp` on every rank: ``loss`` is the sum over ranks, parameters' ``grads`` and
         ``hvp`` are summed over ranks, states' are this rank's block (`gather` assembles them)."""
-        from .second_order import hvp
+        from ..runs.second_order import hvp
         self._check_same("hvp", steps, schedule)
         self._check_direction(direction, "direction")
         options = self._per_rank(dict(options, storage=storage))
@@ -435,7 +435,7 @@ class Distributed(HaloExchanges, Ranks):
         """A collective check of jvp's tangents / hvp's direction: a mistake on any rank (a global
         array for a block, say) is the same ModelError on every rank, and so is a replicated
         parameter's tangent that is not the same on every rank."""
-        from .second_order import _checked
+        from ..runs.second_order import _checked
         problem, params = None, {}
         try:
             checked = _checked(self.model, tangents, what)

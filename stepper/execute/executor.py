@@ -23,15 +23,15 @@ import numpy as np
 from checkpoint import Copy, EndForward, EndReverse, Forward, Move, Reverse, StorageType
 from compiler import array
 
-from .errors import ModelError, NonFiniteError
-from .graph_loop import GraphLoops
-from .native_loop import NativeLoops
-from .native_reverse import Kept, NativeReversal, kept_part
-from .native_sweep import NativeSweep
+from ..errors import ModelError, NonFiniteError
+from ..step.state import State, write_values
+from ..step.step_context import RecordedStep, StepRunner, StepTape, check_scalar_loss
+from ..step.versions import BufferPool, set_grad
+from .fast.graph_loop import GraphLoops
+from .fast.native_loop import NativeLoops
+from .fast.native_reverse import Kept, NativeReversal, kept_part
+from .fast.native_sweep import NativeSweep
 from .param_sums import ParamSums
-from .state import State, write_values
-from .step_context import RecordedStep, StepRunner, StepTape, check_scalar_loss
-from .versions import BufferPool, set_grad
 
 __all__ = ["Sweep", "check_finite_state"]
 
@@ -58,8 +58,8 @@ class Sweep:
     """One execution of `schedule` (an iterable of our actions) for `model` from `initial`
     (``{name: ndarray}``). See the module docstring for what each action does."""
 
-    # Recomputations of a traced step run as native loops (stepper/native_loop.py; on a GPU as
-    # CUDA graphs, stepper/graph_loop.py); tests turn this off on an instance to compare with the
+    # Recomputations of a traced step run as native loops (stepper/execute/fast/native_loop.py; on a GPU as
+    # CUDA graphs, stepper/execute/fast/graph_loop.py); tests turn this off on an instance to compare with the
     # step-by-step path.
     native_loops = True
 
@@ -132,7 +132,7 @@ class Sweep:
                 self._ahead.appendleft(Reverse(action.n1 - 1, action.n0, action.clear_adj_deps))
                 action = Reverse(action.n1, action.n1 - 1, action.clear_adj_deps)
             elif (type(action) is not Reverse or kept) and self.stretch.ready():
-                # as much of the sweep as runs natively, in one call (stepper/native_sweep.py)
+                # as much of the sweep as runs natively, in one call (stepper/execute/fast/native_sweep.py)
                 action, took = self.stretch.run(action)
                 if took:
                     continue

@@ -29,9 +29,9 @@ from collections import Counter, OrderedDict
 from compiler.runtime.graph import Graph
 from compiler.runtime.launch import relaunch
 
+from ...step.state import State
+from ...step.trace import SeriesRows, Slot
 from .native_reverse import kept_part
-from .state import State
-from .trace import SeriesRows, Slot
 
 __all__ = ["GraphLoops"]
 

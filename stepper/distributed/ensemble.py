@@ -19,8 +19,8 @@ import numpy as np
 
 from compiler import array
 
-from .distributed import Ranks, block_rows
-from .errors import ModelError
+from ..errors import ModelError
+from .domain import Ranks, block_rows
 
 __all__ = ["Ensemble", "EnsembleResult", "Member"]
 
