@@ -18,6 +18,7 @@ from checkpoint import *          # noqa: F401,F403
 from checkpoint import __all__ as _checkpoint_all
 
 from .errors import ModelError, NonFiniteError
+from .distributed import Distributed, Ensemble, EnsembleResult, Member
 from .execute.snapshots import TierStats
 from .model import Model
 from .optimize import TaylorResult, taylor_test, value_and_grad
@@ -42,4 +43,5 @@ __all__ = [
     *_compiler_all, *_checkpoint_all,
     "Model", "State", "StateSpec", "StepContext", "Rollout", "RolloutStats", "GradientResult",
     "GradientStats", "JvpResult", "HvpResult", "TierStats", "ModelError", "NonFiniteError", "value_and_grad", "taylor_test", "TaylorResult",
+    "Distributed", "Ensemble", "EnsembleResult", "Member",
 ]
