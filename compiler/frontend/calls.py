@@ -304,8 +304,26 @@ class CallLowering:
 
 
 def _assigned_in(body) -> set[str]:
-    from . import _assigned_names       # (the frontend's package imports this module)
-    return set().union(*(_assigned_names(st) for st in body))
+    return set().union(*(assigned_names(st) for st in body))
+
+
+def assigned_names(node) -> set[str]:
+    """Names a statement assigns, including `v[i] = ...` and `v.x = ...` on local vectors."""
+    names = set()
+    for n in ast.walk(node):
+        targets = n.targets if isinstance(n, ast.Assign) else [n.target] if isinstance(
+            n, (ast.AugAssign, ast.AnnAssign, ast.For)) else []
+        for t in targets:
+            for leaf in ast.walk(t):
+                if isinstance(leaf, ast.Name) and (isinstance(leaf.ctx, ast.Store) or t is not leaf):
+                    root = t
+                    while isinstance(root, (ast.Subscript, ast.Attribute)):
+                        root = root.value
+                    if isinstance(root, ast.Name):
+                        names.add(root.id)
+                    if isinstance(leaf.ctx, ast.Store):
+                        names.add(leaf.id)
+    return names
 
 
 def _differentiable(t) -> bool:

@@ -227,8 +227,7 @@ def launch(kernel: Kernel, dim, inputs=(), outputs=(), device=None, debug: bool 
     """
     forward_mode = active_tangents()
     if forward_mode is not None:            # inside `Tangents`: the tangent kernel runs instead
-        forward_mode.launch(kernel, dim, inputs, outputs, device, debug, deterministic)
-        return
+        kernel, inputs, outputs = forward_mode.tangent_launch(kernel, inputs, outputs)
     _launch(kernel, dim, inputs, outputs, device, debug, deterministic, None)
 
 
