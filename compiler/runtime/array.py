@@ -20,6 +20,7 @@ import numpy as np
 from ..types import ArrayAnnotation, ArrayType, ValueType, float32
 from .arguments import check_device as _check_device, check_grad_dtype as _check_grad_dtype, dtype_arg as _dtype_arg
 from .arguments import MAX_DIMS, infer_dtype as _infer_dtype, shape_arg as _shape_arg
+from .dlpack import adopt, to_dlpack
 from .memory import adopt_cuda, allocate, gpu_device_of, on_device, on_gpu
 from .tape import RecordedOp, _describe_array, active_tape, caller_location, settle, settle_for_host
 
@@ -295,7 +296,6 @@ class array(ArrayAnnotation):
     def __dlpack__(self, *args, **kwargs):
         settle_for_host()
         if self._device != "cpu":
-            from .dlpack import to_dlpack
             return to_dlpack(self._data, kwargs.get("stream"))
         return self._data.__dlpack__(*args, **kwargs)
 
@@ -561,7 +561,6 @@ def from_dlpack(data, dtype=None, requires_grad: bool = False) -> "array":
     """An array sharing the memory of any DLPack object (JAX, PyTorch, CuPy, NumPy), on its device,
     without copying; `dtype` may give a vector or matrix type whose trailing dimensions the data has
     (``from_dlpack(torch_xyz, dtype=vec3)`` for an ``(n, 3)`` tensor)."""
-    from .dlpack import adopt
     if not hasattr(data, "__dlpack__"):
         raise TypeError(f"from_dlpack(data=...): {type(data).__name__} does not implement __dlpack__")
     memory, device = adopt(data)
