@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .actions import Copy, EndForward, EndReverse, Forward, Move, Reverse, StorageType
+from .schedules.interop import from_checkpoint_schedules
 
 __all__ = ["validate", "CostSummary"]
 
@@ -227,6 +228,5 @@ def _converter(schedule):
     """checkpoint_schedules' actions are translated on the fly; ours pass through."""
     module = type(schedule).__module__ or ""
     if module.startswith("checkpoint_schedules"):
-        from .schedules.interop import from_checkpoint_schedules
         return from_checkpoint_schedules
     return None

@@ -2,7 +2,7 @@
 
 `import compiler` works on its own; most users `import stepper`, which re-exports all of this.
 """
-__version__ = "0.1.0"
+from ._version import __version__  # noqa: F401  (read by stepper and the kernel cache keys)
 
 from . import autograd
 from .builtins import BUILTINS as _BUILTINS
@@ -11,8 +11,9 @@ from .func import adjoint, func, func_grad, func_native, func_replay
 from .runtime.graph import Graph, capture
 from .kernel import Kernel, kernel
 from .runtime.launch import LaunchError, launch
-from .runtime.array import (array, clone, copy, empty, empty_like, from_dlpack, full, full_like, ones, ones_like,
-                            zeros, zeros_like)
+from .runtime.array import (array, clone, empty, empty_like, from_dlpack, full, full_like, ones, ones_like, zeros,
+                            zeros_like)
+from .runtime.copy_kernels import copy
 from .runtime.forward_mode import Dual, Tangents
 from .runtime.tape import Tape
 from .types import (bool_, float32, float64, int32, int64, mat22, mat33, mat44, matrix, vec2, vec3, vec4,

@@ -42,6 +42,7 @@ import numpy as np
 from .kernel import Kernel
 from .runtime.array import array, clone
 from .runtime.launch import launch
+from .runtime.packing import _array_values, _check_argument, _dims, _header, _signature, _zero_values
 from .runtime.tape import Tape, outside_tapes
 from .types import float32
 
@@ -480,8 +481,8 @@ def loop_tape_words(kernel: Kernel, dim, inputs=(), outputs=(), device=None) -> 
     """Per thread, the 8-byte words the adjoint of this launch keeps on its loop tape: what the counting
     pass measures before ``tape.backward`` allocates ``max(words) * threads`` of them. Each iteration of
     a dynamic loop saves the carried values its reverse sweep needs (one word per scalar, more for
-    vectors); all zero when no loop carries such a value (``kernel.compiled().needs_tape`` False)."""
-    from .runtime.launch import _array_values, _check_argument, _dims, _header, _signature, _zero_values   # same packing as launch
+    vectors); all zero when no loop carries such a value (``kernel.compiled().needs_tape`` False).
+    The arguments are packed as `launch` packs them (runtime/packing.py)."""
     compiled = kernel.compiled()
     sig = _signature(kernel)
     args = list(inputs) + list(outputs)

@@ -145,6 +145,13 @@ class ArrayType:
         return f"array(dtype={self.dtype!r}, ndim={self.ndim})"
 
 
+class ArrayAnnotation:
+    """The base of the runtime's `array` class, whose call without data, ``array(dtype=vec3, ndim=2)``,
+    spells an `ArrayType`: the frontend, which sits below the runtime and does not import it, reads
+    such a call in an annotation by this base."""
+    __slots__ = ()
+
+
 def vector(length: int, dtype=float32) -> VectorType:
     """A vector type of `length` elements of `dtype`, e.g. `vector(3, float64)`."""
     if not (isinstance(length, int) and 1 <= length <= 16):

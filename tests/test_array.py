@@ -4,8 +4,9 @@ import pytest
 
 from compiler.errors import CompileError
 from compiler.runtime import device as device_mod
-from compiler.runtime.array import (array, clone, copy, empty, empty_like, full, full_like, ones,
-                                    ones_like, zeros, zeros_like)
+from compiler.runtime.array import (array, clone, empty, empty_like, full, full_like, ones, ones_like, zeros,
+                                    zeros_like)
+from compiler.runtime.copy_kernels import copy
 from compiler.runtime.device import Device, get_device
 from compiler.types import float32, float64, int32, int64, mat33, vec2, vec3, vector
 

@@ -173,7 +173,7 @@ def test_compile_error_points_at_the_user_line(kernel, marker, mentions, device)
     assert lines[code + 1].strip().startswith("^")                               # ... and a caret
     assert any(t.startswith("hint: ") and len(t) > len("hint: ") for t in lines), text
     for internal in ("compiler/frontend", "compiler/", "frontend_calls", "typing_rules", "Traceback", "site-packages"):
-        assert internal not in text, (internal, text)
+        assert internal not in text.replace(THIS_FILE, "<test file>"), (internal, text)   # (a checkout may sit under .../compiler/)
 
 
 def test_caret_sits_under_the_offending_column(device):

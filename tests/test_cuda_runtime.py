@@ -12,7 +12,7 @@ import pytest
 
 import compiler as sp
 from compiler.backends import cuda_launch
-from compiler.runtime.launch import _header, _signature
+from compiler.runtime.packing import _header, _signature
 from compiler.types import ArrayType
 
 pytestmark = pytest.mark.cuda

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import stepper as sp
-from compiler.runtime.launch import _serial_flag, _signature
+from compiler.runtime.packing import _serial_flag, _signature
 
 N = 100_003                  # above the parallel threshold (32,768 threads), and not a multiple of anything
 CHUNK = 4096                 # ADD_CHUNK in prelude.h

@@ -9,7 +9,8 @@ of NaN: any element read before it is written shows. Results must be the bits of
 import numpy as np
 
 import compiler as sp
-from compiler.runtime.launch import _fresh_mask, _signature
+from compiler.runtime.launch import _fresh_mask
+from compiler.runtime.packing import _signature
 from test_gather_adjoint import B, C, wave, wave_adjoint_reference
 
 F1 = sp.array(dtype=float)

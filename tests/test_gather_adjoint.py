@@ -10,7 +10,8 @@ import pytest
 
 import compiler as sp
 from compiler import ir
-from compiler.runtime.launch import _signature, _gather_fits
+from compiler.runtime.launch import _gather_fits
+from compiler.runtime.packing import _signature
 from compiler.passes.verify import verify
 
 F2 = sp.array(dtype=float, ndim=2)

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from compiler.errors import OverwriteError
-from compiler.runtime.array import array, clone, copy, ones, ones_like, zeros, zeros_like
+from compiler.runtime.array import array, clone, ones, ones_like, zeros, zeros_like
+from compiler.runtime.copy_kernels import copy
 from compiler.runtime.tape import RecordedOp, Tape, active_tape
 
 

@@ -12,7 +12,6 @@ not writable by group or others (cache_check.check_private).
 """
 from __future__ import annotations
 
-import functools
 import hashlib
 import os
 import re
@@ -69,24 +68,6 @@ def get_cache_dir(cache_dir: str | os.PathLike | None = None) -> Path:
     # Private: only we may put code here that we will load (cache_check.check_private).
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
     return path
-
-
-@functools.cache
-def package_version() -> str:
-    """Our version, part of every cache key so an upgrade never reuses old binaries.
-
-    ``compiler.__version__`` when the package defines it (cheap), else the installed distribution's
-    metadata (importing importlib.metadata alone costs ~15 ms).
-    """
-    import compiler
-    version = getattr(compiler, "__version__", None)
-    if isinstance(version, str):
-        return version
-    from importlib.metadata import PackageNotFoundError, version as dist_version
-    try:
-        return dist_version("stepper")
-    except PackageNotFoundError:
-        return "source-checkout"
 
 
 def safe_name(name: str) -> str:

@@ -44,7 +44,8 @@ from typing import Iterable, Sequence
 
 from . import cache_check
 from .cache_check import CACHE_HINT
-from .common import (BuildError, Hasher, atomic_write, get_cache_dir, package_version, safe_name,
+from .._version import __version__
+from .common import (BuildError, Hasher, atomic_write, get_cache_dir, safe_name,
                      temp_path_for, unlink_quietly)
 
 __all__ = ["CompilerNotFoundError", "Compiler", "find_cxx", "find_compiler", "build_cpu_library",
@@ -172,7 +173,7 @@ def build_cpu_library(source: str, name: str, include_dirs: Iterable[str | os.Pa
     cache = _cache_dir(cache_dir)
     include_dirs = [Path(d).resolve() for d in include_dirs]
     extra = tuple(flags or ())
-    source_key = (Hasher().add("recipe", _RECIPE).add("version", package_version())
+    source_key = (Hasher().add("recipe", _RECIPE).add("version", __version__)
                   .add("source", source).add_include_dirs(include_dirs)
                   .add("flags", "\0".join(extra)).hexdigest(20))
     stem = f"{safe_name(name)}-{source_key}"

@@ -13,8 +13,9 @@ import functools
 from pathlib import Path
 
 from ..codegen.targets import RenderedModule
-from . import cudasim
-from .nvrtc import DEFAULT_ARCH, compile_cuda
+from . import cuda_driver, cudasim
+from .cuda_driver import _check, _driver, primary_context
+from .nvrtc import DEFAULT_ARCH, compile_cuda, nvrtc_version
 
 PRELUDE = Path(__file__).parent.parent / "codegen" / "prelude.h"
 
@@ -34,8 +35,6 @@ def cuda_image(module, debug: bool, arch: str = DEFAULT_ARCH, output: str = "ptx
 
 @functools.cache
 def _check_toolkit() -> None:
-    from . import cuda_driver
-    from .nvrtc import nvrtc_version
     cuda_driver.check_toolkit(cuda_driver.driver_version(), nvrtc_version())
 
 
@@ -49,7 +48,6 @@ _LOADED: dict = {}     # (module name, len(kernels), debug, ordinal) -> LoadedCu
 def cuda_module(module, debug: bool, device) -> "LoadedCudaModule":
     """The module compiled to CUBIN for `device`'s architecture and loaded into its primary context
     (once per process; a kernel added to the module later triggers a rebuild)."""
-    from . import cuda_driver
     key = (module.name, len(module.kernels), debug, device.ordinal)
     loaded = _LOADED.get(key)
     if loaded is None:
@@ -81,18 +79,15 @@ class LoadedCudaModule:
     def function(self, name: str, adjoint: bool):
         key = (name, adjoint)
         if key not in self._functions:
-            from . import cuda_driver
             self._functions[key] = cuda_driver.get_function(self.module, name if adjoint else name + "_forward")
         return self._functions[key]
 
     def _global(self, name: str):
-        from .cuda_driver import _check, _driver
         ptr, size = _check(_driver().cuModuleGetGlobal(self.module, name.encode()), f"cuModuleGetGlobal({name!r})")
         return int(ptr), int(size)
 
     def read(self, name: str, ctype):
         """Copy the global `name` to the host as a ctypes value (synchronises with the device)."""
-        from .cuda_driver import _check, _driver, primary_context
         primary_context(self.ordinal)
         ptr, size = self._global(name)
         value = ctype()
@@ -102,7 +97,6 @@ class LoadedCudaModule:
 
     def write(self, name: str, value) -> None:
         """Overwrite the global `name` with the ctypes value `value`."""
-        from .cuda_driver import _check, _driver, primary_context
         primary_context(self.ordinal)
         ptr, size = self._global(name)
         _check(_driver().cuMemcpyHtoD(ptr, ctypes.addressof(value), ctypes.sizeof(value)), f"cuMemcpyHtoD({name})")

@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 from .cache_check import check_private
-from .common import BuildError, Hasher, atomic_write, get_cache_dir, package_version, safe_name
+from .._version import __version__
+from .common import BuildError, Hasher, atomic_write, get_cache_dir, safe_name
 
 __all__ = ["NvrtcNotFoundError", "nvrtc_version", "compile_cuda", "DEFAULT_ARCH", "DEFAULT_OPTIONS"]
 
@@ -106,7 +107,7 @@ def compile_cuda(source: str, name: str, arch: str | int = DEFAULT_ARCH,
         raise ValueError(f"NVRTC {version[0]}.{version[1]} supports sm_75 and newer only, not {arch!r}")
     opts = [*DEFAULT_OPTIONS, f"--gpu-architecture={arch}", *(f"-I{d}" for d in include_dirs), *options]
 
-    h = (Hasher().add("version", package_version()).add("nvrtc", f"{version[0]}.{version[1]}")
+    h = (Hasher().add("version", __version__).add("nvrtc", f"{version[0]}.{version[1]}")
          .add("output", output).add("options", "\0".join(o for o in opts if not o.startswith("-I")))
          .add("source", source).add_include_dirs(include_dirs))
     for header_name in sorted(headers):

@@ -19,9 +19,8 @@ from ..builtins import cast_op
 from ..errors import CompileError
 from ..func import Func, Source
 from ..func import adjoint as adjoint_marker
-from ..runtime.array import array as array_class
-from ..types import ArrayType, ScalarType, as_dtype, bool_, float32, int32, int64
-from .calls import CallLowering
+from ..types import ArrayAnnotation, ArrayType, ScalarType, as_dtype, bool_, float32, int32, int64
+from .calls import CallLowering, assigned_names
 from .exprs import BINOPS, COMPONENTS, UNROLL_TRIPS, UNSUPPORTED, ExpressionLowering
 
 
@@ -99,7 +98,7 @@ class Frontend(ExpressionLowering, CallLowering):
                            "is defined), or define the type at module level")
 
     def annotation(self, node):
-        if isinstance(node, ast.Call) and self._resolve_attr(node.func, quiet=True) in (array_class, ArrayType):
+        if isinstance(node, ast.Call) and _spells_array_type(self._resolve_attr(node.func, quiet=True)):
             kw = {k.arg: self.python_value(k.value) for k in node.keywords}
             if node.args:
                 kw.setdefault("dtype", self.python_value(node.args[0]))
@@ -404,7 +403,7 @@ class Frontend(ExpressionLowering, CallLowering):
             return None
         values = range(start.value, stop.value, step.value)
         size = sum(1 for s in st.body for _ in ast.walk(s))
-        if len(values) > UNROLL_TRIPS or len(values) * size > 4000 or st.target.id in _assigned_names(
+        if len(values) > UNROLL_TRIPS or len(values) * size > 4000 or st.target.id in assigned_names(
                 ast.Module(body=st.body, type_ignores=[])):
             return None
         if any(self._may_jump(s) for s in st.body):      # break, continue, return
@@ -432,7 +431,7 @@ class Frontend(ExpressionLowering, CallLowering):
         loc = self.loc(st)
         brk, cont = ir.Var("broke", bool_), ir.Var("continued", bool_)
         self.emit(ir.Assign(brk, ir.Const(False, bool_), loc))
-        assigned = _assigned_names(st)
+        assigned = assigned_names(st)
         frozen = {}
         for name, binding in list(self.scope.locals.items()):
             if isinstance(binding, ir.Var) and name not in assigned:
@@ -455,23 +454,9 @@ class Frontend(ExpressionLowering, CallLowering):
         exits = (brk,) + ((self.scope.return_flag,) if self.scope.return_flag is not None else ())
         self.emit(ir.Loop(tuple(body.stmts), loc, exit_flags=exits, **range_fields))
 
-def _assigned_names(node) -> set[str]:
-    """Names a statement assigns, including `v[i] = ...` and `v.x = ...` on local vectors."""
-    names = set()
-    for n in ast.walk(node):
-        targets = n.targets if isinstance(n, ast.Assign) else [n.target] if isinstance(
-            n, (ast.AugAssign, ast.AnnAssign, ast.For)) else []
-        for t in targets:
-            for leaf in ast.walk(t):
-                if isinstance(leaf, ast.Name) and (isinstance(leaf.ctx, ast.Store) or t is not leaf):
-                    root = t
-                    while isinstance(root, (ast.Subscript, ast.Attribute)):
-                        root = root.value
-                    if isinstance(root, ast.Name):
-                        names.add(root.id)
-                    if isinstance(leaf.ctx, ast.Store):
-                        names.add(leaf.id)
-    return names
+def _spells_array_type(fn) -> bool:
+    """Whether calling `fn` in an annotation spells an array type: `array(...)` or `ArrayType(...)`."""
+    return fn is ArrayType or (isinstance(fn, type) and issubclass(fn, ArrayAnnotation))
 
 
 __all__ = ["Frontend"]

@@ -8,9 +8,11 @@ import inspect
 import re
 
 from .. import ir
-from ..builtins import PYTHON_BUILTINS, Builtin, cast_op, construct_op
+from ..builtins import OPS, PYTHON_BUILTINS, Builtin, cast_op, construct_op
 from ..func import Func
+from ..native import native_op
 from ..types import ArrayType, MatrixType, ScalarType, VectorType, bool_, float32, int32, matrix, vector
+from ..typing_rules import scalar_of
 
 PY_CASTS = {int: int32, float: float32, bool: bool_}
 
@@ -95,7 +97,6 @@ class CallLowering:
         return c if c.type == bool_ else self.condition(node)
 
     def _builtin(self, name, args, node):
-        from ..builtins import OPS
         if name not in OPS:
             self.error(node, f"{name}() is not available in kernels")
         arity = {"clamp": 3, "where": 3}.get(name)
@@ -230,7 +231,6 @@ class CallLowering:
         return outs if len(outs) > 1 else (outs[0] if outs else None)
 
     def call_native(self, func, args, node):
-        from ..native import native_op
         try:
             name = native_op(func)
         except ValueError as e:
@@ -304,12 +304,29 @@ class CallLowering:
 
 
 def _assigned_in(body) -> set[str]:
-    from . import _assigned_names       # (the frontend's package imports this module)
-    return set().union(*(_assigned_names(st) for st in body))
+    return set().union(*(assigned_names(st) for st in body))
+
+
+def assigned_names(node) -> set[str]:
+    """Names a statement assigns, including `v[i] = ...` and `v.x = ...` on local vectors."""
+    names = set()
+    for n in ast.walk(node):
+        targets = n.targets if isinstance(n, ast.Assign) else [n.target] if isinstance(
+            n, (ast.AugAssign, ast.AnnAssign, ast.For)) else []
+        for t in targets:
+            for leaf in ast.walk(t):
+                if isinstance(leaf, ast.Name) and (isinstance(leaf.ctx, ast.Store) or t is not leaf):
+                    root = t
+                    while isinstance(root, (ast.Subscript, ast.Attribute)):
+                        root = root.value
+                    if isinstance(root, ast.Name):
+                        names.add(root.id)
+                    if isinstance(leaf.ctx, ast.Store):
+                        names.add(leaf.id)
+    return names
 
 
 def _differentiable(t) -> bool:
-    from ..typing_rules import scalar_of
     return scalar_of(t).is_float
 
 

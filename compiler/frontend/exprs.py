@@ -1,6 +1,6 @@
 """Lowering of expressions inside kernels: names, literals, operators, comparisons, conditional
 expressions and subscripts. A mixin of `Frontend` (syntax only; typing rules live in typing_rules.py
-and builtins.py)."""
+and the op table)."""
 from __future__ import annotations
 
 import ast

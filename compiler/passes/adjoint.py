@@ -53,8 +53,8 @@ def is_reverse_mark(s) -> bool:
 
 
 class RuleBuilder:
-    """What the per-op rules in builtins.py build with (adjoint and tangent rules alike): typed ops
-    appended through the subclass's `emit`, at its current `loc`."""
+    """What the per-op rules (builtins.py, vector_ops.py) build with, adjoint and tangent rules
+    alike: typed ops appended through the subclass's `emit`, at its current `loc`."""
 
     def op(self, name, *args) -> ir.Temp:
         types, result = OPS[name].typing([a.type for a in args], [isinstance(a, ir.Const) and a.weak for a in args])

@@ -8,11 +8,12 @@ store and atomic add of a float array the same access of the tangent array. Cont
 forward's own (the tangent is taken along the path the forward takes), so dynamic loops, `while`,
 `break`/`return` flags and branches need nothing more: no tape, no second pass.
 
-Per-op rules live next to the ops in builtins.py (`OpDef.tangent`). An op with a scalar result and
-an adjoint rule but no tangent rule (a @func_native with an adj_snippet) gets its tangent from the
-adjoint rule seeded with 1: the sum over the arguments of (partial derivative) * (tangent). A call
-of a @func with a @func_grad takes its tangent from the user's adjoint the same way, one reverse
-run per output component, so forward and reverse mode agree on what the user said the derivative is.
+Per-op rules live next to the ops in builtins.py and vector_ops.py (`OpDef.tangent`). An op with a
+scalar result and an adjoint rule but no tangent rule (a @func_native with an adj_snippet) gets its
+tangent from the adjoint rule seeded with 1: the sum over the arguments of (partial derivative) *
+(tangent). A call of a @func with a @func_grad takes its tangent from the user's adjoint the same
+way, one reverse run per output component, so forward and reverse mode agree on what the user said
+the derivative is.
 
 The result is ordinary forward IR: `adjoint.adjoint_function` differentiates it again, which is how
 reverse-over-forward (Hessian-vector products) reuses every adjoint rule.
@@ -68,7 +69,7 @@ class _Tangent(RuleBuilder):
         self.out: list = []
         self.loc = None
 
-    # ---- the builder the rules in builtins.py use ------------------------------------------------
+    # ---- the builder the per-op rules use --------------------------------------------------------
     def emit(self, s):
         self.out.append(s)
 

@@ -17,14 +17,15 @@ import math
 
 import numpy as np
 
-from ..types import ArrayType, ValueType, float32
+from ..types import ArrayAnnotation, ArrayType, ValueType, float32
 from .arguments import check_device as _check_device, check_grad_dtype as _check_grad_dtype, dtype_arg as _dtype_arg
 from .arguments import MAX_DIMS, infer_dtype as _infer_dtype, shape_arg as _shape_arg
+from .dlpack import adopt, to_dlpack
 from .memory import adopt_cuda, allocate, gpu_device_of, on_device, on_gpu
 from .tape import RecordedOp, _describe_array, active_tape, caller_location, settle, settle_for_host
 
 __all__ = ["array", "zeros", "ones", "full", "empty", "zeros_like", "ones_like", "full_like",
-           "empty_like", "clone", "copy", "from_dlpack"]
+           "empty_like", "clone", "from_dlpack"]
 
 
 
@@ -123,7 +124,7 @@ def _values_for(dt: ValueType, value, fn: str) -> np.ndarray:
 
 
 # -- the array ---------------------------------------------------------------------------------------
-class array:
+class array(ArrayAnnotation):
     """A typed array on the CPU or a GPU; `data` may be a list, a NumPy array, another array, any
     DLPack object, or a GPU array with ``__cuda_array_interface__`` (CuPy, PyTorch, Numba).
 
@@ -295,7 +296,6 @@ class array:
     def __dlpack__(self, *args, **kwargs):
         settle_for_host()
         if self._device != "cpu":
-            from .dlpack import to_dlpack
             return to_dlpack(self._data, kwargs.get("stream"))
         return self._data.__dlpack__(*args, **kwargs)
 
@@ -359,7 +359,7 @@ class array:
             if src.shape != self.shape or src.dtype != self.dtype:
                 raise ValueError(f"array.assign(src): src has shape {src.shape} and dtype {src.dtype}, "
                                  f"expected shape {self.shape} and dtype {self.dtype}")
-            _copy_elements("array.assign(src)", self, src, 0, 0, self.size)
+            copy_elements("array.assign(src)", self, src, 0, 0, self.size)
             return self
         try:
             values = np.asarray(src, dtype=self._dtype.np_dtype)
@@ -434,7 +434,9 @@ def _flat(a: array) -> np.ndarray:
     return (a._data if a._device == "cpu" else a._data.to_host()).reshape((-1,) + a._dtype.inner_shape)
 
 
-def _copy_elements(name: str, dest: array, src: array, dest_offset: int, src_offset: int, count: int):
+def copy_elements(name: str, dest: array, src: array, dest_offset: int, src_offset: int, count: int):
+    """Copy `count` flat elements from `src` into `dest` on the host's side (recorded on a Tape as
+    one differentiable operation named `name`)."""
     settle()
     tape = active_tape()
     if tape is not None:
@@ -462,30 +464,6 @@ def _move_elements(dest: array, src: array, dest_offset: int, src_offset: int, c
         dest._data.buffer.copy_from_host(_flat(src)[src_offset:src_offset + count], dest._data.offset + dest_offset * size)
     else:
         _flat(dest)[dest_offset:dest_offset + count] = _flat(src)[src_offset:src_offset + count]
-
-
-def copy(dest: array, src: array, dest_offset: int = 0, src_offset: int = 0, count: int | None = None):
-    """Copy `count` elements (default: all of `src` from `src_offset`) from `src` into `dest`, both
-    indexed as flat element sequences. Differentiable: on a tape, ``src.grad += dest.grad`` there."""
-    for arg, a in (("dest", dest), ("src", src)):
-        if not isinstance(a, array):
-            raise TypeError(f"copy({arg}=...): expected an array, got {type(a).__name__}")
-    if dest.dtype != src.dtype:
-        raise TypeError(f"copy(dest, src): dtypes differ (dest {dest.dtype}, src {src.dtype})")
-    for arg, v in (("dest_offset", dest_offset), ("src_offset", src_offset), ("count", count or 0)):
-        if not isinstance(v, (int, np.integer)) or v < 0:
-            raise ValueError(f"copy({arg}={v!r}): expected a non-negative int")
-    count = src.size - src_offset if not count else count
-    if src_offset + count > src.size:
-        raise ValueError(f"copy(dest, src, src_offset={src_offset}, count={count}): src has only "
-                         f"{src.size} elements")
-    if dest_offset + count > dest.size:
-        raise ValueError(f"copy(dest, src, dest_offset={dest_offset}, count={count}): dest has only "
-                         f"{dest.size} elements")
-    from .copy_kernels import launched_copy
-    if active_tape() is not None and launched_copy(dest, src, dest_offset, src_offset, count):
-        return                   # a launch like any other: recorded with its adjoint, replayable from a trace
-    _copy_elements("copy(dest, src)", dest, src, int(dest_offset), int(src_offset), int(count))
 
 
 def clone(src: array, device=None, requires_grad: bool | None = None) -> array:
@@ -583,7 +561,6 @@ def from_dlpack(data, dtype=None, requires_grad: bool = False) -> "array":
     """An array sharing the memory of any DLPack object (JAX, PyTorch, CuPy, NumPy), on its device,
     without copying; `dtype` may give a vector or matrix type whose trailing dimensions the data has
     (``from_dlpack(torch_xyz, dtype=vec3)`` for an ``(n, 3)`` tensor)."""
-    from .dlpack import adopt
     if not hasattr(data, "__dlpack__"):
         raise TypeError(f"from_dlpack(data=...): {type(data).__name__} does not implement __dlpack__")
     memory, device = adopt(data)

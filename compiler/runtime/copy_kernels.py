@@ -1,5 +1,5 @@
-"""Whole-array copies as kernel launches, so that a copy made while a Tape records is a launch like
-any other: recorded with its adjoint (``adj_src += adj_dest``, in gather form: parallel and
+"""`copy(dest, src, ...)`, and whole-array copies as kernel launches, so that a copy made while a Tape
+records is a launch like any other: recorded with its adjoint (``adj_src += adj_dest``, in gather form: parallel and
 deterministic), replayable from a step's trace, run by the native step loops and CUDA graphs; and
 the entry point of a kernel that copies as it goes, without those copies (`renamed_forward`).
 
@@ -7,12 +7,41 @@ One small kernel module per element type holds a copy kernel for each rank (1 to
 first copy of that type and cached on disk like every kernel module, and `add_into`'s kernel: an
 elementwise sum where the arrays live (on a GPU, without moving them through the host).
 """
+import numpy as np
+
+from ..builtins import BUILTINS
 from ..kernel import Kernel, KernelModule
 from ..types import ArrayType
+from .array import array, copy_elements
+from .launch import launch, relaunch
+from .tape import active_tape
 
-__all__ = ["add_into", "copy_kernel", "is_copy_kernel", "launched_copy", "renamed_forward"]
+__all__ = ["add_into", "copy", "copy_kernel", "is_copy_kernel", "launched_copy", "renamed_forward"]
 
 _KERNELS: dict = {}
+
+
+def copy(dest: array, src: array, dest_offset: int = 0, src_offset: int = 0, count: int | None = None):
+    """Copy `count` elements (default: all of `src` from `src_offset`) from `src` into `dest`, both
+    indexed as flat element sequences. Differentiable: on a tape, ``src.grad += dest.grad`` there."""
+    for arg, a in (("dest", dest), ("src", src)):
+        if not isinstance(a, array):
+            raise TypeError(f"copy({arg}=...): expected an array, got {type(a).__name__}")
+    if dest.dtype != src.dtype:
+        raise TypeError(f"copy(dest, src): dtypes differ (dest {dest.dtype}, src {src.dtype})")
+    for arg, v in (("dest_offset", dest_offset), ("src_offset", src_offset), ("count", count or 0)):
+        if not isinstance(v, (int, np.integer)) or v < 0:
+            raise ValueError(f"copy({arg}={v!r}): expected a non-negative int")
+    count = src.size - src_offset if not count else count
+    if src_offset + count > src.size:
+        raise ValueError(f"copy(dest, src, src_offset={src_offset}, count={count}): src has only "
+                         f"{src.size} elements")
+    if dest_offset + count > dest.size:
+        raise ValueError(f"copy(dest, src, dest_offset={dest_offset}, count={count}): dest has only "
+                         f"{dest.size} elements")
+    if active_tape() is not None and launched_copy(dest, src, dest_offset, src_offset, count):
+        return                   # a launch like any other: recorded with its adjoint, replayable from a trace
+    copy_elements("copy(dest, src)", dest, src, int(dest_offset), int(src_offset), int(count))
 
 
 def launched_copy(dest, src, dest_offset: int, src_offset: int, count: int) -> bool:
@@ -21,7 +50,6 @@ def launched_copy(dest, src, dest_offset: int, src_offset: int, count: int) -> b
     if dest.shape != src.shape or count != src.size or dest_offset or src_offset or dest.device != src.device \
             or dest._storage is src._storage:
         return False
-    from .launch import launch
     launch(copy_kernel(dest.dtype, dest.ndim), dest.shape, inputs=[src], outputs=[dest])
     return True
 
@@ -29,7 +57,6 @@ def launched_copy(dest, src, dest_offset: int, src_offset: int, count: int) -> b
 def add_into(dest, src) -> None:
     """``dest += src`` elementwise (two contiguous arrays of one dtype, size and device), as a
     launch that no Tape records: memory arithmetic, like array._add_host, for gradients."""
-    from .launch import relaunch
     copy_kernel(dest.dtype, 1)
     relaunch(_KERNELS[(dest.dtype, "add")], (dest.size,), [dest.reshape(-1), src.reshape(-1)], deterministic=False)
 
@@ -67,7 +94,7 @@ def renamed_forward(kernel: Kernel) -> int | None:
 def _copies(A1, A2, A3, A4):
     """The four copy kernels' functions and add_into's, typed by this element type's arrays (this
     module does not postpone annotations, so the kernel frontend takes them as evaluated here)."""
-    from .. import tid
+    tid = BUILTINS["tid"]
 
     def copy(src: A1, dest: A1):
         i = tid()

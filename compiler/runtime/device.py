@@ -11,6 +11,8 @@ import functools
 import re
 from dataclasses import dataclass
 
+from ..backends.cuda_driver import _driver
+
 _SPEC = re.compile(r"^(cpu|cuda)(?::(\d+))?$")
 
 
@@ -60,7 +62,6 @@ def get_device(spec: str | Device | None = None) -> Device:
 
 def _probe_driver() -> tuple[int, str]:
     """(number of CUDA devices, why there are none). Never raises: a missing driver is an answer."""
-    from ..backends.cuda_driver import _driver
     try:
         driver = _driver()
     except ImportError as exc:

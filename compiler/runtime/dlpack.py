@@ -17,6 +17,8 @@ import ctypes
 
 import numpy as np
 
+from .cuda_array import DeviceBuffer, DeviceMemory
+
 __all__ = ["to_dlpack", "adopt"]
 
 KDL_CPU, KDL_CUDA = 1, 2
@@ -100,7 +102,6 @@ class _Owner:
 
 def adopt(obj):
     """(DeviceMemory sharing `obj`'s GPU memory, device string), or (ndarray, "cpu") for host data."""
-    from .cuda_array import DeviceBuffer, DeviceMemory
     kind, ordinal = obj.__dlpack_device__()
     if kind == KDL_CPU:
         return np.from_dlpack(obj), "cpu"

@@ -18,6 +18,7 @@ import contextlib
 import threading
 from dataclasses import dataclass, field
 
+from ..backends.cuda_launch import StreamCapture, zero_async
 from .tape import settle
 
 _local = threading.local()
@@ -64,7 +65,6 @@ class Graph:
         """The stream a GPU launch inside the capture goes to (capture starts with the first)."""
         self._same_device(device)
         if self._cuda is None:
-            from ..backends.cuda_launch import StreamCapture
             self._cuda = StreamCapture(device)
         return self._cuda.stream
 
@@ -73,7 +73,6 @@ class Graph:
 
     def zero(self, arr) -> None:
         """Zero-fill GPU array `arr` as a step of the graph (in order with its launches)."""
-        from ..backends.cuda_launch import zero_async
         zero_async(arr._data.ptr, arr._data.nbytes, self.cuda_stream(arr.device))
         self.written.append((arr,))
 

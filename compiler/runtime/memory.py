@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 
+from ..backends.cuda_driver import _check, _driver
 from .cuda_array import DeviceBuffer, DeviceMemory
 from .device import get_device
 
@@ -51,7 +52,6 @@ def gpu_device_of(obj) -> str:
 
 def _device_ordinal(ptr: int) -> int:
     """The GPU that owns device pointer `ptr` (the driver knows; an empty array's null pointer is on 0)."""
-    from ..backends.cuda_driver import _check, _driver
     if not ptr:
         return 0
     driver = _driver()

@@ -18,6 +18,10 @@ import os
 import re
 from pathlib import Path
 
+from ..cache_check import check_private
+from ..cpu_build import build_cpu_library
+from .driver import image_for
+
 SIM_DIR = Path(__file__).parent
 _ENTRY = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\([\d, ]+\) )?(\w+)\(')
 _GLOBAL = re.compile(r"^__device__ [\w ]+? (sp_\w+)(?:\[\d+\])? =", re.M)
@@ -31,9 +35,6 @@ def enabled() -> bool:
 def build_image(source: str, name: str) -> bytes:
     """The simulator's module image for the CUDA `source`: a host build of it (cached like CPU
     builds) with a launcher per `__global__` entry and the size of each `__device__` global."""
-    from ..cache_check import check_private
-    from ..cpu_build import build_cpu_library
-    from .driver import image_for
     codegen = SIM_DIR.parent.parent / "codegen"
     tail = [f"SP_SIM_ENTRY({e})" for e in _ENTRY.findall(source)]
     tail += [f"SP_SIM_GLOBAL({g})" for g in _GLOBAL.findall(source)]

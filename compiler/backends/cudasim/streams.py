@@ -1,5 +1,5 @@
 """The simulator's streams, events and graphs (cuStream*, cuEvent*, cuGraph*): part of the fake
-driver in driver.py, which re-exports them; see its docstring for what they check.
+driver, which driver.py re-exports; see its docstring for what they check.
 
 A non-blocking stream that is not capturing queues its work (`CUstream.queued`) and runs it only
 when something waits for it; a capturing stream records it into a `CUgraph`; the legacy stream
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 
-from .driver import (_OK, CUevent, CUgraph, CUgraphExec, CUresult, CUstream, CUstreamCaptureMode, _api, _catch_up,
+from .core import (_OK, CUevent, CUgraph, CUgraphExec, CUresult, CUstream, CUstreamCaptureMode, _api, _catch_up,
                      _context, _Fail, _no_capture_on_legacy, _run_or_capture, _stream, _streams, recent_launches)
 
 __all__ = [
