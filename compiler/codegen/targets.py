@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from .. import ir
 from ..builtins import OPS
+from . import cpu_loops as loops
 from .emit import FunctionEmitter, arg_offsets, slot_size
 
 LAUNCH_HEADER_SIZE = 72      # sizeof(launch_t): n, dim[4], first, end, adds, add_slots
@@ -211,41 +212,6 @@ extern "C" __global__ void __launch_bounds__({block}, {min_blocks}) {name}_forwa
 )
 
 
-def _index_space(ndim: int) -> dict:
-    """Template pieces that walk a launch as `ndim` indices (what the kernel's tid() unpacks): the
-    extents (the first index spans any launch dimensions beyond the kernel's), a CPU loop nest, the
-    flat index for the tape, and the CUDA decomposition of a grid-stride index."""
-    rest = " * ".join(f"L.dim[{k}]" for k in range(1, ndim)) or "1"
-    extents = [f"    const int32_t e0 = (int32_t)(L.n / ({rest}));",
-               # the rows of the first axis this call runs (all of them but in a launch run in parts)
-               f"    const int32_t r0 = (int32_t)(L.first / ({rest})), r1 = (int32_t)(L.end / ({rest}));"]
-    extents += [f"    const int32_t e{k} = (int32_t)L.dim[{k}];" for k in range(1, ndim)]
-    loops = "".join(f"{'    ' * (k + 1)}for (int32_t i{k} = {_start(k)}; i{k} < {_stop(k)}; ++i{k}) {{\n"
-                    for k in range(ndim))
-    closing = "".join(f"{'    ' * (k + 1)}}}\n" for k in reversed(range(ndim)))
-    flat = "(int64_t)i0"
-    for k in range(1, ndim):
-        flat = f"({flat} * e{k} + i{k})"
-    decompose = ["        int64_t r_ = t;"]
-    for k in reversed(range(1, ndim)):
-        decompose.append(f"        const int32_t i{k} = (int32_t)(r_ % L.dim[{k}]); r_ /= L.dim[{k}];")
-    decompose.append("        const int32_t i0 = (int32_t)r_;")
-    return {"extents": "\n".join(extents), "loops": loops, "closing": closing, "flat": flat,
-            # Threads share out the outer indices; the innermost loop stays whole in each thread, so it
-            # is a plain counted loop the compiler can vectorise (collapsing it too made the loop
-            # recover its indices per element: 3.7x slower on a 256 x 256 streaming kernel).
-            "collapse": f"collapse({ndim - 1}) " if ndim > 2 else "", "decompose": "\n".join(decompose),
-            "tids": ", ".join(f"i{k}" if k < ndim else "0" for k in range(4))}
-
-
-def _start(axis: int) -> str:
-    return "r0" if axis == 0 else "0"
-
-
-def _stop(axis: int) -> str:
-    return "r1" if axis == 0 else f"e{axis}"
-
-
 def native_definitions(functions) -> str:
     """C++ definitions of the @func_native ops the functions use, each once."""
     seen = {}
@@ -360,7 +326,7 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
     else:
         fast = checked = f"sp::ALL_GRADS, {grads:#x}ull"
         all_grads = "true"
-    space = _index_space(fn.tid_ndim)
+    space = loops.index_space(fn.tid_ndim)
     tids = space["tids"]
     if adjoint:     # the gather entry's common case: every gradient present, no tape
         call, private = f"_thread<{fast}>({tids}, L, A, G, tp);", ("A", "G")
@@ -374,18 +340,18 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
         lines += _thread_function(row.function, debug, sites, target, adjoint, fn.name, hot=True)
     gather_entry = adjoint and entry_template is target.gather_entry
     if interior is not None:
-        nest = _interior_nest(fn.tid_ndim, fn.name + call, interior.function.name + call, interior, private, prelude,
-                              threshold, (row.function.name + call, row) if row is not None else None,
-                              independent=gather_entry and _independent(grads, fn, interior.function,
-                                                                        *((row.function,) if row else ())))
-        box = space["extents"] + "\n" + "\n".join(_interior_box(fn.tid_ndim, interior)) + "\n"
+        independent = gather_entry and _independent(grads, fn, interior.function, *((row.function,) if row else ()))
+        nest = loops.interior_nest(fn.tid_ndim, fn.name + call, interior.function.name + call, interior, private,
+                                   prelude, threshold, (row.function.name + call, row) if row is not None else None,
+                                   independent=independent)
+        box = space["extents"] + "\n" + "\n".join(loops.interior_box(fn.tid_ndim, interior)) + "\n"
         inside = " && ".join(f"lo{k} <= i{k} && i{k} < hi{k}" for k in range(fn.tid_ndim))
         pick = f"if ({inside}) {interior.function.name}{call} else "
     else:
-        nest = _plain_nest(fn.tid_ndim, fn.name + call, private, prelude, threshold)
+        nest = loops.plain_nest(fn.tid_ndim, fn.name + call, private, prelude, threshold)
     # the gather entry without every gradient: the instantiation with null checks, everywhere
-    plain_nest = _plain_nest(fn.tid_ndim, f"{fn.name}_thread<{checked}>({tids}, L, A, G, tp);", private, prelude,
-                             threshold)
+    plain_nest = loops.plain_nest(fn.tid_ndim, f"{fn.name}_thread<{checked}>({tids}, L, A, G, tp);", private, prelude,
+                                  threshold)
     scratch = ""
     if two_pass is not None:
         # the pointwise pass first, over every thread (an OpenMP loop ends with a barrier)
@@ -393,36 +359,36 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
         lines += _thread_function(first, debug, sites, target, adjoint, fn.name)
         if first_interior is not None:
             lines += _thread_function(first_interior.function, debug, sites, target, adjoint, fn.name, hot=True)
-            first_nest = _interior_nest(fn.tid_ndim, first.name + call, first_interior.function.name + call,
-                                        first_interior, private, prelude, threshold,
-                                        independent=_independent(grads, first, first_interior.function))
+            first_nest = loops.interior_nest(fn.tid_ndim, first.name + call, first_interior.function.name + call,
+                                             first_interior, private, prelude, threshold,
+                                             independent=_independent(grads, first, first_interior.function))
         else:
-            first_nest = _plain_nest(fn.tid_ndim, first.name + call, private, prelude, threshold)
-        first_plain = _plain_nest(fn.tid_ndim, f"{first.name}_thread<{checked}>({tids}, L, A, G, tp);", private,
-                                  prelude, threshold)
+            first_nest = loops.plain_nest(fn.tid_ndim, first.name + call, private, prelude, threshold)
+        first_plain = loops.plain_nest(fn.tid_ndim, f"{first.name}_thread<{checked}>({tids}, L, A, G, tp);", private,
+                                       prelude, threshold)
         if _adds_into_memory(first):
             # what still scatters (a coefficient table's gradient) runs in the pointwise pass: a
             # deterministic launch logs its adds there, in the chunks the one-pass form and the GPU use
-            first_nest = _either_logged(first_nest, first, fn.tid_ndim, threshold, fast, checked, tids, all_grads,
-                                        tape="scratch")
-            first_plain = _either_logged(first_plain, first, fn.tid_ndim, threshold, fast, checked, tids, all_grads,
-                                         tape="scratch")
+            logged_args = (fn.tid_ndim, threshold, fast, checked, tids, all_grads)
+            first_nest = loops.either_logged(first_nest, first, *logged_args, tape="scratch")
+            first_plain = loops.either_logged(first_plain, first, *logged_args, tape="scratch")
         nest = "    {\n" + first_nest + "    }\n    {\n" + nest + "    }\n"     # scopes: each its own box
         plain_nest = first_plain + plain_nest
         scratch = f"    uint64_t* const scratch = sp::scratch_memory(L.n * {two_pass.scratch_bytes});\n"
     logged = ""
     if target is CPU and _adds_into_memory(fn):
         if not adjoint:
-            logged = _logged_loop(fn.tid_ndim, threshold, f"{fn.name}_thread({tids}, L, A);", ("A",), "")
+            logged = loops.logged_loop(fn.tid_ndim, threshold, f"{fn.name}_thread({tids}, L, A);", ("A",), "")
         elif entry_template is target.gather_entry:
-            logged = _logged_loop(fn.tid_ndim, threshold, _gather_call(fn, fast, checked, tids, all_grads, "nullptr"),
-                                  ("A", "G"), "0")
+            call_logged = loops.gather_call(fn, fast, checked, tids, all_grads, "nullptr")
+            logged = loops.logged_loop(fn.tid_ndim, threshold, call_logged, ("A", "G"), "0")
         else:
-            logged = _logged_loop(fn.tid_ndim, threshold,
-                                  "sp::tape_t tp = {tape + t * capacity, 1, 0, capacity, count_only, 0, 0, fresh};\n"
-                                  f"{fn.name}_thread<{checked}>({tids}, L, A, G, tp);\n"
-                                  "if (count_only) counts[t] = tp.pos;\noverflow |= tp.overflow;",
-                                  ("A", "G"), "overflow", reduction=True)
+            logged = loops.logged_loop(fn.tid_ndim, threshold,
+                                       "sp::tape_t tp = {tape + t * capacity, 1, 0, capacity, count_only, 0, 0, "
+                                       "fresh};\n"
+                                       f"{fn.name}_thread<{checked}>({tids}, L, A, G, tp);\n"
+                                       "if (count_only) counts[t] = tp.pos;\noverflow |= tp.overflow;",
+                                       ("A", "G"), "overflow", reduction=True)
     entry = entry_template.format(
         name=fn.name, size=buffer_size(fn.params), threshold=threshold, block=CUDA_BLOCK_SIZE,
         min_blocks=CUDA_MIN_BLOCKS_PER_SM, logged=logged, fast=fast, checked=checked,
@@ -445,49 +411,6 @@ def _adds_into_memory(fn: ir.Function) -> bool:
     serially."""
     return any(isinstance(s, ir.Atomic) and s.kind in ("add", "sub") or
                isinstance(s, ir.AccumGrad) and s.fresh_bit is None and not s.exclusive for s in ir.walk(fn.body))
-
-
-def _gather_call(fn: ir.Function, fast: str, checked: str, tids: str, all_grads: str, tape: str) -> str:
-    """One thread of gather-form pass `fn`, with adds logged (the tape is `tape`: a two-pass form's
-    scratch memory, or none)."""
-    return (f"sp::tape_t tp = {{{tape}, 1, 0, 0, 0, 0, 0, fresh}};\n"
-            f"if ({all_grads}) {fn.name}_thread<{fast}>({tids}, L, A, G, tp);\n"
-            f"else {fn.name}_thread<{checked}>({tids}, L, A, G, tp);")
-
-
-def _either_logged(nest: str, fn: ir.Function, ndim: int, threshold: int, fast: str, checked: str, tids: str,
-                   all_grads: str, tape: str) -> str:
-    """`nest`, or with serial flag 2 the same pass `fn` over logged chunks (see _logged_loop)."""
-    body = _gather_call(fn, fast, checked, tids, all_grads, tape)
-    return _logged_loop(ndim, threshold, body, ("A", "G"), None) + "    else {\n" + nest + "    }\n"
-
-
-def _logged_loop(ndim: int, threshold: int, body: str, private, result: str | None,
-                 reduction: bool = False) -> str:
-    """The CPU entry's deterministic path for adds into a few elements (serial flag 2): fixed chunks
-    of the index space, each logging its adds (add_log in prelude.h), applied in chunk order; shared
-    out among threads from `threshold` threads on, and run by one below it in the same order (the
-    same bits, and float32 elements still get double partials). The entry returns `result` after
-    it, or with None goes on to its next pass."""
-    space = _index_space(ndim)
-    inner = "\n".join("                " + line for line in body.split("\n"))
-    ending = f"\n        return {result};" if result is not None else ""
-    return f"""    if (serial == 2) {{
-        const int64_t chunks = (L.end - L.first + sp::ADD_CHUNK - 1) / sp::ADD_CHUNK;
-        std::vector<sp::add_log> logs(chunks);
-        #pragma omp parallel for schedule(static) firstprivate({', '.join(private)}){' reduction(|:overflow)' if reduction else ''} if (L.n >= {threshold})
-        for (int64_t c = 0; c < chunks; ++c) {{
-            sp::adds_log = &logs[c];
-            const int64_t first = L.first + c * sp::ADD_CHUNK, end = first + sp::ADD_CHUNK < L.end ? first + sp::ADD_CHUNK : L.end;
-            for (int64_t t = first; t < end; ++t) {{
-{space["decompose"].replace("        ", "                ")}
-{inner}
-            }}
-            sp::adds_log = nullptr;
-        }}
-        for (const auto& log : logs) log.apply();{ending}
-    }}
-"""
 
 
 def _thread_function(fn: ir.Function, debug, sites, target: Target, adjoint: bool, args: str,
@@ -545,80 +468,3 @@ def parallel_threshold(fn: ir.Function) -> int:
     return min(MAX_PARALLEL_THRESHOLD, max(1, -(-PARALLEL_WORK // cost)))
 
 
-def _share(private, threshold: int) -> str:
-    return (f"#pragma omp parallel for {{collapse}}schedule(static) firstprivate({', '.join(private)}) "
-            f"if (L.n >= {threshold} && !serial)\n")
-
-
-def _plain_nest(ndim: int, call: str, private, prelude: str, threshold: int) -> str:
-    """The CPU loop nest: threads share out the outer indices (see _index_space)."""
-    space = _index_space(ndim)
-    pad = "    " * (ndim + 1)
-    return ("    " + _share(private, threshold).format(collapse=space["collapse"]) + space["loops"]
-            + (f"{pad}{prelude}\n" if prelude else "") + f"{pad}{call}\n" + space["closing"])
-
-
-def _interior_nest(ndim: int, edge: str, middle: str, interior, private, prelude: str, threshold: int,
-                   row=None, independent: bool = False) -> str:
-    """The CPU loop nest of an entry with an interior variant: the box [lo_k, hi_k) per axis is
-    evaluated once; each row of the innermost index runs in three parts, the edges through `edge`
-    and the part inside the box through `middle` (a row outside the box runs `edge` throughout, or
-    with `row` = (call, its Interior), a gather form's row variant, that in the row's box).
-    `independent`: no thread writes memory another reads or writes (see SP_INDEPENDENT in
-    prelude.h); the middle runs vectorise without alias tests."""
-    box = _interior_box(ndim, interior)
-    if row is not None and ndim > 1:
-        box += _axis_box(ndim - 1, row[1], "rlo", "rhi")
-    k = ndim - 1
-    pad = "    " * (k + 1)
-    hint = "SP_INDEPENDENT " if independent and k > 0 else ""    # (one index: the middle run is OpenMP's loop)
-    runs = [f"{pad}for (int32_t i{k} = {_start(k)}; i{k} < a; ++i{k}) {edge}",
-            f"{pad}{hint}for (int32_t i{k} = a; i{k} < b; ++i{k}) {middle}",
-            f"{pad}for (int32_t i{k} = b; i{k} < {_stop(k)}; ++i{k}) {edge}"]
-    if k == 0:
-        # one index: the middle run alone is shared out among threads; the box is cut to the rows run
-        lines = ["    {", f"    {prelude}" if prelude else "",
-                 "    const int32_t a = (int32_t)(lo0 < r0 ? r0 : lo0 > r1 ? r1 : lo0), "
-                 "b = (int32_t)(hi0 < a ? a : hi0 > r1 ? r1 : hi0);",
-                 runs[0], "    " + _share(private + (("tp",) if prelude else ()), threshold).format(collapse=""),
-                 runs[1], runs[2], "    }"]
-        return "\n".join(box + [line for line in lines if line]) + "\n"
-    mid = " && ".join(f"lo{a} <= i{a} && i{a} < hi{a}" for a in range(k))
-    outer = "".join(f"{'    ' * (a + 1)}for (int32_t i{a} = {_start(a)}; i{a} < {_stop(a)}; ++i{a}) {{\n"
-                    for a in range(k))
-    closing = "".join(f"{'    ' * (a + 1)}}}\n" for a in reversed(range(k)))
-    if row is not None:
-        runs[1] = (f"{pad}if (mid) {{ {hint}for (int32_t i{k} = a; i{k} < b; ++i{k}) {middle} }}\n"
-                   f"{pad}else {{ {hint}for (int32_t i{k} = a; i{k} < b; ++i{k}) {row[0]} }}")
-    inner = ([f"{pad}{prelude}"] if prelude else []) + [
-        f"{pad}const bool mid = {mid};",
-        f"{pad}const int32_t a = mid ? (int32_t)lo{k} : {'(int32_t)rlo' if row else f'e{k}'}, "
-        f"b = mid ? (int32_t)hi{k} : {'(int32_t)rhi' if row else f'e{k}'};", *runs]
-    collapse = f"collapse({k}) " if k > 1 else ""
-    return ("\n".join(box) + "\n    " + _share(private, threshold).format(collapse=collapse) + outer
-            + "\n".join(inner) + "\n" + closing)
-
-
-def _interior_box(ndim: int, interior) -> list[str]:
-    """C++ lines that set the interior box [lo_k, hi_k) per axis from the variant's bounds,
-    clamped to the launch's extents e_k (an empty box where the bounds cross)."""
-    return [line for k in range(ndim) for line in _axis_box(k, interior, f"lo{k}", f"hi{k}")]
-
-
-def _axis_box(k: int, interior, lo: str, hi: str) -> list[str]:
-    box = [f"    int64_t {lo} = 0, {hi} = e{k};"]
-    box += [f"    {{ const int64_t v = {_bound_cpp(b)}; if (v > {lo}) {lo} = v; }}" for b in interior.lower[k]]
-    box += [f"    {{ const int64_t v = {_bound_cpp(b)}; if (v < {hi}) {hi} = v; }}" for b in interior.upper[k]]
-    return box + [f"    if ({lo} > e{k}) {lo} = e{k};", f"    if ({hi} < {lo}) {hi} = {lo};"]
-
-
-def _bound_cpp(bound) -> str:
-    """A `compiler.interior.Bound` as a C++ int64 expression over the entry's A and extents."""
-    def term(t) -> str:
-        if t[0] == "dim":
-            return f"A.{t[1]}.shape[{t[2]}]"
-        if t[0] == "scalar":
-            return f"(int64_t)A.{t[1]}"
-        return f"(int64_t)e{t[1]}"
-    return "(int64_t)" + str(bound.const) + "".join(
-        (" + " if c > 0 else " - ") + (f"{abs(c)} * " if abs(c) != 1 else "") + term(t) for c, t in bound.terms)
