@@ -116,7 +116,7 @@ class Compiled:
         """The array arguments whose values an adjoint reads (any form of it that may run: the
         scatter one, the gather form, its interior variant and its pointwise pass; the pointwise
         pass's interior variant only leaves out what its pass reads). A recording kept for later keeps
-        only the state its reversal reads (stepper/native_reverse.py)."""
+        only the state its reversal reads (stepper/execute/fast/native_reverse.py)."""
         forms = (self.adjoint, *((self.gather.function, self.gather.interior.function, self.gather.pointwise)
                                  if self.gather else ()))
         return frozenset(s.array.param.name for fn in forms if fn is not None for s in ir.walk(fn.body)

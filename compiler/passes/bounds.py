@@ -67,7 +67,7 @@ def row_reach(forward: ir.Function, name: str) -> tuple[int, int] | None:
     atomics anywhere: under branches and in loops too) is at row ``tid()[0] + c`` of its first
     axis with ``lo <= c <= hi``, so thread i touches rows i + lo .. i + hi and no others; None when
     some access is indexed otherwise there, or `name` is not accessed at all. A halo exchange uses it
-    to tell which threads read only a block's own rows (stepper/distributed.py)."""
+    to tell which threads read only a block's own rows (stepper/distributed/domain.py)."""
     offsets = tid_offsets(forward.body, forward.tid_ndim)
     reach = None
     for s in ir.walk(forward.body):

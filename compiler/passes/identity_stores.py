@@ -3,7 +3,7 @@
 A leapfrog step keeps its previous state by writing ``up_next[i, j] = x`` where ``x = u[i, j]``:
 every thread stores the element it loaded, so the whole of `up_next` ends up equal to `u`. A run of
 such steps need not store it at all: the next step can read `u`'s buffer itself as its `up`
-(stepper/native_loop.py renames the buffers, as it does for ``sp.copy(s.next.up, s.prev.u)``). For
+(stepper/execute/fast/native_loop.py renames the buffers, as it does for ``sp.copy(s.next.up, s.prev.u)``). For
 that it runs a variant of the forward without those stores; the last step of a run runs the kernel
 itself, so the state a run returns owns its buffers.
 

@@ -83,7 +83,7 @@ def renamed_forward(kernel: Kernel) -> int | None:
     """The CPU entry point of `kernel`'s forward without its identity stores (`Compiled.identity`:
     the copies ``out[tid] = in[tid]`` it makes as it goes), which takes the forward's packed buffer
     (`packed_forward`), or None where it has none. Native step loops call it where they rename the
-    copy's buffers instead (stepper/native_loop.py)."""
+    copy's buffers instead (stepper/execute/fast/native_loop.py)."""
     import ctypes
     identity = kernel.compiled().identity
     if identity is None:

@@ -47,7 +47,7 @@ def launch_in_parts(kernel: Kernel, dim, inputs=(), outputs=(), *, first_rows: t
     """`launch`, in parts: the threads of rows ``first_rows = (a, b)`` of tid()'s first axis run
     first, then ``between()`` is called, then the other rows run. For work that overlaps the
     launch: say, the rows that read only a block's own elements run while its halos travel, and
-    `between` waits for them (stepper/distributed.py). A recording Tape records one launch (the
+    `between` waits for them (stepper/distributed/domain.py). A recording Tape records one launch (the
     same adjoint, and the same bits: the threads are those of one launch, each run once).
 
     A kernel with atomics (whose sums depend on the order of threads), a launch of more axes than
@@ -216,7 +216,7 @@ def relaunch(kernel: Kernel, dims: tuple, args: list, deterministic: bool, tape=
              run: bool = True, graph=None) -> None:
     """Launch again, on the device it ran on, what a checked `launch` ran before, with arguments of the same
     kinds (each array of the dtype, rank and layout that launch accepted; scalars as they were
-    given): a step trace's replay (stepper/trace.py). Nothing is checked. With `tape`, the launch
+    given): a step trace's replay (stepper/step/trace.py). Nothing is checked. With `tape`, the launch
     is recorded there as `launch` records it; ``run=False`` records it without running it (for
     outputs nothing will read: the adjoint replays the forward from the inputs). With a GPU
     `graph` (a `Graph` being captured), the launch goes into its CUDA graph instead of running."""
@@ -405,7 +405,7 @@ def packed_forward(kernel: Kernel, dims: tuple, args: list, deterministic: bool,
     """What `relaunch` would run, unrun: ``(entry, packed buffer, serial flag, offsets)``, where
     ``offsets[k]`` is the byte offset in the buffer of argument k's data pointer (None for a
     non-array). On the CPU `entry` is the address of ``void f(const char* buffer, int serial)``,
-    which a native driver (stepper/native_loop.py) calls itself, patching array pointers between
+    which a native driver (stepper/execute/fast/native_loop.py) calls itself, patching array pointers between
     calls; on a GPU a function ``run(buffer)`` that queues the launch with a buffer of those bytes."""
     import ctypes
     sig = _signature(kernel)

@@ -132,7 +132,7 @@ _host_accesses = 0
 
 def settle_for_host() -> None:
     """`settle` before array data leaves for the host or another library, counted: a step function
-    that looks at data may launch differently from one step to the next (stepper/trace.py trusts a
+    that looks at data may launch differently from one step to the next (stepper/step/trace.py trusts a
     step's trace for steps it has not run only while its function has looked at none)."""
     global _host_accesses
     _host_accesses += 1
