@@ -12,8 +12,9 @@ from ..step.step_context import check_scalar_loss
 from .gradient import start_sweep
 
 
-class _ForwardOnly:
-    """A schedule that runs every step once, storing nothing: the forward half of a gradient."""
+class ForwardOnly:
+    """A schedule that runs every step once, storing nothing: the forward half of a gradient (an
+    evaluation, a jvp: nothing is reversed)."""
 
     def __init__(self, steps: int):
         self.max_n = steps
@@ -32,7 +33,7 @@ def evaluate(model, initial, steps, loss=None, *, running_loss=None, determinist
     if steps is None:
         raise ModelError("evaluate() needs steps=")
     with outside_tapes(deterministic):         # never lands on a user's Tape
-        sweep = start_sweep(model, initial, steps, schedule=_ForwardOnly(steps), running_loss=running_loss,
+        sweep = start_sweep(model, initial, steps, schedule=ForwardOnly(steps), running_loss=running_loss,
                             deterministic=deterministic, check_finite=check_finite, progress=progress,
                             desc="evaluate")
         try:

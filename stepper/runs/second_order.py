@@ -30,13 +30,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from checkpoint import EndForward, Forward, StorageType
 from compiler import Tangents, array, clone, zeros
 from compiler.passes.tangent import tangent_name
 from compiler.runtime.forward_mode import check_tangent
 from compiler.runtime.tape import outside_tapes
 
 from ..errors import ModelError
+from .evaluate import ForwardOnly
 from .gradient import GradientStats, start_sweep
 from ..step.state import State, check_initial
 from ..step.step_context import check_scalar_loss
@@ -240,24 +240,13 @@ def _checked(model, tangents, what: str) -> dict:
     return out
 
 
-class _ForwardOnly:
-    """Every step once, nothing stored (a jvp reverses nothing)."""
-
-    def __init__(self, steps: int):
-        self.max_n = steps
-
-    def __iter__(self):
-        yield Forward(0, self.max_n, False, False, StorageType.NONE)
-        yield EndForward()
-
-
 def jvp(model, initial, steps, tangents=None, loss=None, running_loss=None, *, deterministic=True,
         check_finite=False, progress=None) -> JvpResult:
     """See `Model.jvp`."""
     tm = TangentModel(model, initial, tangents)
     rl = tm.running_loss(running_loss, record=True) if running_loss is not None else None
     with outside_tapes(deterministic):
-        sweep = start_sweep(tm.aug, tm.aug_initial, steps, schedule=_ForwardOnly(steps), running_loss=rl,
+        sweep = start_sweep(tm.aug, tm.aug_initial, steps, schedule=ForwardOnly(steps), running_loss=rl,
                             deterministic=deterministic, check_finite=check_finite, progress=progress, desc="jvp")
         try:
             final = sweep.forward()
