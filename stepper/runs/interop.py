@@ -24,7 +24,7 @@ from compiler.runtime.tape import RecordedOp, active_tape, caller_location, outs
 
 from ..errors import ModelError
 from ..step.state import check_initial, write_values
-from .evaluate import _ForwardOnly
+from .evaluate import ForwardOnly
 from .gradient import start_sweep
 
 __all__ = ["RolloutFunction", "record_call", "check_call_arrays"]
@@ -156,7 +156,7 @@ class RolloutFunction:
     def final(self, values) -> dict:
         """The final state, ``{name: array}`` (new arrays)."""
         with self._bound(values) as initial:
-            sweep = start_sweep(self.model, initial, self.steps, schedule=_ForwardOnly(self.steps),
+            sweep = start_sweep(self.model, initial, self.steps, schedule=ForwardOnly(self.steps),
                                 deterministic=True, progress=False, desc="rollout")
             try:
                 return {n: clone(a, requires_grad=False) for n, a in sweep.forward().items()}
