@@ -14,6 +14,7 @@ from .runtime.launch import LaunchError, launch
 from .runtime.array import (array, clone, empty, empty_like, from_dlpack, full, full_like, ones, ones_like, zeros,
                             zeros_like)
 from .runtime.copy_kernels import copy
+from .runtime.denormals import set_flush_denormal
 from .runtime.forward_mode import Dual, Tangents
 from .runtime.tape import Tape
 from .types import (bool_, float32, float64, int32, int64, mat22, mat33, mat44, matrix, vec2, vec3, vec4,
@@ -24,7 +25,7 @@ globals().update(_BUILTINS)
 __all__ = [
     "kernel", "capture", "Graph", "func", "func_grad", "func_replay", "func_native", "adjoint", "launch", "Kernel", "LaunchError", "Tape", "Tangents", "Dual", "CompileError", "OverwriteError", "autograd",
     "array", "zeros", "ones", "full", "empty", "zeros_like", "ones_like", "full_like", "empty_like", "clone", "copy",
-    "from_dlpack",
+    "from_dlpack", "set_flush_denormal",
     "float32", "float64", "int32", "int64", "bool_", "vec2", "vec3", "vec4", "mat22", "mat33", "mat44",
     "vector", "matrix", *_BUILTINS,
 ]
