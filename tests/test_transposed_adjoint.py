@@ -435,3 +435,29 @@ def test_a_constant_coefficient_table_leaves_a_deterministic_adjoint_parallel():
 
     assert serial_flag(False) == 0
     assert serial_flag(True) == 2       # the table's gradient: logged adds, in fixed chunks
+
+
+def without_row_ends(kernel) -> Kernel:
+    """`kernel` in a module of its own whose gather form runs its rows' ends through the fully
+    clamped function, as before the row-end variant."""
+    module = KernelModule(f"no_row_end_{kernel.__name__}_{id(kernel)}")
+    copy = Kernel(kernel.fn, module)
+    module.add(copy)
+    compiled = copy.compiled()
+    compiled.gather = dataclasses.replace(compiled.gather, row_end=None)
+    return copy
+
+
+@pytest.mark.parametrize("kernel, shape", [(corpus(8, 3)["fwi"], (13, 12, 14)), (corpus(8, 2)["table"], (23, 19)),
+                                           (corpus(4, 3)["table"], (11, 9, 10)), (corpus(2, 2)["fwi"], (2, 7))])
+def test_the_rows_ends_variant_gives_the_fully_clamped_functions_bits(kernel, shape):
+    """A row's first and last threads (within the stencil's radius of the innermost faces) whose
+    outer indices are inside run `GatherAdjoint.row_end`: clamped along the innermost axis alone,
+    branch-free; the same bits as the fully clamped function, serial or not."""
+    assert kernel.compiled().gather.row_end is not None
+    values, w = inputs(kernel, shape, seed=sum(shape))
+    for deterministic in (False, True):
+        out, grads = gradients(kernel, shape, values, w, deterministic=deterministic)
+        _, expected = gradients(without_row_ends(kernel), shape, values, w, deterministic=deterministic)
+        for a, b in zip(grads, expected):
+            np.testing.assert_array_equal(a, b)

@@ -103,22 +103,32 @@ def plain_nest(ndim: int, call: str, private, prelude: str, threshold: int) -> s
 
 
 def interior_nest(ndim: int, edge: str, middle: str, interior, private, prelude: str, threshold: int,
-                   row=None, independent: bool = False) -> str:
+                   row=None, independent: bool = False, row_end=None) -> str:
     """The CPU loop nest of an entry with an interior variant: the box [lo_k, hi_k) per axis is
     evaluated once; each row of the innermost index runs in three parts, the edges through `edge`
     and the part inside the box through `middle` (a row outside the box runs `edge` throughout, or
     with `row` = (call, its Interior), a gather form's row variant, that in the row's box).
+    `row_end` = (call, its Interior): a gather form's variant for the edges of the rows whose outer
+    indices lie in its box (settled along those axes, clamped along the innermost).
     `independent`: no thread writes memory another reads or writes (see SP_INDEPENDENT in
     prelude.h); the middle runs vectorise without alias tests."""
     box = interior_box(ndim, interior)
     if row is not None and ndim > 1:
         box += _axis_box(ndim - 1, row[1], "rlo", "rhi")
+    row_end = row_end if ndim > 1 else None
+    if row_end is not None:
+        box += [line for a in range(ndim - 1) for line in _axis_box(a, row_end[1], f"elo{a}", f"ehi{a}")]
     k = ndim - 1
     pad = "    " * (k + 1)
     hint = "SP_INDEPENDENT " if independent and k > 0 else ""    # (one index: the middle run is OpenMP's loop)
-    runs = [f"{pad}for (int32_t i{k} = {_start(k)}; i{k} < a; ++i{k}) {edge}",
+    first_edge = f"for (int32_t i{k} = {_start(k)}; i{k} < a; ++i{k}) "
+    last_edge = f"for (int32_t i{k} = b; i{k} < {_stop(k)}; ++i{k}) "
+    runs = [f"{pad}{first_edge}{edge}",
             f"{pad}{hint}for (int32_t i{k} = a; i{k} < b; ++i{k}) {middle}",
-            f"{pad}for (int32_t i{k} = b; i{k} < {_stop(k)}; ++i{k}) {edge}"]
+            f"{pad}{last_edge}{edge}"]
+    if row_end is not None:
+        runs[0] = f"{pad}if (emid) {{ {first_edge}{row_end[0]} }} else {{ {first_edge}{edge} }}"
+        runs[2] = f"{pad}if (emid) {{ {last_edge}{row_end[0]} }} else {{ {last_edge}{edge} }}"
     if k == 0:
         # one index: the middle run alone is shared out among threads; the box is cut to the rows run
         lines = ["    {", f"    {prelude}" if prelude else "",
@@ -134,8 +144,9 @@ def interior_nest(ndim: int, edge: str, middle: str, interior, private, prelude:
     if row is not None:
         runs[1] = (f"{pad}if (mid) {{ {hint}for (int32_t i{k} = a; i{k} < b; ++i{k}) {middle} }}\n"
                    f"{pad}else {{ {hint}for (int32_t i{k} = a; i{k} < b; ++i{k}) {row[0]} }}")
+    emid = " && ".join(f"elo{a} <= i{a} && i{a} < ehi{a}" for a in range(k))
     inner = ([f"{pad}{prelude}"] if prelude else []) + [
-        f"{pad}const bool mid = {mid};",
+        f"{pad}const bool mid = {mid};", *([f"{pad}const bool emid = {emid};"] if row_end is not None else []),
         f"{pad}const int32_t a = mid ? (int32_t)lo{k} : {'(int32_t)rlo' if row else f'e{k}'}, "
         f"b = mid ? (int32_t)hi{k} : {'(int32_t)rhi' if row else f'e{k}'};", *runs]
     collapse = f"collapse({k}) " if k > 1 else ""

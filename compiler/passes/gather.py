@@ -82,6 +82,10 @@ class GatherAdjoint:
     # the threads whose innermost index lies in `row`'s box (its other axes' bounds are empty) and
     # whose outer indices are outside `interior`'s: branch-free along the row (CPU entries)
     row: Interior | None = None
+    # the threads outside the innermost axis's box whose outer indices lie in `row_end`'s box (its
+    # innermost axis's bounds are empty): p - c clamped along the innermost axis alone, the outer
+    # axes' tests settled, branch-free (CPU entries; a row's first and last few threads)
+    row_end: Interior | None = None
 
 
 def gather_adjoint(adjoint: ir.Function, two_pass: bool = True) -> GatherAdjoint | None:
@@ -170,6 +174,20 @@ def gather_adjoint(adjoint: ir.Function, two_pass: bool = True) -> GatherAdjoint
         selected = select_branches(row.function, _own_loads(row.function, eligible, widens)) if row else None
         row = None if row is None or has_branches(selected) else dataclasses.replace(
             row, function=eliminate_dead_code(selected))
+    # The ends of the rows: p - c clamped along the innermost axis alone, settled along the others.
+    # A few threads a row, run one at a time, but without the fully clamped form's branches (in
+    # 3-D at 8th order they are 1 thread in 8 at 64^3 and cost as much as the vectorised rest).
+    row_end = None
+    if ndim > 1 and not any(widens):
+        inner = ndim - 1
+        end_fn = build(tuple(k == inner for k in range(ndim)))
+        row_end = interior_variant(end_fn, end_fn.name + "_end", [lower[k] if k != inner else () for k in range(ndim)],
+                                   [upper[k] if k != inner else () for k in range(ndim)], within,
+                                   axes=set(range(inner)))
+        selected = select_branches(row_end.function, _own_loads(row_end.function, eligible, widens)) \
+            if row_end else None
+        row_end = None if row_end is None or has_branches(selected) else dataclasses.replace(
+            row_end, function=eliminate_dead_code(selected))
     pointwise = pointwise_interior = None
     if found:
         base = adjoint.name.replace("_adjoint", "")
@@ -181,7 +199,7 @@ def gather_adjoint(adjoint: ir.Function, two_pass: bool = True) -> GatherAdjoint
             pointwise_interior = dataclasses.replace(pointwise_interior,
                                                      function=eliminate_dead_code(pointwise_interior.function))
     return GatherAdjoint(build(True), interior, tuple(eligible), scatters, source, widens, extent_bounds,
-                         pointwise, pointwise_interior, scratch_bytes, row)
+                         pointwise, pointwise_interior, scratch_bytes, row, row_end)
 
 
 def _own_loads(fn: ir.Function, eligible, widens) -> set[int]:
