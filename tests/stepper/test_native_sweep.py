@@ -110,3 +110,26 @@ def test_a_stretchs_advance_of_many_steps_renames_its_copies(make, loss_of, monk
     assert native.stats.peak_buffer_bytes == copying.stats.peak_buffer_bytes
     same_bits(stored, native)
     same_bits(stored, copying)
+
+
+@pytest.mark.parametrize("schedule", [lambda: sp.StoreAll(STEPS), lambda: sp.Revolve(STEPS, 10)])
+def test_a_gradients_buffers_are_freed_when_it_returns_not_by_the_cycle_collector(schedule):
+    """The runners refer to the sweep and to each other; the sweep's close drops those edges, so a
+    run's buffer pool (a store-all gradient's every state) goes when `gradient` returns, with the
+    cycle collector off (before: 485 MiB stayed after a 256^2 FWI gradient until gc ran)."""
+    import gc
+    from stepper.step.versions import BufferPool
+    model, initial = wave_model(), wave_initial()
+
+    def pools():
+        return sum(isinstance(o, BufferPool) for o in gc.get_objects())
+
+    model.gradient(initial, STEPS, loss=wave_loss, schedule=schedule())     # builds and caches what it needs
+    gc.collect()
+    gc.disable()
+    try:
+        before = pools()
+        model.gradient(initial, STEPS, loss=wave_loss, schedule=schedule())
+        assert pools() == before
+    finally:
+        gc.enable()
