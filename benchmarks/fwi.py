@@ -166,9 +166,9 @@ def worker(args) -> dict:
     problem = dict(np.load(args.problem))
     run, info = (devito_runner if args.tool == "devito" else ours_runner)(problem, args.mode, args.snapshots)
     from stepper.bench import rss
-    # Peak memory from before the first run: buffers still alive from the warm-up (a store-all
-    # gradient's ~490 MiB at 256^2, 8th order, live until Python's cycle collector runs) would
-    # otherwise not count in the timed run.
+    # Peak memory from before the first run: a tool whose buffers outlive a call (ours did until
+    # 10e1e09: a store-all gradient's ~490 MiB at 256^2, 8th order, lived until Python's cycle
+    # collector ran) would otherwise show none in the timed run.
     rss.reset_peak()
     before = rss.current_bytes()
     run()                                                     # compiles, warms caches
