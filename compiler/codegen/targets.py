@@ -404,8 +404,7 @@ def _independent(grads: int | None, *functions: ir.Function) -> bool:
     """Whether each thread of these gather-form passes writes only its own elements: no atomics and
     no accumulation into a gradient another thread adds to, among the gradients of mask `grads`
     (None: all present). Their loops may then vectorise without alias tests (SP_INDEPENDENT)."""
-    return not any(isinstance(s, ir.Atomic) or isinstance(s, ir.AccumGrad) and s.fresh_bit is None
-                   and not s.exclusive and (grads is None or grads >> s.array.param.index & 1)
+    return not any(isinstance(s, ir.Atomic) or _shared_accumulation(s, grads)
                    for fn in functions for s in ir.walk(fn.body))
 
 
@@ -413,8 +412,14 @@ def _adds_into_memory(fn: ir.Function) -> bool:
     """Whether `fn` makes atomic adds (forward atomics, or an adjoint's shared accumulations), which
     a deterministic launch into a few elements logs (see add_log in prelude.h) instead of running
     serially."""
-    return any(isinstance(s, ir.Atomic) and s.kind in ("add", "sub") or
-               isinstance(s, ir.AccumGrad) and s.fresh_bit is None and not s.exclusive for s in ir.walk(fn.body))
+    return any(isinstance(s, ir.Atomic) and s.kind in ("add", "sub") or _shared_accumulation(s)
+               for s in ir.walk(fn.body))
+
+
+def _shared_accumulation(s, grads: int | None = None) -> bool:
+    """Whether `s` adds into a gradient other threads add to (one of mask `grads`; None: any)."""
+    return (isinstance(s, ir.AccumGrad) and s.fresh_bit is None and not s.exclusive
+            and (grads is None or bool(grads >> s.array.param.index & 1)))
 
 
 def _thread_function(fn: ir.Function, debug, sites, target: Target, adjoint: bool, args: str,

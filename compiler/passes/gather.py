@@ -164,30 +164,15 @@ def gather_adjoint(adjoint: ir.Function, two_pass: bool = True) -> GatherAdjoint
         selected = select_branches(interior.function)
     interior = dataclasses.replace(interior, function=eliminate_dead_code(selected))
     # Rows of the innermost axis whose outer indices lie near a face: p - c clamped along the outer
-    # axes (the same for the whole row), inside along the innermost one, settled there.
-    row = None
+    # axes (the same for the whole row), inside along the innermost one, settled there. And the
+    # ends of the rows: clamped along the innermost axis alone, settled along the others (a few
+    # threads a row, run one at a time, but without the fully clamped form's branches: in 3-D at
+    # 8th order they are 1 thread in 8 at 64^3 and cost as much as the vectorised rest).
+    row = row_end = None
     if ndim > 1 and not any(widens):
         inner = ndim - 1
-        row_fn = build(tuple(k != inner for k in range(ndim)))
-        row = interior_variant(row_fn, row_fn.name, [() if k != inner else lower[k] for k in range(ndim)],
-                               [() if k != inner else upper[k] for k in range(ndim)], within, axes={inner})
-        selected = select_branches(row.function, _own_loads(row.function, eligible, widens)) if row else None
-        row = None if row is None or has_branches(selected) else dataclasses.replace(
-            row, function=eliminate_dead_code(selected))
-    # The ends of the rows: p - c clamped along the innermost axis alone, settled along the others.
-    # A few threads a row, run one at a time, but without the fully clamped form's branches (in
-    # 3-D at 8th order they are 1 thread in 8 at 64^3 and cost as much as the vectorised rest).
-    row_end = None
-    if ndim > 1 and not any(widens):
-        inner = ndim - 1
-        end_fn = build(tuple(k == inner for k in range(ndim)))
-        row_end = interior_variant(end_fn, end_fn.name + "_end", [lower[k] if k != inner else () for k in range(ndim)],
-                                   [upper[k] if k != inner else () for k in range(ndim)], within,
-                                   axes=set(range(inner)))
-        selected = select_branches(row_end.function, _own_loads(row_end.function, eligible, widens)) \
-            if row_end else None
-        row_end = None if row_end is None or has_branches(selected) else dataclasses.replace(
-            row_end, function=eliminate_dead_code(selected))
+        row = _settled_variant(build, lower, upper, within, eligible, widens, {inner}, "")
+        row_end = _settled_variant(build, lower, upper, within, eligible, widens, set(range(inner)), "_end")
     pointwise = pointwise_interior = None
     if found:
         base = adjoint.name.replace("_adjoint", "")
@@ -200,6 +185,20 @@ def gather_adjoint(adjoint: ir.Function, two_pass: bool = True) -> GatherAdjoint
                                                      function=eliminate_dead_code(pointwise_interior.function))
     return GatherAdjoint(build(True), interior, tuple(eligible), scatters, source, widens, extent_bounds,
                          pointwise, pointwise_interior, scratch_bytes, row, row_end)
+
+
+def _settled_variant(build, lower, upper, within, eligible, widens, settled: set, suffix: str) -> Interior | None:
+    """The form with p - c clamped along the axes outside `settled` and inside along those, whose
+    tests are settled there within the form's margins (`lower`, `upper`, `within`), its branches
+    turned into selects; None where a branch stays. Named the clamped build's name + `suffix`."""
+    ndim = len(lower)
+    fn = build(tuple(k not in settled for k in range(ndim)))
+    variant = interior_variant(fn, fn.name + suffix, [lower[k] if k in settled else () for k in range(ndim)],
+                               [upper[k] if k in settled else () for k in range(ndim)], within, axes=settled)
+    if variant is None:
+        return None
+    selected = select_branches(variant.function, _own_loads(variant.function, eligible, widens))
+    return None if has_branches(selected) else dataclasses.replace(variant, function=eliminate_dead_code(selected))
 
 
 def _own_loads(fn: ir.Function, eligible, widens) -> set[int]:
