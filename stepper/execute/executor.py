@@ -146,7 +146,9 @@ class Sweep:
         return adjoint
 
     def close(self) -> None:
-        """Release everything still held (recorded steps, the live state)."""
+        """Release everything still held (snapshots, recorded steps, the live state) and close the
+        progress bar: the end of every run, whether it finished or raised."""
+        self.tiers.close()          # first: held RAM snapshots go back to the pool
         for rec in self.recorded.values():
             self._drop(rec)
         self.recorded.clear()
@@ -159,6 +161,7 @@ class Sweep:
         # (and every buffer its runners keep) is freed when the caller drops it, not when Python's
         # cycle collector next runs (a store-all gradient's ~490 MiB at 256^2 stayed until then).
         self._runner = self.native = self.reversal = self.stretch = None
+        self.bar.close()
 
     @property
     def loss(self) -> float:

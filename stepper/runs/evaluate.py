@@ -43,6 +43,4 @@ def evaluate(model, initial, steps, loss=None, *, running_loss=None, determinist
                 sweep.terminal_loss = float(value.numpy().reshape(-1)[0])
             return sweep.loss
         finally:
-            sweep.tiers.close()
             sweep.close()
-            sweep.bar.close()

@@ -183,9 +183,7 @@ def gradient(model, initial, steps=None, loss=None, schedule=None, storage=None,
         stats = finish_stats(sweep, started)
         return GradientResult(sweep.loss, grads, final, stats)
     finally:
-        sweep.tiers.close()          # first: held RAM snapshots go back to the pool
         sweep.close()
-        sweep.bar.close()
 
 
 def _copy(arr):

@@ -161,7 +161,7 @@ class RolloutFunction:
             try:
                 return {n: clone(a, requires_grad=False) for n, a in sweep.forward().items()}
             finally:
-                _close(sweep)
+                sweep.close()
 
     def final_vjp(self, values, cotangents) -> dict:
         """``{name: array}`` for every input: the cotangents of the final state (``{state: NumPy}``)
@@ -179,7 +179,7 @@ class RolloutFunction:
                 return {n: clone(model.params[n].grad, requires_grad=False) if n in model.params else adjoint[n]
                         for n in self.inputs}
             finally:
-                _close(sweep)
+                sweep.close()
 
 
 def _assign(p: array, value) -> None:
@@ -188,12 +188,6 @@ def _assign(p: array, value) -> None:
         value = value.numpy()
     write_values(p, value)
     p._storage.version += 1
-
-
-def _close(sweep) -> None:
-    sweep.tiers.close()          # first: held RAM snapshots go back to the pool
-    sweep.close()
-    sweep.bar.close()
 
 
 # -- a step that calls another framework ------------------------------------------------------------

@@ -253,9 +253,7 @@ def jvp(model, initial, steps, tangents=None, loss=None, running_loss=None, *, d
             final = State({n: clone(a, requires_grad=False) for n, a in final.items()})
             step_tangents = list(sweep.step_losses)
         finally:
-            sweep.tiers.close()
             sweep.close()
-            sweep.bar.close()
     value = value_tangent = None
     if loss is not None or running_loss is not None:
         value, value_tangent = 0.0, 0.0

@@ -36,7 +36,7 @@ def record_rollout(model, tape, initial, steps, *, schedule=None, storage=None, 
         try:
             live = sweep.forward()
         except BaseException:
-            _close(sweep)
+            sweep.close()
             raise
         return sweep, live
 
@@ -50,7 +50,7 @@ def record_rollout(model, tape, initial, steps, *, schedule=None, storage=None, 
             seeds = {name: out.grad.numpy() for name, out in outputs.items() if out.grad is not None}
             adjoint = current.reverse(seeds=seeds)
         finally:
-            _close(current)
+            current.close()
         for name, value in initial.items():
             if isinstance(value, array) and value.requires_grad and name in adjoint:
                 value.grad._add_host(adjoint[name].numpy())
@@ -61,9 +61,3 @@ def record_rollout(model, tape, initial, steps, *, schedule=None, storage=None, 
     tape.record(RecordedOp(label, reads, {f"final['{n}']": a for n, a in outputs.items()}, {}, backward,
                            caller_location()))
     return State(outputs)
-
-
-def _close(sweep) -> None:
-    sweep.tiers.close()          # first: held RAM snapshots go back to the pool
-    sweep.close()
-    sweep.bar.close()
