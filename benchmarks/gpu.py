@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 import numpy as np
@@ -270,20 +271,35 @@ def main(argv=None) -> int:
         lines += [f"Test suite with `--device cuda`: `{tail[0]}` (exit code {proc.returncode})", ""]
     rounds = 3 if args.quick else args.rounds
     rows: list = []
-    bandwidth(rows, 1 << 12 if args.quick else 1 << 26, rounds)
-    launch_overhead(rows, rounds, 20 if args.quick else 1000)
-    deterministic_loss(rows, 1 << 15 if args.quick else 1 << 20, rounds, 2 if args.quick else 20)
+    failed = []
+
+    def section(fn, *fn_args):
+        # Each row is printed as it comes and a failing section does not stop the others: device time
+        # is scarce, and a run cut off at its time limit still reports what it measured.
+        done = len(rows)
+        try:
+            fn(rows, *fn_args)
+        except Exception:
+            traceback.print_exc()
+            failed.append(fn.__name__)
+        for row in rows[done:]:
+            print("| " + " | ".join(row) + " |", flush=True)
+    section(bandwidth, 1 << 12 if args.quick else 1 << 26, rounds)
+    section(launch_overhead, rounds, 20 if args.quick else 1000)
+    section(deterministic_loss, 1 << 15 if args.quick else 1 << 20, rounds, 2 if args.quick else 20)
     for n, steps, snapshots in ([(16, 20, 4)] if args.quick else [(256, 10_000, 100), (2048, 1_000, 30)]):
-        wave(rows, n, steps, snapshots, rounds)
+        section(wave, n, steps, snapshots, rounds)
     with tempfile.TemporaryDirectory() as scratch:
-        own_alternatives(rows, 16 if args.quick else 256, 60 if args.quick else 2_000, rounds, Path(scratch))
+        section(own_alternatives, 16 if args.quick else 256, 60 if args.quick else 2_000, rounds, Path(scratch))
+    if failed:
+        lines += [f"Failed (traceback in the output): {', '.join(failed)}", ""]
     lines += [f"Medians over {rounds} interleaved rounds (min-max).", "",
               "| measurement | unit | ours | peer | peer's | ours / peer |", "|---|---|---:|---|---:|---:|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

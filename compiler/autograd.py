@@ -477,7 +477,7 @@ def jacobian_plot(jacobians: dict, *, title: str | None = None, filename=None, s
 
 
 # -- loop tape ---------------------------------------------------------------------------------------
-def loop_tape_words(kernel: Kernel, dim, inputs=(), outputs=(), device=None) -> np.ndarray:
+def loop_tape_words(kernel: Kernel, dim, inputs=(), outputs=()) -> np.ndarray:
     """Per thread, the 8-byte words the adjoint of this launch keeps on its loop tape: what the counting
     pass measures before ``tape.backward`` allocates ``max(words) * threads`` of them. Each iteration of
     a dynamic loop saves the carried values its reverse sweep needs (one word per scalar, more for
@@ -493,11 +493,14 @@ def loop_tape_words(kernel: Kernel, dim, inputs=(), outputs=(), device=None) -> 
     counts = np.zeros(n, np.int64)
     if not compiled.needs_tape or n == 0:
         return counts
-    device = str(device or next((a.device for a in args if isinstance(a, array)), "cpu"))
+    # The counting pass is the CPU build's: it runs on host copies of GPU arrays (their pointers are
+    # not host memory; reading them from the CPU crashed the process on the first GPU run).
+    args = [clone(a, device="cpu", requires_grad=False) if isinstance(a, array) and a.device != "cpu" else a
+            for a in args]
     values = _header(dims)
     adjoint_values = [0] * len(values)
     for p, a in zip(sig.params, args):
-        values += _check_argument(kernel, p, a, device)
+        values += _check_argument(kernel, p, a, "cpu")
         adjoint_values += (_array_values(None, like=a) if isinstance(a, array)
                            else _zero_values(p.type))
     fn = kernel.entry(False).function(compiled.adjoint.name, adjoint=True)

@@ -172,7 +172,10 @@ def test_atomic_adjoints(device):
     expected = seed[0] * 2 * xv - seed[1] * np.cos(xv)
     expected[np.argmin(xv)] += seed[2]
     expected[np.argmax(xv)] += 2 * seed[3]
-    np.testing.assert_allclose(g, expected, rtol=1e-15)
+    # cos is not correctly rounded on every target (CUDA's double cos: 2 ulp), so the bound is a few
+    # ulp of the terms added, not of their (sometimes cancelling) sum
+    terms = np.abs(seed[0] * 2 * xv) + np.abs(seed[1]) + np.abs(seed[2]) + 2 * np.abs(seed[3])
+    np.testing.assert_allclose(g, expected, rtol=0, atol=4 * np.finfo(np.float64).eps * terms.max())
     np.testing.assert_array_equal(acc.grad.numpy(), seed)      # accumulation passes the seed through
 
 

@@ -432,3 +432,18 @@ def test_closure_captured_values(device):
     np.testing.assert_array_equal(out.numpy(), [4.0, -5.0, 1.75])
     sp.launch(half_minus_two, 3, inputs=[x], outputs=[out])
     np.testing.assert_array_equal(out.numpy(), [-1.5, -3.0, -1.875])
+
+
+@sp.kernel
+def squares(x: sp.array(dtype=sp.float64), y: sp.array(dtype=sp.float64)):
+    i = sp.tid()
+    y[i] = x[i] ** 2 + pow(x[i], 2)
+
+
+def test_a_square_is_a_product_on_every_target():
+    # CUDA's pow is not correctly rounded (pow(0.3, 2.0) gave 0.08999999999999998 on an H100), so
+    # x ** 2 compiles to x * x, one correctly rounded product: the CPU's bits on the GPU.
+    from compiler.codegen.targets import render_cpu, render_cuda
+    for render in (render_cpu, render_cuda):
+        source = render([squares.compiled().functions()], False).source
+        assert "pow(" not in source.split("squares", 1)[1]

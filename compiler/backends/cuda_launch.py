@@ -277,7 +277,7 @@ class StreamCapture:
         cuda_driver.primary_context(self.ordinal)
         try:
             graph = cuda_driver._check(driver.cuStreamEndCapture(self.stream), "cuStreamEndCapture")
-            self.exec = cuda_driver._check(driver.cuGraphInstantiateWithFlags(graph, 0), "cuGraphInstantiate")
+            self.exec = cuda_driver._check(driver.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
             weakref.finalize(self, _destroy_exec, self.exec, self.ordinal)
             cuda_driver._check(driver.cuGraphDestroy(graph), "cuGraphDestroy")
         finally:

@@ -100,7 +100,7 @@ def _api(fn):
         except _Fail as f:
             return (f.code,)
         return (_OK,) if out is None else (_OK, *out) if isinstance(out, tuple) else (_OK, out)
-    call.__name__ = fn.__name__
+    call.__name__, call.__wrapped__ = fn.__name__, fn      # __wrapped__: inspect.signature sees fn's parameters
     return call
 
 

@@ -15,7 +15,7 @@ from .core import (_OK, CUevent, CUgraph, CUgraphExec, CUresult, CUstream, CUstr
 __all__ = [
     "cuStreamCreate", "cuStreamDestroy", "cuStreamSynchronize", "cuEventCreate", "cuEventRecord",
     "cuEventQuery", "cuEventSynchronize", "cuStreamWaitEvent", "cuEventDestroy", "cuStreamBeginCapture",
-    "cuStreamEndCapture", "cuGraphInstantiateWithFlags", "cuGraphLaunch", "cuGraphDestroy",
+    "cuStreamEndCapture", "cuGraphInstantiate", "cuGraphLaunch", "cuGraphDestroy",
     "cuGraphExecDestroy"
 ]
 
@@ -122,7 +122,7 @@ def cuStreamEndCapture(stream):
 
 
 @_api
-def cuGraphInstantiateWithFlags(graph, flags):
+def cuGraphInstantiate(graph, flags):
     return CUgraphExec(list(graph.nodes), _context())
 
 
