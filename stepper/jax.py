@@ -195,6 +195,19 @@ def _compile(fn) -> _Compiled:
     return found
 
 
+def _jax_device(device: str):
+    """The JAX device for a stepper device name: JAX's CPU for "cpu", its n-th GPU for "cuda:n" (JAX's
+    first device where it has no GPU, e.g. under the CUDA simulator)."""
+    if device == "cpu":
+        return jax.devices("cpu")[0]
+    try:
+        gpus = jax.devices("gpu")
+    except RuntimeError:         # no GPU backend in this JAX
+        return jax.devices()[0]
+    ordinal = int(device.partition(":")[2] or 0)
+    return gpus[ordinal] if ordinal < len(gpus) else jax.devices()[0]
+
+
 def call(fn, inputs, outputs) -> None:
     """Inside a step: ``outputs = fn(*inputs)`` computed by JAX. `fn` takes one JAX array per input
     (vector components last) and returns one array, or a tuple with one per output, of the outputs'
@@ -216,12 +229,19 @@ def call(fn, inputs, outputs) -> None:
     compiled = _compile(fn)
     name = f"stepper.jax.call({getattr(fn, '__name__', 'fn')})"
 
-    # Through the host: jax.jit takes NumPy arguments (one copy in) and gives results NumPy reads.
+    # Through the host: the arguments go to the JAX device matching the model's (one copy in), the
+    # results come back to NumPy. Never JAX's default device: that is the GPU on a GPU machine even
+    # for a CPU model, and XLA's CPU and GPU arithmetic differ in the last bits, so a run inside
+    # `stepper.jax.function`'s callback and a run outside it gave different bits on an H100.
+    def on_device(values):
+        where = _jax_device(ins[0].device if ins else outs[0].device)
+        return tuple(jax.device_put(v, where) for v in values)
+
     def forward(arrays):
-        return [np.asarray(r) for r in compiled.forward(*(a.numpy() for a in arrays))]
+        return [np.asarray(r) for r in compiled.forward(*on_device(a.numpy() for a in arrays))]
 
     def vjp(arrays, cotangents, wanted):
-        grads = compiled.vjp(tuple(a.numpy() for a in arrays), tuple(c.numpy() for c in cotangents))
+        grads = compiled.vjp(on_device(a.numpy() for a in arrays), on_device(c.numpy() for c in cotangents))
         return [np.asarray(grads[i]) for i in wanted]
 
     record_call(name, ins, outs, forward, vjp, lambda where: compiled.check(name, where, ins, outs))
