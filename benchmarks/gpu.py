@@ -191,6 +191,7 @@ def own_alternatives(rows: list, n: int, steps: int, rounds: int, scratch: Path)
     import stepper as sp
     import stepper.execute.fast.native_reverse as native_reverse
     from stepper.execute.executor import Sweep
+    from stepper.execute.fast.graph_loop import GraphLoops
     from stepper.execute.snapshots import Tiers
     model, loss, start = _wave_model(n)
     revolve = lambda: model.gradient(start, steps=steps, loss=loss, schedule=sp.Revolve(steps, 10))  # noqa: E731
@@ -215,7 +216,9 @@ def own_alternatives(rows: list, n: int, steps: int, rounds: int, scratch: Path)
             ("Revolve-10 gradient, reversals without a tape", revolve, native_reverse, "plannable",
              lambda trace: False, "through the tape"),
             ("MultiLevel(2 RAM, 8 HDF5) gradient, async snapshot copies", multilevel, Tiers, "MAX_IN_FLIGHT", 0,
-             "synchronous copies")):
+             "synchronous copies"),
+            (f"Revolve-10 gradient, graphs from {GraphLoops.MIN_STEPS} steps", revolve, GraphLoops, "MIN_STEPS", 3,
+             "graphs from 3 steps (a first step and one pair)")):
         fn()                             # compile and warm up
         t = interleaved({"ours": fn, "peer": toggled(fn, owner, name, off)}, rounds)
         rows.append((f"wave {n}^2, {steps} steps, {label}", "s", summary(t["ours"]), peer, summary(t["peer"]),
