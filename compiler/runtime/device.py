@@ -49,6 +49,18 @@ def get_device(spec: str | Device | None = None) -> Device:
         return CPU
     if isinstance(spec, Device):
         return spec
+    parsed = _PARSED.get(spec) if type(spec) is str else None
+    if parsed is None:
+        parsed = _parse(spec)
+        if type(spec) is str and len(_PARSED) < 64:
+            _PARSED[spec] = parsed     # every GPU launch names its device: parse each name once
+    return parsed
+
+
+_PARSED: dict[str, Device] = {}
+
+
+def _parse(spec) -> Device:
     match = _SPEC.match(spec.strip()) if isinstance(spec, str) else None
     if match is None:
         raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N' (N = 0, 1, ...), got {spec!r}")
