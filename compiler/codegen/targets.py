@@ -340,10 +340,12 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
         lines += _thread_function(row.function, debug, sites, target, adjoint, fn.name, hot=True)
     row_end = row_end if target is CPU and interior is not None else None
     if row_end is not None:
-        lines += _thread_function(row_end.function, debug, sites, target, adjoint, fn.name)
+        # inlined, so that a row's ends run as loops the compiler can vectorise (see interior_nest)
+        lines += _thread_function(row_end.function, debug, sites, target, adjoint, fn.name, hot=True)
     gather_entry = adjoint and entry_template is target.gather_entry
     if interior is not None:
-        independent = gather_entry and _independent(grads, fn, interior.function, *((row.function,) if row else ()))
+        independent = gather_entry and _independent(grads, fn, interior.function, *((row.function,) if row else ()),
+                                                     *((row_end.function,) if row_end else ()))
         nest = loops.interior_nest(fn.tid_ndim, fn.name + call, interior.function.name + call, interior, private,
                                    prelude, threshold, (row.function.name + call, row) if row is not None else None,
                                    independent=independent,
