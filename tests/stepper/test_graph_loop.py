@@ -145,3 +145,20 @@ def test_store_all_records_without_a_tape_on_a_gpu(make, monkeypatch):
     if make is wave:
         assert tape.stats.peak_memory_bytes - native.stats.peak_memory_bytes >= (STEPS - 5) * model.states["up"].nbytes
     same_bits(tape, native)
+
+
+def test_a_gradients_first_sweep_runs_trusted_steps_from_the_trace(monkeypatch):
+    """The graph loops take no run of the first sweep (no spare ring memory yet), so its steps ran
+    the step function, each with its checks: ~100 us a step of host time on an H100 (2026-11-26).
+    Trusted steps replay their trace there instead, with the step function's bits."""
+    import stepper.step.step_context as step_context
+    calls = []
+    run = step_context.StepRunner.run
+    monkeypatch.setattr(step_context.StepRunner, "run", lambda self, *a, **k: (calls.append(a[0]), run(self, *a, **k))[1])
+    model, initial = chain()
+    fast = model.gradient(initial, STEPS, loss=loss, schedule=sp.Revolve(STEPS, 4))
+    assert len(calls) == 2
+    monkeypatch.setattr(Sweep, "native_loops", False)
+    monkeypatch.setattr(step_context.StepRunner, "trusted", property(lambda self: False))
+    same_bits(model.gradient(initial, STEPS, loss=loss, schedule=sp.Revolve(STEPS, 4)), fast)
+    assert len(calls) > STEPS
