@@ -14,8 +14,11 @@ the ring goes back to the pool to be handed out last and is asked for again: a R
 gradient of the chain test model captured 15 graphs in 80 runs of 2,030 steps (taking any
 free versions found none again). The price is memory: the ring is two versions besides the
 run's result, one state more than the step-by-step path holds while a run lasts, so a run
-takes the graph path only where the pool has that memory free already (a gradient never grows
-past the step-by-step path's peak for it). A rollout's runs (``in_place``) need no ring of their
+takes the ring only where the pool has that memory free already (a gradient never grows past the
+step-by-step path's peak for it). Where it has not, the run takes versions as the step-by-step path
+would and captures a graph of its own (`_in_step_memory`): until 2026-11-26 such runs kept to the
+Python path, which left a gradient's first sweep, and every run of Revolve-100 over the 256^2
+wave's 10,000 steps, without a graph (~40 us of host time a step on an H100). A rollout's runs (``in_place``) need no ring of their
 own: the run's starting version and one other alternate, the two a rollout holds anyway.
 Capturing costs about what its launches cost and instantiating more, so runs shorter than
 `MIN_STEPS` keep to the Python path. A step that reads a series reads, in the graph, two row
@@ -75,7 +78,7 @@ class GraphLoops:
         elif self._spare_memory(trace, starts):
             result = self._in_ring(trace, prev, starts, steps, n)
         else:
-            return None
+            result = self._in_step_memory(trace, prev, starts, steps, n)
         self.steps += steps
         self.calls += 1
         return result
@@ -183,6 +186,43 @@ class GraphLoops:
         need.update(self.pool.kind(shape, dtype) for _, shape, dtype, _ in trace.scratch)
         return all(len(kind.free) >= count for kind, count in need.items())
 
+    def _in_step_memory(self, trace, prev: State, starts: list, steps: int, n: int) -> State:
+        """`_in_ring` where the pool is short: versions taken when and as the step-by-step path takes
+        them, so no more memory than it. The first step from `prev` into A, then pairs A -> B -> A
+        by graph and one more A -> B when the count asks; the version written last is the result. B
+        is `prev`'s own memory where only the caller holds it (as the step-by-step path's second
+        step would reuse it), else a version from the pool. The versions differ from run to run, so
+        each run captures its graph (a pair's launches and an instantiation), which still beats
+        launching every step from Python from runs of `MIN_STEPS` on."""
+        pool = self.pool
+        a = [pool.take(kind, False) for kind in self._kinds]
+        own = [s if pool.holds(s) == 1 else None for s in starts]
+        b = [pool.take(kind, False) if s is None else s for s, kind in zip(own, self._kinds)]
+        scratch = {name: pool.take(pool.kind(shape, dtype), False) for name, shape, dtype, _ in trace.scratch}
+        first, second = State(dict(zip(self._names, a))), State(dict(zip(self._names, b)))
+        pairs, extra = divmod(steps - 1, 2)
+        rows = self._rows
+        try:
+            self._step(trace, prev, first, scratch, series=rows.rows.views(n))
+            if pairs:
+                graph = self._graph(trace, first, second, scratch, keep=False)
+                for j in range(pairs):
+                    rows.load(n + 1 + 2 * j)
+                    graph.replay()
+            if extra:
+                self._step(trace, first, second, scratch, series=rows.rows.views(n + steps - 1))
+        except BaseException:
+            pool.release_all((*a, *scratch.values(), *(x for x, o in zip(b, own) if o is None)))
+            raise
+        for arr in (*a, *b, *scratch.values()):
+            arr._storage.version += 1                 # written, as launches mark what they write
+        result, spare = (b, a) if extra else (a, b)
+        # Each of a, b holds once: ours, or for `prev`'s own memory the caller's. The result's is the
+        # caller's now; the caller's hold on a start held elsewhere is taken over.
+        pool.release_all([s for s, o in zip(starts, own) if o is None])
+        pool.release_all((*spare, *scratch.values()), last=True)
+        return State(dict(zip(self._names, result)))
+
     def _step(self, trace, prev: State, nxt: State, scratch: dict, graph: Graph | None = None,
               series: dict | None = None, with_loss: bool = False) -> None:
         """One step from `prev` into `nxt`: run now, or (with `graph`) captured into it."""
@@ -198,8 +238,9 @@ class GraphLoops:
             args = [groups[x.group][x.name] if type(x) is Slot else x for x in t.args]
             relaunch(t.kernel, t.dims, args, t.deterministic, where=t.where, graph=graph)
 
-    def _graph(self, trace, first: State, second: State, scratch: dict) -> Graph:
-        """The graph of two steps, first -> second -> first: kept, or captured now."""
+    def _graph(self, trace, first: State, second: State, scratch: dict, keep: bool = True) -> Graph:
+        """The graph of two steps, first -> second -> first: kept, or captured now (and kept for
+        later runs unless `keep` is False: a graph of versions that are not a ring's)."""
         key = tuple(arr._data.ptr for arr in (*first.values(), *second.values(), *scratch.values()))
         kept = self._graphs.get(key)
         if kept is not None and kept[0] is trace:
@@ -212,10 +253,12 @@ class GraphLoops:
             self._step(trace, second, first, scratch, graph, series=self._rows.buffers[1])
         finally:
             graph.finish(run=False)
+        self.captures += 1
+        if not keep:
+            return graph
         self._graphs[key] = (trace, graph)
         if len(self._graphs) > self.KEEP:
             self._graphs.popitem(last=False)
-        self.captures += 1
         return graph
 
 
