@@ -27,6 +27,7 @@ from .runs.rollout import Rollout, RolloutStats
 from .runs.second_order import HvpResult, JvpResult
 from .step.state import State, StateSpec
 from .step.step_context import StepContext
+from .step.versions import release_memory
 
 __version__ = "0.1.0"
 
@@ -43,5 +44,5 @@ __all__ = [
     *_compiler_all, *_checkpoint_all,
     "Model", "State", "StateSpec", "StepContext", "Rollout", "RolloutStats", "GradientResult",
     "GradientStats", "JvpResult", "HvpResult", "TierStats", "ModelError", "NonFiniteError", "value_and_grad", "taylor_test", "TaylorResult",
-    "Distributed", "Ensemble", "EnsembleResult", "Member",
+    "Distributed", "Ensemble", "EnsembleResult", "Member", "release_memory",
 ]

@@ -156,11 +156,11 @@ class Sweep:
         if self.carry:
             self.pool.release_all(self.carry.values())
             self.carry = None
-        self.pool.clear()
         # The runners refer back to the sweep and to each other: without these edges the whole run
         # (and every buffer its runners keep) is freed when the caller drops it, not when Python's
         # cycle collector next runs (a store-all gradient's ~490 MiB at 256^2 stayed until then).
         self._runner = self.native = self.reversal = self.stretch = None
+        self.pool.clear()              # (after: what the runners kept is the next run's now)
         self.bar.close()
 
     @property

@@ -549,6 +549,7 @@ def test_store_all_running_out_of_memory_midway_raises_and_leaves_the_model_usab
             raise MemoryError("out of memory")
         return real(*args)
     monkeypatch.setattr(versions, "allocate", allocate)
+    sp.release_memory()                  # (else the first run's memory serves this one)
     with pytest.raises(MemoryError, match=r"a new version of shape \(12,\) and dtype float64 on cpu: out of memory") \
             as raised:
         model.gradient(initial, STEPS, loss=loss, schedule=sp.StoreAll(STEPS))

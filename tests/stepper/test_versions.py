@@ -216,3 +216,32 @@ def test_a_pools_new_versions_have_the_kinds_layout_and_name_it_when_memory_runs
     monkeypatch.setattr(versions, "allocate", out_of_memory)
     with pytest.raises(MemoryError, match=r"a new version of shape \(4, 3\) and dtype vec3 on " + first.device):
         pool.take(kind)
+
+
+def test_a_finished_runs_memory_serves_the_next_run_and_never_what_a_user_holds(device, monkeypatch):
+    """An optimisation loop asks for the same versions every call: the memory a gradient leaves free
+    serves the next one (fresh pages cost a 256^2 FWI store-all gradient 1.4x, 0.34 -> 0.48 s), while
+    what the caller holds (the result's arrays, a view of one) is never handed out again."""
+    import stepper.step.versions as versions
+    model, initial = chain_model(device=device), chain_initial(device=device)
+    schedule = lambda: sp.StoreAll(40)      # noqa: E731  (a version of each state every step)
+    first = model.gradient(initial, 40, loss=final_x_squared, schedule=schedule())
+    kept = {name: g.numpy().copy() for name, g in first.grads.items()}
+    final = first.final["x"].numpy().copy()
+    view = first.grads["x"].numpy()                      # a view the user holds on to
+    fresh = []
+    real = versions.allocate
+    monkeypatch.setattr(versions, "allocate", lambda *a: (fresh.append(a), real(*a))[1])
+    second = model.gradient(initial, 40, loss=final_x_squared, schedule=schedule())
+    # ~88 versions at its peak; new memory only for what the first run's caller kept (its final state
+    # and gradients, handed over for good)
+    assert second.stats.peak_buffer_bytes == first.stats.peak_buffer_bytes == 88 * 16 * 8 and len(fresh) <= 4
+    for name, g in kept.items():
+        np.testing.assert_array_equal(first.grads[name].numpy(), g)
+        np.testing.assert_array_equal(second.grads[name].numpy(), g)
+    np.testing.assert_array_equal(first.final["x"].numpy(), final)
+    np.testing.assert_array_equal(view, kept["x"])
+    sp.release_memory()
+    fresh.clear()
+    model.gradient(initial, 40, loss=final_x_squared, schedule=schedule())
+    assert len(fresh) > 40
