@@ -7,7 +7,7 @@ dependencies, run the test suite on the GPU, and measure what only hardware can 
 Writes a Markdown table (default benchmarks/results/gpu.md) with:
 - saxpy bandwidth against the device's own copy bandwidth (cuMemcpyDtoD of the same bytes);
 - the cost of one `launch` (tiny kernel, queued back to back) and of one launch replayed from a
-  `capture()` graph;
+  `capture()` graph; the host's cost of a trace replay's launch against the driver call alone;
 - a deterministic loss over 1M floats (chunked partials, the CPU's bits) against atomics;
 - the 256^2 and 2048^2 nonlinear wave (benchmarks/peer_impls/problem.py): our Revolve gradient
   against JAX's nested remat on the same GPU, and our forward rollout against a CuPy raw-kernel loop;
@@ -104,6 +104,44 @@ def launch_overhead(rows: list, rounds: int, count: int = 1000) -> None:
     rows.append(("launch of a 32-thread kernel", "us per launch", summary(t["launch"], 1e6 / count),
                  "graph replay", summary(t["graph"], 1e6 / count),
                  summary([a / b for a, b in zip(t["launch"], t["graph"])])))
+
+
+def host_cost(rows: list, rounds: int, count: int = 2000, n: int = 256) -> None:
+    """What one launch costs the host: a step's trace replay (`relaunch`, what recomputed steps and
+    reversals outside graphs pay per launch) against the cuda-bindings `cuLaunchKernel` call alone,
+    its arguments prepared (an n x n wave step; the GPU side is queued, not waited for)."""
+    import ctypes
+
+    import stepper as sp
+    from compiler.backends import cuda_driver
+    from compiler.backends import cuda_launch as cl
+    from compiler.backends.cuda_module import cuda_module
+    from compiler.runtime.device import get_device
+    from compiler.runtime.launch import packed_forward, relaunch
+    from peer_impls.ours import wave_step
+    from peer_impls.problem import B, C
+    a, b, c, d = (sp.zeros((n, n), dtype=sp.float32, device="cuda") for _ in range(4))
+    args = [a, b, C, B, c, d]
+    relaunch(wave_step, (n, n), args, False)
+    fn = cuda_module(wave_step.module, False, get_device("cuda:0")).function(wave_step.compiled().forward.name,
+                                                                             adjoint=False)
+    _, packed, serial, _ = packed_forward(wave_step, (n, n), args, False, "cuda:0")
+    buf = cl._by_value(packed)
+    params = (ctypes.c_void_p * 1)(ctypes.addressof(buf))
+    driver, stream = cuda_driver._driver(), cuda_driver._driver().CUstream(0)
+    grid, block = cl._grid(n * n, serial, 0)
+
+    def repeat(fn):
+        def run():
+            for _ in range(count):
+                fn()
+        return run
+    t = interleaved({"relaunch": repeat(lambda: relaunch(wave_step, (n, n), args, False)),
+                     "raw": repeat(lambda: driver.cuLaunchKernel(fn, grid, 1, 1, block, 1, 1, 0, stream,
+                                                                 ctypes.addressof(params), 0))}, rounds)
+    rows.append((f"host cost of a trace replay's launch (relaunch), {n}^2 wave step", "us per launch", summary(t["relaunch"], 1e6 / count),
+                 "cuLaunchKernel call alone", summary(t["raw"], 1e6 / count),
+                 summary([x / y for x, y in zip(t["relaunch"], t["raw"])])))
 
 
 def deterministic_loss(rows: list, n: int, rounds: int, count: int = 20) -> None:
@@ -289,6 +327,7 @@ def main(argv=None) -> int:
             print("| " + " | ".join(row) + " |", flush=True)
     section(bandwidth, 1 << 12 if args.quick else 1 << 26, rounds)
     section(launch_overhead, rounds, 20 if args.quick else 1000)
+    section(host_cost, rounds, 5 if args.quick else 2000, 16 if args.quick else 256)
     section(deterministic_loss, 1 << 15 if args.quick else 1 << 20, rounds, 2 if args.quick else 20)
     for n, steps, snapshots in ([(16, 20, 4)] if args.quick else [(256, 10_000, 100), (2048, 1_000, 30)]):
         section(wave, n, steps, snapshots, rounds)

@@ -367,7 +367,8 @@ def test_the_gpu_command_runs(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     table = out.read_text()
     assert "On the CUDA simulator" in table
-    for row in ("| saxpy, 4,096 floats |", "| launch of a 32-thread kernel |", "| wave 16^2, 20 steps, forward |",
+    for row in ("| saxpy, 4,096 floats |", "| launch of a 32-thread kernel |",
+                "| host cost of a trace replay's launch (relaunch), 16^2 wave step |", "| wave 16^2, 20 steps, forward |",
                 "| wave 16^2, 20 steps, gradient (Revolve-4) |",
                 "| wave 16^2, 60 steps, Revolve-10 gradient, native loops |",
                 "| wave 16^2, 60 steps, Revolve-10 gradient, reversals without a tape |",
