@@ -212,6 +212,26 @@ SP_FUNC bool logical_and(bool a, bool b) { return a && b; }
 SP_FUNC bool logical_or(bool a, bool b) { return a || b; }
 SP_FUNC bool logical_not(bool a) { return !a; }
 template <typename T> SP_FUNC T where(bool c, const T& a, const T& b) { return c ? a : b; }
+#ifndef SP_CUDA
+// `where` for the gather form's row variant (compiler/codegen/targets.py): its conditions are the
+// same for a whole row (they test the clamped outer indices), and GCC does not vectorise a float
+// select on such a loop-invariant bool (3-D 8th-order adjoints ran their face rows one thread at a
+// time). A float's bits blended by a mask vectorise as and/or; exact, it picks a's or b's bits.
+template <typename T> SP_FUNC T blend(bool c, const T& a, const T& b) {
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+        using U = std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>;
+        U ua, ub;
+        std::memcpy(&ua, &a, sizeof(T));
+        std::memcpy(&ub, &b, sizeof(T));
+        const U m = U(0) - U(c), r = (ua & m) | (ub & ~m);
+        T out;
+        std::memcpy(&out, &r, sizeof(T));
+        return out;
+    } else {
+        return c ? a : b;
+    }
+}
+#endif
 
 template <typename R, typename T> SP_FUNC R cast(T x) { return R(x); }
 template <typename R, typename... A> SP_FUNC R construct(A... a) { return R(a...); }

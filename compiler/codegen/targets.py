@@ -337,7 +337,7 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
     box, pick = "", ""
     row = row if target is CPU and interior is not None else None     # a gather form's (GatherAdjoint.row)
     if row is not None:
-        lines += _thread_function(row.function, debug, sites, target, adjoint, fn.name, hot=True)
+        lines += _thread_function(row.function, debug, sites, target, adjoint, fn.name, hot=True, blend=True)
     row_end = row_end if target is CPU and interior is not None else None
     if row_end is not None:
         # inlined, so that a row's ends run as loops the compiler can vectorise (see interior_nest)
@@ -425,7 +425,7 @@ def _shared_accumulation(s, grads: int | None = None) -> bool:
 
 
 def _thread_function(fn: ir.Function, debug, sites, target: Target, adjoint: bool, args: str,
-                     hot: bool = False) -> list[str]:
+                     hot: bool = False, blend: bool = False) -> list[str]:
     # Adjoint bodies are templates on their gradient masks (see has_grad in prelude.h); the entry picks one.
     # An interior variant (`hot`) runs the middle of the launch, called from one place: inlined
     # into its loop always, which vectorises it. GCC's unit-growth limit otherwise stops inlining
@@ -436,7 +436,10 @@ def _thread_function(fn: ir.Function, debug, sites, target: Target, adjoint: boo
                  f"int32_t tid_3, const launch_t& L, "
                  f"const {args}_args_t& A{f', const {args}_args_t& G, sp::tape_t& tp' if adjoint else ''})")
     em = FunctionEmitter(fn, debug=debug, sites=sites)
-    return [signature + " {", *em.params(adjoint), *em.declarations(), *em.body(), "}"]
+    body = em.body()
+    if blend:          # selects as bit blends (sp::blend in prelude.h: the row variant's, on the CPU)
+        body = [line.replace("sp::where(", "sp::blend(") for line in body]
+    return [signature + " {", *em.params(adjoint), *em.declarations(), *body, "}"]
 
 
 # Relative costs of one thread's statements, in units of an add (scaled by the scalars an op handles):
