@@ -70,11 +70,11 @@ def _(b, g, out, x, y):
 
 @adjoint("div")
 def _(b, g, out, x, y):
-    b.accum(x, b.op("div", g, y))
-    if isinstance(x.type, ScalarType):
-        b.accum(y, b.op("neg", b.op("div", b.op("mul", g, out), y)))
-    else:
-        b.accum(y, b.op("neg", b.op("div", b.op("inner", g, out), y)))
+    # d(x/y)/dy = -out/y: reuse g/y, so an adjoint divides once where the forward does (a division
+    # costs as much as ten multiplies in a vectorised loop)
+    g_over_y = b.op("div", g, y)
+    b.accum(x, g_over_y)
+    b.accum(y, b.op("neg", b.op("mul" if isinstance(x.type, ScalarType) else "inner", g_over_y, out)))
 
 
 @adjoint("mod")

@@ -131,6 +131,11 @@ def gather_adjoint(adjoint: ir.Function, two_pass: bool = True) -> GatherAdjoint
     ndim = adjoint.tid_ndim
     lower = [(Bound(max(0, *(c[k][0] for c in passes))),) for k in range(ndim)]
     upper = [(Bound(min(0, *(c[k][0] for c in passes)), ((1, ("dim", source, k)),)),) for k in range(ndim)]
+    # A table read at constant indices (w[r] under a neighbour's guard) is read unguarded in the
+    # variants, each of whose boxes is empty unless the table holds those indices.
+    tables = _table_reads(body)
+    upper = [upper[k] + tuple(b for name, index in sorted(tables) for b in _empty_unless_inside(k, name, index))
+             for k in range(ndim)]
     # Each pass copies the whole adjoint and keeps what reaches its offset: drop the rest here, not
     # in the C++ compiler (half the C++ lines of a stencil module).
     shifts = {name: [[site_offset[id(s)][k][0] for s in gathered if s.array.param.name == name] for k in range(ndim)]
@@ -158,7 +163,7 @@ def gather_adjoint(adjoint: ir.Function, two_pass: bool = True) -> GatherAdjoint
     same = _same_extents(set(eligible) if not any(widens) else (), source)
     within = ([b[0] for b in lower], [b[0] for b in upper], same)
     interior = interior_variant(unclamped, unclamped.name, lower, upper, within)
-    selected = select_branches(interior.function, _own_loads(interior.function, eligible, widens))
+    selected = select_branches(interior.function, _own_loads(interior.function, eligible, widens, tables))
     if has_branches(selected):
         interior = interior_variant(unclamped, unclamped.name, lower, upper)
         selected = select_branches(interior.function)
@@ -171,8 +176,8 @@ def gather_adjoint(adjoint: ir.Function, two_pass: bool = True) -> GatherAdjoint
     row = row_end = None
     if ndim > 1 and not any(widens):
         inner = ndim - 1
-        row = _settled_variant(build, lower, upper, within, eligible, widens, {inner}, "")
-        row_end = _settled_variant(build, lower, upper, within, eligible, widens, set(range(inner)), "_end")
+        row = _settled_variant(build, lower, upper, within, eligible, widens, tables, {inner}, "")
+        row_end = _settled_variant(build, lower, upper, within, eligible, widens, tables, set(range(inner)), "_end")
     pointwise = pointwise_interior = None
     if found:
         base = adjoint.name.replace("_adjoint", "")
@@ -187,7 +192,8 @@ def gather_adjoint(adjoint: ir.Function, two_pass: bool = True) -> GatherAdjoint
                          pointwise, pointwise_interior, scratch_bytes, row, row_end)
 
 
-def _settled_variant(build, lower, upper, within, eligible, widens, settled: set, suffix: str) -> Interior | None:
+def _settled_variant(build, lower, upper, within, eligible, widens, tables, settled: set,
+                     suffix: str) -> Interior | None:
     """The form with p - c clamped along the axes outside `settled` and inside along those, whose
     tests are settled there within the form's margins (`lower`, `upper`, `within`), its branches
     turned into selects; None where a branch stays. Named the clamped build's name + `suffix`."""
@@ -197,19 +203,49 @@ def _settled_variant(build, lower, upper, within, eligible, widens, settled: set
                                [upper[k] if k in settled else () for k in range(ndim)], within, axes=settled)
     if variant is None:
         return None
-    selected = select_branches(variant.function, _own_loads(variant.function, eligible, widens))
+    selected = select_branches(variant.function, _own_loads(variant.function, eligible, widens, tables))
     return None if has_branches(selected) else dataclasses.replace(variant, function=eliminate_dead_code(selected))
 
 
-def _own_loads(fn: ir.Function, eligible, widens) -> set[int]:
+def _own_loads(fn: ir.Function, eligible, widens, tables) -> set[int]:
     """Ids of `fn`'s loads of a gathered array at the thread's own index, which every thread may
-    make (such an array spans the launch exactly unless the form widens)."""
+    make (such an array spans the launch exactly unless the form widens), and of its `tables`
+    reads (the box of a variant is empty unless they are in bounds)."""
+    reads = {id(s) for s in ir.walk(fn.body) if isinstance(s, ir.Load) and _table_read(s) in tables}
     if any(widens):
-        return set()
+        return reads
     offsets = tid_offsets(fn.body, fn.tid_ndim)
     own = [(k, Bound()) for k in range(fn.tid_ndim)]
-    return {id(s) for s in ir.walk(fn.body) if isinstance(s, (ir.Load, ir.ReadGrad)) and s.array.param.name in eligible
-            and [offsets.get(x.id) if isinstance(x, ir.Temp) else None for x in s.indices] == own}
+    return reads | {id(s) for s in ir.walk(fn.body) if isinstance(s, (ir.Load, ir.ReadGrad))
+                    and s.array.param.name in eligible
+                    and [offsets.get(x.id) if isinstance(x, ir.Temp) else None for x in s.indices] == own}
+
+
+def _table_read(s: ir.Load):
+    """(array name, indices) of a load at constant indices, or None."""
+    if all(isinstance(i, ir.Const) for i in s.indices):
+        return s.array.param.name, tuple(int(i.value) for i in s.indices)
+    return None
+
+
+def _table_reads(body) -> frozenset:
+    """The loads at constant indices of arrays the adjoint does not write, as `_table_read` gives them."""
+    written = {s.array.param.name for s in ir.walk(body) if isinstance(s, (ir.Store, ir.Atomic))}
+    reads = {_table_read(s) for s in ir.walk(body) if isinstance(s, ir.Load) and s.array.param.name not in written}
+    return frozenset(reads - {None})
+
+
+# Far beyond any launch extent: a table too short for one of its reads empties the box.
+_EMPTY = 1 << 31
+
+
+def _empty_unless_inside(axis: int, name: str, index: tuple) -> tuple:
+    """Upper bounds on launch axis `axis` that leave it whole where array `name` holds `index` and
+    empty it otherwise: per table axis d, the launch's extent plus _EMPTY times (extent d of `name`
+    - index[d] - 1)."""
+    if any(i < 0 for i in index):
+        return (Bound(-_EMPTY),)
+    return tuple(Bound(-_EMPTY * (i + 1), ((1, ("extent", axis)), (_EMPTY, ("dim", name, d)))) for d, i in enumerate(index))
 
 
 def _same_extents(names, source: str):

@@ -5,7 +5,9 @@ compiler if-converts it itself, which GCC does not do for our bodies. A branch w
 compute (pure operations, reads and writes of locals, reads of scratch memory, which are in bounds
 wherever the thread is, and reads of an array the body never writes at constant indices, made as
 `Load.or_zero`: the same for every thread, hoisted out of its loop, zero if out of bounds, where
-the forward would not have read) can run both sides on every thread: each write of a local that is read
+the forward would not have read; a plain load where the caller vouches for its bounds, as a gather
+form's variants do, whose boxes are empty otherwise: GCC does not vectorise around a guarded load
+of a value that a store in the loop might change) can run both sides on every thread: each write of a local that is read
 after the branch becomes a select between the new value and the old one on the branch's condition
 (a local read only inside the branch needs none: what the side not taken writes there is never
 read). Values computed on the side not
@@ -133,7 +135,7 @@ class _Convert:
                 negated = self._not(out, s.cond, s.loc)
                 out += [ir.Op(then, "and", (cond, s.cond), s.loc), ir.Op(other, "and", (cond, negated), s.loc)]
                 out += self._predicated(s.then, then, s.loc) + self._predicated(s.orelse, other, s.loc)
-            elif id(s) in self.constant:
+            elif id(s) in self.constant and id(s) not in self.safe:
                 out.append(dataclasses.replace(s, or_zero=True))
             elif isinstance(s, ir.Assign) and s.var.id in self.kept:
                 old, new = ir.Temp(s.var.type), ir.Temp(s.var.type)

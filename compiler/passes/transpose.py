@@ -14,8 +14,9 @@ nonlinear terms), an order-k stencil's adjoint costs one pointwise adjoint per o
   what lies between a root and the accumulation (a multiply by the stencil's weight).
 
 A root is found by following an accumulation's value back through operations with one operand that
-is not *free* (free: constants, scalar arguments, extents, thread indices, and what is computed from
-these alone; the copy recomputes those at its own thread): the value is then a function of that
+is not *free* (free: constants, scalar arguments, extents, thread indices, what is computed from
+these alone, and loads at the same indices for every thread from arrays the kernel does not write: a
+coefficient table's w[r]; the copy recomputes those at its own thread): the value is then a function of that
 operand, and so on, up to an operation that combines two such values (its result is the root), a
 load (a root kept in memory already: the copy loads it again, no scratch), or a read of a local that
 branches on a value other than its root assign (the read is the root). A Laplacian's accumulations
@@ -53,7 +54,7 @@ def roots(body, sites) -> dict[int, ir.Temp] | None:
     if any(isinstance(s, (ir.Loop, ir.ReverseLoop, ir.CustomAdjoint, ir.CustomReplay, ir.Push, ir.Pop))
            for s in ir.walk(body)):
         return None
-    labels = _Labels()
+    labels = _Labels(written={s.array.param.name for s in ir.walk(body) if isinstance(s, (ir.Store, ir.Atomic))})
     labels.block(body)
     found = {}
     for s in sites:
@@ -68,10 +69,15 @@ def roots(body, sites) -> dict[int, ir.Temp] | None:
 class _Labels:
     """Per Temp: None (free) or the id of its root Temp; per Var: the same, or OTHER."""
 
-    def __init__(self):
+    def __init__(self, written: set[str]):
         self.temps: dict[int, int | None] = {}
         self.vars: dict[int, object] = {}          # unassigned: zero-initialised, free
         self.defs: dict[int, object] = {}          # root id -> its defining statement
+        self.uniform: set[int] = set()             # free Temps with one value for every thread
+        self.written = written                     # arrays the kernel stores into
+
+    def _is_uniform(self, x) -> bool:
+        return isinstance(x, ir.Const) or (isinstance(x, ir.Temp) and x.id in self.uniform)
 
     def of(self, x):
         return self.temps.get(x.id) if isinstance(x, ir.Temp) else None
@@ -95,8 +101,18 @@ class _Labels:
         elif isinstance(s, ir.Op):
             sources = {self.of(a) for a in s.args} - {None}
             self.temps[s.out.id] = sources.pop() if len(sources) == 1 else self.root(s) if sources else None
+            if all(map(self._is_uniform, s.args)):
+                self.uniform.add(s.out.id)
         elif isinstance(s, _FREE_DEFS):
             self.temps[s.out.id] = None
+            if not isinstance(s, ir.ThreadIndex):
+                self.uniform.add(s.out.id)
+        elif (isinstance(s, ir.Load) and s.array.param.name not in self.written
+              and all(map(self._is_uniform, s.indices))):
+            # one value at every thread (a coefficient table's w[r]): a product with it keeps its
+            # other operand's root, so a table's radii share one root, as a tuple's constants do
+            self.temps[s.out.id] = None
+            self.uniform.add(s.out.id)
         elif isinstance(getattr(s, "out", None), ir.Temp):
             self.temps[s.out.id] = self.root(s)
 
