@@ -465,3 +465,34 @@ def test_the_rows_ends_variant_gives_the_fully_clamped_functions_bits(kernel, sh
         _, expected = gradients(without_row_ends(kernel), shape, values, w, deterministic=deterministic)
         for a, b in zip(grads, expected):
             np.testing.assert_array_equal(a, b)
+
+
+def without_settled(kernel) -> Kernel:
+    """`kernel` in a module of its own whose gather form runs its whole interior through the
+    variant with neighbours' guards as selects, as before the settled variant."""
+    module = KernelModule(f"no_settled_{kernel.__name__}_{id(kernel)}")
+    copy = Kernel(kernel.fn, module)
+    module.add(copy)
+    compiled = copy.compiled()
+    compiled.gather = dataclasses.replace(compiled.gather, settled=None)
+    return copy
+
+
+@pytest.mark.parametrize("kernel, shape", [(corpus(8, 2)["fwi"], (31, 29)), (corpus(8, 3)["table"], (21, 19, 22)),
+                                           (corpus(4, 2)["neighbours"], (17, 16)), (corpus(2, 3)["fwi"], (9, 8, 10))])
+def test_the_settled_variant_drops_the_interiors_selects_and_keeps_its_bits(kernel, shape):
+    """Threads a stencil radius inside the interior's box run `GatherAdjoint.settled`: every
+    neighbour's guard decided, no selects left; the same bits as the interior with its selects."""
+    gather = kernel.compiled().gather
+    assert any(isinstance(s, ir.Op) and s.op == "where" for s in ir.walk(gather.interior.function.body))
+    body = list(ir.walk(gather.settled.function.body))
+    assert not any(isinstance(s, ir.If) or isinstance(s, ir.Op) and s.op == "where" for s in body)
+    assert not any(isinstance(s, ir.Load) and s.or_zero for s in body)
+    for axis in range(len(shape)):       # inside the interior's box
+        assert max(b.const for b in gather.settled.lower[axis]) > max(b.const for b in gather.interior.lower[axis])
+    values, w = inputs(kernel, shape, seed=sum(shape))
+    for deterministic in (False, True):
+        out, grads = gradients(kernel, shape, values, w, deterministic=deterministic)
+        _, expected = gradients(without_settled(kernel), shape, values, w, deterministic=deterministic)
+        for a, b in zip(grads, expected):
+            np.testing.assert_array_equal(a, b)

@@ -103,16 +103,21 @@ def plain_nest(ndim: int, call: str, private, prelude: str, threshold: int) -> s
 
 
 def interior_nest(ndim: int, edge: str, middle: str, interior, private, prelude: str, threshold: int,
-                   row=None, independent: bool = False, row_end=None) -> str:
+                   row=None, independent: bool = False, row_end=None, settled=None) -> str:
     """The CPU loop nest of an entry with an interior variant: the box [lo_k, hi_k) per axis is
     evaluated once; each row of the innermost index runs in three parts, the edges through `edge`
     and the part inside the box through `middle` (a row outside the box runs `edge` throughout, or
     with `row` = (call, its Interior), a gather form's row variant, that in the row's box).
     `row_end` = (call, its Interior): a gather form's variant for the edges of the rows whose outer
     indices lie in its box (settled along those axes, clamped along the innermost).
+    `settled` = (call, its Interior): a gather form's variant for a box inside the interior's (see
+    GatherAdjoint.settled); a row inside it runs that in its part of the box, `middle` around it.
     `independent`: no thread writes memory another reads or writes (see SP_INDEPENDENT in
     prelude.h); the middle runs vectorise without alias tests."""
     box = interior_box(ndim, interior)
+    settled = settled if ndim > 1 else None
+    if settled is not None:
+        box += [line for a in range(ndim) for line in _axis_box(a, settled[1], f"slo{a}", f"shi{a}")]
     if row is not None and ndim > 1:
         box += _axis_box(ndim - 1, row[1], "rlo", "rhi")
     row_end = row_end if ndim > 1 else None
@@ -143,8 +148,20 @@ def interior_nest(ndim: int, edge: str, middle: str, interior, private, prelude:
     outer = "".join(f"{'    ' * (a + 1)}for (int32_t i{a} = {_start(a)}; i{a} < {_stop(a)}; ++i{a}) {{\n"
                     for a in range(k))
     closing = "".join(f"{'    ' * (a + 1)}}}\n" for a in reversed(range(k)))
+    if settled is not None:
+        inside = " && ".join(f"slo{a} <= i{a} && i{a} < shi{a}" for a in range(k))
+        split = (f"const int32_t sa = (int32_t)(slo{k} < a ? a : slo{k} > b ? b : slo{k}), "
+                 f"sb = (int32_t)(shi{k} < sa ? sa : shi{k} > b ? b : shi{k}); "
+                 f"{hint}for (int32_t i{k} = a; i{k} < sa; ++i{k}) {middle} "
+                 f"{hint}for (int32_t i{k} = sa; i{k} < sb; ++i{k}) {settled[0]} "
+                 f"{hint}for (int32_t i{k} = sb; i{k} < b; ++i{k}) {middle}")
+        # (the settled box lies inside the interior's: its rows are `mid` ones)
+        middle_run = f"if ({inside}) {{ {split} }} else {{ {hint}for (int32_t i{k} = a; i{k} < b; ++i{k}) {middle} }}"
+        runs[1] = f"{pad}{middle_run}"
+    else:
+        middle_run = f"{hint}for (int32_t i{k} = a; i{k} < b; ++i{k}) {middle}"
     if row is not None:
-        runs[1] = (f"{pad}if (mid) {{ {hint}for (int32_t i{k} = a; i{k} < b; ++i{k}) {middle} }}\n"
+        runs[1] = (f"{pad}if (mid) {{ {middle_run} }}\n"
                    f"{pad}else {{ {hint}for (int32_t i{k} = a; i{k} < b; ++i{k}) {row[0]} }}")
     emid = " && ".join(f"elo{a} <= i{a} && i{a} < ehi{a}" for a in range(k))
     inner = ([f"{pad}{prelude}"] if prelude else []) + [

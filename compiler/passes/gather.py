@@ -86,6 +86,9 @@ class GatherAdjoint:
     # innermost axis's bounds are empty): p - c clamped along the innermost axis alone, the outer
     # axes' tests settled, branch-free (CPU entries; a row's first and last few threads)
     row_end: Interior | None = None
+    # the threads far enough inside that every neighbour's boundary guard holds (`interior`'s box
+    # narrowed by the stencil's radius once more): `interior` without its selects (CPU entries)
+    settled: Interior | None = None
 
 
 def gather_adjoint(adjoint: ir.Function, two_pass: bool = True) -> GatherAdjoint | None:
@@ -168,6 +171,16 @@ def gather_adjoint(adjoint: ir.Function, two_pass: bool = True) -> GatherAdjoint
         interior = interior_variant(unclamped, unclamped.name, lower, upper)
         selected = select_branches(interior.function)
     interior = dataclasses.replace(interior, function=eliminate_dead_code(selected))
+    # Where the interior keeps neighbours' guards as selects, the threads at least a stencil radius
+    # further in (most of a large launch) run a variant with every guard settled: no selects, no
+    # masked loads (2-D 8th-order FWI adjoint ~10% faster than the selects alone).
+    settled = None
+    if any(isinstance(s, ir.Op) and s.op == "where" for s in ir.walk(interior.function.body)):
+        settled = interior_variant(unclamped, unclamped.name + "_settled", lower, upper)
+        if settled is not None:
+            selected = select_branches(settled.function, _own_loads(settled.function, eligible, widens, tables))
+            settled = None if has_branches(selected) else dataclasses.replace(
+                settled, function=eliminate_dead_code(selected))
     # Rows of the innermost axis whose outer indices lie near a face: p - c clamped along the outer
     # axes (the same for the whole row), inside along the innermost one, settled there. And the
     # ends of the rows: clamped along the innermost axis alone, settled along the others (a few
@@ -189,7 +202,7 @@ def gather_adjoint(adjoint: ir.Function, two_pass: bool = True) -> GatherAdjoint
             pointwise_interior = dataclasses.replace(pointwise_interior,
                                                      function=eliminate_dead_code(pointwise_interior.function))
     return GatherAdjoint(build(True), interior, tuple(eligible), scatters, source, widens, extent_bounds,
-                         pointwise, pointwise_interior, scratch_bytes, row, row_end)
+                         pointwise, pointwise_interior, scratch_bytes, row, row_end, settled)
 
 
 def _settled_variant(build, lower, upper, within, eligible, widens, tables, settled: set,
