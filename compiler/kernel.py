@@ -23,7 +23,7 @@ from .passes.adjoint import AdjointUnsupported, adjoint_function
 from .passes.dce import eliminate_dead_code
 from .passes.gather import GatherAdjoint, gather_adjoint
 from .passes.identity_stores import IdentityStores, identity_stores
-from .passes.interior import Interior, interior_variant
+from .passes.interior import Bound, Interior, interior_variant, tid_offsets
 from .passes.tangent import TangentUnsupported, tangent_function
 from .passes.verify import verify
 from .types import ArrayType
@@ -86,6 +86,19 @@ def argument_uses(fn: ir.Function) -> dict[str, ArgumentUse]:
     return uses
 
 
+def covered_outputs(fn: ir.Function, uses: dict[str, ArgumentUse]) -> frozenset:
+    """The arrays every thread stores at its own index, unconditionally (a statement of the body's
+    top level), and that the kernel never reads: a launch over such an array's shape writes each of
+    its elements without looking at any, so a zero fill before it is never seen (the stepper skips
+    s.next's, stepper/step/trace.py `StepTrace.covered`)."""
+    offsets = tid_offsets(fn.body, fn.tid_ndim)
+    own = [(k, Bound()) for k in range(fn.tid_ndim)]
+    stored = {s.array.param.name for s in fn.body if isinstance(s, ir.Store)
+              and [offsets.get(x.id) if isinstance(x, ir.Temp) else None for x in s.indices] == own}
+    return frozenset(name for name in stored
+                     if not (uses[name].reads or uses[name].accumulates or uses[name].adjoint_reads))
+
+
 def _overwrites_of_read_values(body) -> dict[str, ir.Loc]:
     """Arrays whose stores may overwrite values the kernel read: a load before a store, or a store
     in a loop (a later iteration's load would see it). A load that only follows stores outside loops
@@ -110,6 +123,7 @@ class Compiled:
     gather: GatherAdjoint | None = None     # the scatter-free adjoint, where the kernel has one
     interior: Interior | None = None        # the forward with its boundary tests settled
     identity: IdentityStores | None = None  # `out[tid] = in[tid]` stores, and the forward without them
+    covers: frozenset = frozenset()         # see `covered_outputs`
 
     @property
     def adjoint_loads(self) -> frozenset:
@@ -172,7 +186,8 @@ class Kernel:
                 verify(identity.function)
                 if identity.interior is not None:
                     verify(identity.interior.function)
-            self._compiled = Compiled(forward, adjoint, error, uses, needs_tape, gather, interior, identity)
+            self._compiled = Compiled(forward, adjoint, error, uses, needs_tape, gather, interior, identity,
+                                      covered_outputs(forward, uses))
         return self._compiled
 
     def _forward_ir(self) -> ir.Function:

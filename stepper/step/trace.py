@@ -67,6 +67,26 @@ class StepTrace:
     step_launches: int             # the step function's launches; the running loss's follow them
     unread: frozenset              # launches whose outputs no later launch reads (see `unread_launches`)
     reversal_reads: frozenset      # the states a reversal from the step's start reads (`reversal_reads`)
+    reversal_fills: frozenset      # the buffers whose zero fill a reversal needs (`reversal_fills`)
+
+    def covered(self, shapes: dict) -> frozenset:
+        """The step's buffers, as (group, name), that the first launch touching them writes whole
+        without reading (`Compiled.covers`, launched over the buffer's shape in `shapes`): the zero
+        fill a step's take gives s.next and scratch is never seen there, so the native loops skip
+        it (the FWI step's u_next: a 350 KB fill a step)."""
+        seen, out = set(), set()
+        for t in self.launches:
+            covers = t.kernel.compiled().covers
+            bound: dict = {}
+            for a, p in zip(t.args, t.kernel.params):
+                if type(a) is Slot:
+                    bound.setdefault((a.group, a.name), []).append(p.name)
+            for key, params in bound.items():
+                if key not in seen and key in shapes and tuple(shapes[key]) == tuple(t.dims) and all(
+                        name in covers for name in params):
+                    out.add(key)
+            seen |= bound.keys()
+        return frozenset(out)
 
     @property
     def series_names(self) -> tuple:
@@ -190,7 +210,7 @@ def trace_step(tape, prev, nxt, scratch: dict, scratch_zero: dict, loss, step_op
     spec = tuple((name, a.shape, a.dtype, scratch_zero.get(name)) for name, a in scratch.items())
     unread = unread_launches(launches)
     return StepTrace(tuple(launches), spec, slots.get(id(loss)) if loss is not None else None, differentiable,
-                     step_ops, unread, reversal_reads(launches, unread))
+                     step_ops, unread, reversal_reads(launches, unread), reversal_fills(launches, unread))
 
 
 def unread_launches(launches) -> frozenset:
@@ -210,6 +230,17 @@ def unread_launches(launches) -> frozenset:
             unread.add(k)
         read_later |= slots(t, lambda u: u.reads or u.adjoint_reads)
     return frozenset(unread)
+
+
+def reversal_fills(launches, unread: frozenset) -> frozenset:
+    """The buffers, as (group, name), whose zero fill (a step's take gives s.next and scratch
+    one) a reversal needs: those the launches it runs forward (all but `unread`) touch, and
+    those an adjoint loads (`Compiled.adjoint_loads`). The FWI step's reversal runs no launch
+    forward and filled two 350 KB buffers a step for nothing."""
+    def loaded(t, p):
+        return p.name in t.kernel.compiled().adjoint_loads
+    return frozenset((a.group, a.name) for k, t in enumerate(launches) for a, p in zip(t.args, t.kernel.params)
+                     if type(a) is Slot and (k not in unread or loaded(t, p)))
 
 
 def reversal_reads(launches, unread: frozenset) -> frozenset:

@@ -155,10 +155,14 @@ class _Plan:
         copies = renamed_copies(launches, nxt)
         pairs = [pair for _, launch_pairs, _ in copies for pair in launch_pairs]
         renamed = {to for to, _ in pairs}
+        # no fill where the first launch writes the whole buffer (StepTrace.covered)
+        covered = trace.covered({**{("next", name): nxt[name].shape for name in states},
+                                 **{("scratch", spec[0]): spec[1] for spec in self.scratch}})
         zeros = [_Zero(len(states) + k, nxt[name]._data.nbytes) for k, name in enumerate(states)
-                 if name not in renamed] if zero_next else []
+                 if name not in renamed and ("next", name) not in covered] if zero_next else []
         zeros += [_Zero(2 * len(states) + k, scratch[name]._data.nbytes)
-                  for k, (name, shape, dtype, zero) in enumerate(self.scratch) if zero is not False and (zero or zero_next)]
+                  for k, (name, shape, dtype, zero) in enumerate(self.scratch)
+                  if zero is not False and (zero or zero_next) and ("scratch", name) not in covered]
         always = len(zeros)                          # then the fills of the renamed states' s.next: last step only
         zeros += [_Zero(len(states) + states.index(name), nxt[name]._data.nbytes) for name in renamed if zero_next]
         self.zeros = (_Zero * len(zeros))(*zeros)

@@ -205,8 +205,12 @@ class NativeReversal:
         return the adjoint of `prev` (held once, the caller's)."""
         pool = self.pool
         take, acquire, acquire_like = pool.take, pool.acquire, pool.acquire_like
-        nxt = {name: take(kind) for name, kind in self._kinds}
-        scratch = {name: acquire(shape, dtype, zero) for name, shape, dtype, zero in trace.scratch}
+        # only what the launches run forward below touch, or an adjoint loads, is filled as a
+        # step's take fills it (StepTrace.reversal_fills)
+        fills = trace.reversal_fills
+        nxt = {name: take(kind, None if ("next", name) in fills else False) for name, kind in self._kinds}
+        scratch = {name: acquire(shape, dtype, zero if ("scratch", name) in fills else False)
+                   for name, shape, dtype, zero in trace.scratch}
         # a kept state the reversal does not read (see Kept) has a stand-in, unread, unwritten
         stand_ins = {name: take(kind, False) for name, kind in self._kinds if name not in prev}
         arrays = {("prev", n): a for n, a in (*prev.items(), *stand_ins.items())}

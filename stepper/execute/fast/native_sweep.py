@@ -143,9 +143,12 @@ class _Tables:
         patches += [_RPatch(ctypes.addressof(buf), offset, index[("series", name)])
                     for buf, offset, name in rp.series_patches]
         self.rpatches = (_RPatch * max(len(patches), 1))(*patches)
-        before = [_Fill(index[("next", n)], rp.nbytes[("next", n)]) for n in names] if zero_next else []
+        # (as NativeReversal.reverse: only StepTrace.reversal_fills)
+        before = [_Fill(index[("next", n)], rp.nbytes[("next", n)]) for n in names
+                  if zero_next and ("next", n) in trace.reversal_fills]
         before += [_Fill(index[("scratch", name)], rp.nbytes[("scratch", name)])
-                   for name, shape, dtype, zero in trace.scratch if zero or (zero is None and zero_next)]
+                   for name, shape, dtype, zero in trace.scratch
+                   if (zero or (zero is None and zero_next)) and ("scratch", name) in trace.reversal_fills]
         self.before = (_Fill * max(len(before), 1))(*before)
         fills, calls = [], []
         for zero, _, buf, adj, serial, entry in rp.adjoints:
