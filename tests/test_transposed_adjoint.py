@@ -201,24 +201,24 @@ def test_two_pass_float32_gives_the_one_pass_bits(device):
         np.testing.assert_array_equal(a, b)
 
 
-def without_rows(kernel) -> Kernel:
-    """`kernel` in a module of its own, its gather form without the row variant (the rows near a
-    face run the clamped copy of every pass throughout)."""
-    module = KernelModule(f"no_rows_{kernel.__name__}_{id(kernel)}")
+def without(kernel, **fields) -> Kernel:
+    """`kernel` in a module of its own whose gather form has `fields` replaced (a variant set to
+    None runs what ran before it)."""
+    module = KernelModule(f"without_{'_'.join(fields)}_{kernel.__name__}_{id(kernel)}")
     copy = Kernel(kernel.fn, module)
     module.add(copy)
     compiled = copy.compiled()
-    assert compiled.gather.row is not None
-    compiled.gather = dataclasses.replace(compiled.gather, row=None)
+    compiled.gather = dataclasses.replace(compiled.gather, **fields)
     return copy
 
 
 @pytest.mark.parametrize("kernel, shape", [(corpus(8, 2)["fwi"], (21, 26)), (corpus(4, 3)["table"], (9, 8, 13)),
                                            (fwi_clamped, (12, 15)), (fwi_periodic, (11, 14))])
 def test_rows_near_a_face_give_the_clamped_copys_bits(kernel, shape, device):
+    assert kernel.compiled().gather.row is not None
     values, w = inputs(kernel, shape, seed=13)
     _, rows = gradients(kernel, shape, values, w, device)
-    _, clamped = gradients(without_rows(kernel), shape, values, w, device)
+    _, clamped = gradients(without(kernel, row=None), shape, values, w, device)
     for a, b in zip(rows, clamped):
         np.testing.assert_array_equal(a, b)
 
@@ -441,17 +441,6 @@ def test_a_constant_coefficient_table_leaves_a_deterministic_adjoint_parallel():
     assert serial_flag(True) == 2       # the table's gradient: logged adds, in fixed chunks
 
 
-def without_row_ends(kernel) -> Kernel:
-    """`kernel` in a module of its own whose gather form runs its rows' ends through the fully
-    clamped function, as before the row-end variant."""
-    module = KernelModule(f"no_row_end_{kernel.__name__}_{id(kernel)}")
-    copy = Kernel(kernel.fn, module)
-    module.add(copy)
-    compiled = copy.compiled()
-    compiled.gather = dataclasses.replace(compiled.gather, row_end=None)
-    return copy
-
-
 @pytest.mark.parametrize("kernel, shape", [(corpus(8, 3)["fwi"], (13, 12, 14)), (corpus(8, 2)["table"], (23, 19)),
                                            (corpus(4, 3)["table"], (11, 9, 10)), (corpus(2, 2)["fwi"], (2, 7))])
 def test_the_rows_ends_variant_gives_the_fully_clamped_functions_bits(kernel, shape):
@@ -462,20 +451,9 @@ def test_the_rows_ends_variant_gives_the_fully_clamped_functions_bits(kernel, sh
     values, w = inputs(kernel, shape, seed=sum(shape))
     for deterministic in (False, True):
         out, grads = gradients(kernel, shape, values, w, deterministic=deterministic)
-        _, expected = gradients(without_row_ends(kernel), shape, values, w, deterministic=deterministic)
+        _, expected = gradients(without(kernel, row_end=None), shape, values, w, deterministic=deterministic)
         for a, b in zip(grads, expected):
             np.testing.assert_array_equal(a, b)
-
-
-def without_settled(kernel) -> Kernel:
-    """`kernel` in a module of its own whose gather form runs its whole interior through the
-    variant with neighbours' guards as selects, as before the settled variant."""
-    module = KernelModule(f"no_settled_{kernel.__name__}_{id(kernel)}")
-    copy = Kernel(kernel.fn, module)
-    module.add(copy)
-    compiled = copy.compiled()
-    compiled.gather = dataclasses.replace(compiled.gather, settled=None)
-    return copy
 
 
 @pytest.mark.parametrize("kernel, shape", [(corpus(8, 2)["fwi"], (31, 29)), (corpus(8, 3)["table"], (21, 19, 22)),
@@ -493,6 +471,23 @@ def test_the_settled_variant_drops_the_interiors_selects_and_keeps_its_bits(kern
     values, w = inputs(kernel, shape, seed=sum(shape))
     for deterministic in (False, True):
         out, grads = gradients(kernel, shape, values, w, deterministic=deterministic)
-        _, expected = gradients(without_settled(kernel), shape, values, w, deterministic=deterministic)
+        _, expected = gradients(without(kernel, settled=None), shape, values, w, deterministic=deterministic)
+        for a, b in zip(grads, expected):
+            np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("kernel, shape", [(corpus(8, 3)["table"], (13, 12, 14)), (corpus(4, 3)["fwi"], (11, 9, 10)),
+                                           (corpus(2, 3)["neighbours"], (7, 9, 8))])
+def test_the_corner_variant_is_the_fully_clamped_function_without_branches_and_keeps_its_bits(kernel, shape):
+    """The ends of the rows near an outer face run `GatherAdjoint.corner`: the fully clamped
+    function with its branches turned into selects, in vector loops; the same bits as the function
+    a thread at a time, serial or not."""
+    gather = kernel.compiled().gather
+    assert gather.corner is not None and corpus(8, 2)["table"].compiled().gather.corner is None    # 3-D only
+    assert not any(isinstance(s, ir.If) for s in ir.walk(gather.corner.body))
+    values, w = inputs(kernel, shape, seed=sum(shape))
+    for deterministic in (False, True):
+        out, grads = gradients(kernel, shape, values, w, deterministic=deterministic)
+        _, expected = gradients(without(kernel, corner=None), shape, values, w, deterministic=deterministic)
         for a, b in zip(grads, expected):
             np.testing.assert_array_equal(a, b)

@@ -103,13 +103,15 @@ def plain_nest(ndim: int, call: str, private, prelude: str, threshold: int) -> s
 
 
 def interior_nest(ndim: int, edge: str, middle: str, interior, private, prelude: str, threshold: int,
-                   row=None, independent: bool = False, row_end=None, settled=None) -> str:
+                   row=None, independent: bool = False, row_end=None, settled=None, corner=None) -> str:
     """The CPU loop nest of an entry with an interior variant: the box [lo_k, hi_k) per axis is
     evaluated once; each row of the innermost index runs in three parts, the edges through `edge`
     and the part inside the box through `middle` (a row outside the box runs `edge` throughout, or
     with `row` = (call, its Interior), a gather form's row variant, that in the row's box).
     `row_end` = (call, its Interior): a gather form's variant for the edges of the rows whose outer
     indices lie in its box (settled along those axes, clamped along the innermost).
+    `corner`: a call of a gather form's branch-free `edge` (GatherAdjoint.corner), which the rows
+    outside `row_end`'s box run at their ends in vector loops.
     `settled` = (call, its Interior): a gather form's variant for a box inside the interior's (see
     GatherAdjoint.settled); a row inside it runs that in its part of the box, `middle` around it.
     `independent`: no thread writes memory another reads or writes (see SP_INDEPENDENT in
@@ -134,8 +136,9 @@ def interior_nest(ndim: int, edge: str, middle: str, interior, private, prelude:
     if row_end is not None:
         # the row-end variant is branch-free and inlined: with `independent` its few threads a row
         # run as one vector loop (2-D and 3-D 8th-order adjoints 7-15% faster than one call a thread)
-        runs[0] = f"{pad}if (emid) {{ {hint}{first_edge}{row_end[0]} }} else {{ {first_edge}{edge} }}"
-        runs[2] = f"{pad}if (emid) {{ {hint}{last_edge}{row_end[0]} }} else {{ {last_edge}{edge} }}"
+        ends = (hint, corner) if corner is not None else ("", edge)
+        runs[0] = f"{pad}if (emid) {{ {hint}{first_edge}{row_end[0]} }} else {{ {ends[0]}{first_edge}{ends[1]} }}"
+        runs[2] = f"{pad}if (emid) {{ {hint}{last_edge}{row_end[0]} }} else {{ {ends[0]}{last_edge}{ends[1]} }}"
     if k == 0:
         # one index: the middle run alone is shared out among threads; the box is cut to the rows run
         lines = ["    {", f"    {prelude}" if prelude else "",

@@ -242,7 +242,8 @@ def render(kernels: list[tuple], debug: bool, target: Target) -> RenderedModule:
         if gather is not None:
             parts.append(_kernel(gather.function, debug, sites, target, target.gather_entry, gather.interior,
                                  two_pass=gather if gather.pointwise is not None and target is CPU else None,
-                                 row=gather.row, row_end=gather.row_end, settled=gather.settled))
+                                 row=gather.row, row_end=gather.row_end, settled=gather.settled,
+                                 corner=gather.corner))
         if identity is not None and target is CPU:
             parts.append(_kernel(identity.function, debug, sites, target, target.forward_entry, identity.interior))
     return RenderedModule("\n".join(parts), sites)
@@ -297,12 +298,12 @@ def render_grads_variant(functions: tuple, grads: int, target: Target) -> Render
     two_pass = gather if gather.pointwise is not None and target is CPU else None
     parts = [target.header, native_definitions([fn]),
              _kernel(fn, False, [], target, target.gather_entry, gather.interior, grads=grads, two_pass=two_pass,
-                     row=gather.row, row_end=gather.row_end, settled=gather.settled)]
+                     row=gather.row, row_end=gather.row_end, settled=gather.settled, corner=gather.corner)]
     return RenderedModule("\n".join(parts), [])
 
 
 def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, interior=None,
-            grads: int | None = None, two_pass=None, row=None, row_end=None, settled=None) -> str:
+            grads: int | None = None, two_pass=None, row=None, row_end=None, settled=None, corner=None) -> str:
     """One entry point: `fn`'s thread body (and its interior variant, which shares `fn`'s argument
     struct, where the target runs one) and the target's entry around it. An adjoint entry picks an
     instantiation of the body (see has_grad in prelude.h): with `grads` the one for that gradient
@@ -345,16 +346,21 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
     settled = settled if target is CPU and interior is not None else None    # (GatherAdjoint.settled)
     if settled is not None:
         lines += _thread_function(settled.function, debug, sites, target, adjoint, fn.name, hot=True)
+    corner = corner if row_end is not None else None                       # (GatherAdjoint.corner)
+    if corner is not None:
+        lines += _thread_function(corner, debug, sites, target, adjoint, fn.name, hot=True)
     gather_entry = adjoint and entry_template is target.gather_entry
     if interior is not None:
         independent = gather_entry and _independent(grads, fn, interior.function, *((row.function,) if row else ()),
                                                      *((row_end.function,) if row_end else ()),
-                                                     *((settled.function,) if settled else ()))
+                                                     *((settled.function,) if settled else ()),
+                                                     *((corner,) if corner else ()))
         nest = loops.interior_nest(fn.tid_ndim, fn.name + call, interior.function.name + call, interior, private,
                                    prelude, threshold, (row.function.name + call, row) if row is not None else None,
                                    independent=independent,
                                    row_end=(row_end.function.name + call, row_end) if row_end is not None else None,
-                                   settled=(settled.function.name + call, settled) if settled is not None else None)
+                                   settled=(settled.function.name + call, settled) if settled is not None else None,
+                                   corner=corner.name + call if corner is not None else None)
         box = space["extents"] + "\n" + "\n".join(loops.interior_box(fn.tid_ndim, interior)) + "\n"
         inside = " && ".join(f"lo{k} <= i{k} && i{k} < hi{k}" for k in range(fn.tid_ndim))
         pick = f"if ({inside}) {interior.function.name}{call} else "
