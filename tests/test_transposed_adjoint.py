@@ -441,6 +441,17 @@ def test_a_constant_coefficient_table_leaves_a_deterministic_adjoint_parallel():
     assert serial_flag(True) == 2       # the table's gradient: logged adds, in fixed chunks
 
 
+def assert_bits_without(kernel, shape, **fields):
+    """`kernel`'s gradients equal, bit for bit, those of its form with `fields` replaced (see
+    `without`), serial and not."""
+    values, w = inputs(kernel, shape, seed=sum(shape))
+    for deterministic in (False, True):
+        _, grads = gradients(kernel, shape, values, w, deterministic=deterministic)
+        _, expected = gradients(without(kernel, **fields), shape, values, w, deterministic=deterministic)
+        for a, b in zip(grads, expected):
+            np.testing.assert_array_equal(a, b)
+
+
 @pytest.mark.parametrize("kernel, shape", [(corpus(8, 3)["fwi"], (13, 12, 14)), (corpus(8, 2)["table"], (23, 19)),
                                            (corpus(4, 3)["table"], (11, 9, 10)), (corpus(2, 2)["fwi"], (2, 7))])
 def test_the_rows_ends_variant_gives_the_fully_clamped_functions_bits(kernel, shape):
@@ -448,12 +459,7 @@ def test_the_rows_ends_variant_gives_the_fully_clamped_functions_bits(kernel, sh
     outer indices are inside run `GatherAdjoint.row_end`: clamped along the innermost axis alone,
     branch-free; the same bits as the fully clamped function, serial or not."""
     assert kernel.compiled().gather.row_end is not None
-    values, w = inputs(kernel, shape, seed=sum(shape))
-    for deterministic in (False, True):
-        out, grads = gradients(kernel, shape, values, w, deterministic=deterministic)
-        _, expected = gradients(without(kernel, row_end=None), shape, values, w, deterministic=deterministic)
-        for a, b in zip(grads, expected):
-            np.testing.assert_array_equal(a, b)
+    assert_bits_without(kernel, shape, row_end=None)
 
 
 @pytest.mark.parametrize("kernel, shape", [(corpus(8, 2)["fwi"], (31, 29)), (corpus(8, 3)["table"], (21, 19, 22)),
@@ -468,12 +474,7 @@ def test_the_settled_variant_drops_the_interiors_selects_and_keeps_its_bits(kern
     assert not any(isinstance(s, ir.Load) and s.or_zero for s in body)
     for axis in range(len(shape)):       # inside the interior's box
         assert max(b.const for b in gather.settled.lower[axis]) > max(b.const for b in gather.interior.lower[axis])
-    values, w = inputs(kernel, shape, seed=sum(shape))
-    for deterministic in (False, True):
-        out, grads = gradients(kernel, shape, values, w, deterministic=deterministic)
-        _, expected = gradients(without(kernel, settled=None), shape, values, w, deterministic=deterministic)
-        for a, b in zip(grads, expected):
-            np.testing.assert_array_equal(a, b)
+    assert_bits_without(kernel, shape, settled=None)
 
 
 @pytest.mark.parametrize("kernel, shape", [(corpus(8, 3)["table"], (13, 12, 14)), (corpus(4, 3)["fwi"], (11, 9, 10)),
@@ -485,9 +486,4 @@ def test_the_corner_variant_is_the_fully_clamped_function_without_branches_and_k
     gather = kernel.compiled().gather
     assert gather.corner is not None and corpus(8, 2)["table"].compiled().gather.corner is None    # 3-D only
     assert not any(isinstance(s, ir.If) for s in ir.walk(gather.corner.body))
-    values, w = inputs(kernel, shape, seed=sum(shape))
-    for deterministic in (False, True):
-        out, grads = gradients(kernel, shape, values, w, deterministic=deterministic)
-        _, expected = gradients(without(kernel, corner=None), shape, values, w, deterministic=deterministic)
-        for a, b in zip(grads, expected):
-            np.testing.assert_array_equal(a, b)
+    assert_bits_without(kernel, shape, corner=None)
