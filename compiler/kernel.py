@@ -23,7 +23,7 @@ from .passes.adjoint import AdjointUnsupported, adjoint_function
 from .passes.dce import eliminate_dead_code
 from .passes.gather import GatherAdjoint, gather_adjoint
 from .passes.identity_stores import IdentityStores, identity_stores
-from .passes.interior import Bound, Interior, interior_variant, tid_offsets
+from .passes.interior import Interior, at_own_index, interior_variant, tid_offsets
 from .passes.tangent import TangentUnsupported, tangent_function
 from .passes.verify import verify
 from .types import ArrayType
@@ -92,9 +92,8 @@ def covered_outputs(fn: ir.Function, uses: dict[str, ArgumentUse]) -> frozenset:
     its elements without looking at any, so a zero fill before it is never seen (the stepper skips
     s.next's, stepper/step/trace.py `StepTrace.covered`)."""
     offsets = tid_offsets(fn.body, fn.tid_ndim)
-    own = [(k, Bound()) for k in range(fn.tid_ndim)]
-    stored = {s.array.param.name for s in fn.body if isinstance(s, ir.Store)
-              and [offsets.get(x.id) if isinstance(x, ir.Temp) else None for x in s.indices] == own}
+    stored = {s.array.param.name for s in fn.body
+              if isinstance(s, ir.Store) and at_own_index(s.indices, offsets, fn.tid_ndim)}
     return frozenset(name for name in stored
                      if not (uses[name].reads or uses[name].accumulates or uses[name].adjoint_reads))
 

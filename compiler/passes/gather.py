@@ -42,8 +42,8 @@ from .. import ir
 from ..types import bool_, int32
 from .adjoint import is_reverse_mark
 from .dce import eliminate_dead_code
-from .selects import has_branches, select_branches
-from .interior import Bound, Clamped, Interior, Wrapped, interior_variant, tid_offsets
+from .selects import has_branches, select_branches, table_loads
+from .interior import Bound, Clamped, Interior, Wrapped, at_own_index, interior_variant, tid_offsets
 from . import transpose
 
 
@@ -241,10 +241,8 @@ def _own_loads(fn: ir.Function, eligible, widens, tables) -> set[int]:
     if any(widens):
         return reads
     offsets = tid_offsets(fn.body, fn.tid_ndim)
-    own = [(k, Bound()) for k in range(fn.tid_ndim)]
     return reads | {id(s) for s in ir.walk(fn.body) if isinstance(s, (ir.Load, ir.ReadGrad))
-                    and s.array.param.name in eligible
-                    and [offsets.get(x.id) if isinstance(x, ir.Temp) else None for x in s.indices] == own}
+                    and s.array.param.name in eligible and at_own_index(s.indices, offsets, fn.tid_ndim)}
 
 
 def _table_read(s: ir.Load):
@@ -255,10 +253,8 @@ def _table_read(s: ir.Load):
 
 
 def _table_reads(body) -> frozenset:
-    """The loads at constant indices of arrays the adjoint does not write, as `_table_read` gives them."""
-    written = {s.array.param.name for s in ir.walk(body) if isinstance(s, (ir.Store, ir.Atomic))}
-    reads = {_table_read(s) for s in ir.walk(body) if isinstance(s, ir.Load) and s.array.param.name not in written}
-    return frozenset(reads - {None})
+    """`table_loads(body)` as `_table_read` gives them."""
+    return frozenset(map(_table_read, table_loads(body)))
 
 
 # Far beyond any launch extent: a table too short for one of its reads empties the box.

@@ -181,6 +181,13 @@ def tid_offsets(body, ndim: int, bounds: dict | None = None) -> dict:
     return _track(body, _tid_rule(ndim, _bounds(body) if bounds is None else bounds))
 
 
+def at_own_index(indices, offsets: dict, ndim: int) -> bool:
+    """Whether `indices` are the thread's own index, tid()[0], ..., tid()[ndim - 1] (`offsets`:
+    `tid_offsets` of the body they are in)."""
+    return [offsets.get(x.id) if isinstance(x, ir.Temp) else None for x in indices] == \
+        [(k, Bound()) for k in range(ndim)]
+
+
 def _bounds(body) -> dict[int, Bound]:
     return _track(body, _bound_rule)
 
@@ -344,4 +351,4 @@ class _Settle(ir.Rewriter):
         return x
 
 
-__all__ = ["Bound", "Clamped", "Interior", "Wrapped", "interior_variant", "tid_offsets", "int_const"]
+__all__ = ["Bound", "Clamped", "Interior", "Wrapped", "at_own_index", "interior_variant", "tid_offsets", "int_const"]

@@ -62,11 +62,21 @@ def select_branches(fn: ir.Function, safe=frozenset()) -> ir.Function:
             for a in ir.used_operands(x):
                 if isinstance(a, ir.Temp):
                     counts[a.id] = counts.get(a.id, 0) + 1
-    written = {id(s.array.param) for s in ir.walk(fn.body) if isinstance(s, (ir.Store, ir.Atomic))
-               and not s.array.adjoint}
-    constant = {id(s) for s in ir.walk(fn.body) if isinstance(s, ir.Load) and not s.array.adjoint
-                and id(s.array.param) not in written and all(isinstance(i, ir.Const) for i in s.indices)}
+    constant = {id(s) for s in table_loads(fn.body)}
     return dataclasses.replace(fn, body=tuple(_Convert(uses, reads, safe, guarded, constant).block(fn.body)))
+
+
+def written_arrays(body) -> set[str]:
+    """Names of the arrays (not gradients) that `body` stores into or updates atomically."""
+    return {s.array.param.name for s in ir.walk(body) if isinstance(s, (ir.Store, ir.Atomic)) and not s.array.adjoint}
+
+
+def table_loads(body) -> list:
+    """`body`'s loads at constant indices of arrays it never writes (a coefficient table's w[r]):
+    the same value at every thread."""
+    written = written_arrays(body)
+    return [s for s in ir.walk(body) if isinstance(s, ir.Load) and not s.array.adjoint
+            and s.array.param.name not in written and all(isinstance(i, ir.Const) for i in s.indices)]
 
 
 _LOGIC = {"and": lambda a, b: a and b, "or": lambda a, b: a or b, "not": lambda a: not a}
@@ -146,4 +156,4 @@ class _Convert:
         return out
 
 
-__all__ = ["has_branches", "select_branches"]
+__all__ = ["has_branches", "select_branches", "table_loads", "written_arrays"]

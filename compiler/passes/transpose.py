@@ -39,6 +39,7 @@ from __future__ import annotations
 from .. import ir
 from ..builtins import cast_op
 from ..types import int32, int64
+from .selects import written_arrays
 
 OTHER = "other"      # a local whose value depends on several roots (a branch merged them)
 _FREE_DEFS = (ir.ThreadIndex, ir.ReadParam, ir.ArrayDim)
@@ -54,7 +55,7 @@ def roots(body, sites) -> dict[int, ir.Temp] | None:
     if any(isinstance(s, (ir.Loop, ir.ReverseLoop, ir.CustomAdjoint, ir.CustomReplay, ir.Push, ir.Pop))
            for s in ir.walk(body)):
         return None
-    labels = _Labels(written={s.array.param.name for s in ir.walk(body) if isinstance(s, (ir.Store, ir.Atomic))})
+    labels = _Labels(written=written_arrays(body))
     labels.block(body)
     found = {}
     for s in sites:
