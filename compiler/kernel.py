@@ -24,7 +24,7 @@ from .passes.adjoint import AdjointUnsupported, adjoint_function
 from .passes.dce import eliminate_dead_code
 from .passes.gather import GatherAdjoint, gather_adjoint
 from .passes.identity_stores import IdentityStores, identity_stores
-from .passes.interior import Interior, at_own_index, interior_variant, tid_offsets
+from .passes.interior import Interior, at_own_index, interior_variant, tid_offsets, with_row
 from .passes.tangent import TangentUnsupported, tangent_function
 from .passes.verify import verify
 from .types import ArrayType
@@ -179,15 +179,19 @@ class Kernel:
                 verify(gather.interior.function, single_definition=False)
                 if gather.pointwise is not None:
                     verify(gather.pointwise, single_definition=False)
-            interior = interior_variant(forward, forward.name + "_interior")
+            interior = with_row(interior_variant(forward, forward.name + "_interior"), forward)
             if interior is not None:
-                verify(interior.function)
+                for variant in (interior, interior.row):
+                    if variant is not None:
+                        verify(variant.function)
             uses = argument_uses(forward)
             identity = identity_stores(forward, uses)
             if identity is not None:
                 verify(identity.function)
                 if identity.interior is not None:
-                    verify(identity.interior.function)
+                    for variant in (identity.interior, identity.interior.row):
+                        if variant is not None:
+                            verify(variant.function)
             self._compiled = Compiled(forward, adjoint, error, uses, needs_tape, gather, interior, identity,
                                       covered_outputs(forward, uses))
         return self._compiled

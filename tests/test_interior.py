@@ -121,6 +121,21 @@ def test_boundary_tests_in_three_dimensions(shape, device):
     np.testing.assert_array_equal(out.numpy(), expected)
 
 
+def test_rows_outside_the_box_run_a_variant_settled_along_the_row():
+    """A CPU entry runs the rows whose outer indices lie outside the box through `Interior.row`
+    (with_row): flags3 with its tests on k decided, those on i and j kept (the same for a whole
+    row), a row at a call. The test above checks what it computes on launches with such rows."""
+    from compiler.codegen.targets import render_cpu
+    compiled = flags3.compiled()
+    row = compiled.interior.row
+    verify(row.function)
+    compares = [s for s in ir.walk(row.function.body) if isinstance(s, ir.Op) and s.op in ("gt", "lt")]
+    assert len(compares) == 2                     # i > 0 and j < n1 - 1; k > 1 and k < n2 - 1 decided
+    assert row.lower[:2] == row.upper[:2] == ((), ()) and row.lower[2] and row.upper[2]
+    source = render_cpu([compiled.functions()], False).source
+    assert f"{row.function.name}_run(i0, i1, a, b, L, A);" in source
+
+
 def test_each_comparison_is_decided_with_its_bound():
     interior = interior_variant(flags1.compiled().forward, "flags1_interior")
     verify(interior.function)

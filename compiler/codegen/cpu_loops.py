@@ -103,11 +103,13 @@ def plain_nest(ndim: int, call: str, private, prelude: str, threshold: int) -> s
 
 
 def interior_nest(ndim: int, edge: str, middle: str, interior, private, prelude: str, threshold: int,
-                   row=None, independent: bool = False, row_end=None, settled=None, corner=None) -> str:
+                   row=None, independent: bool = False, row_end=None, settled=None, corner=None,
+                   row_run: bool = False) -> str:
     """The CPU loop nest of an entry with an interior variant: the box [lo_k, hi_k) per axis is
     evaluated once; each row of the innermost index runs in three parts, the edges through `edge`
     and the part inside the box through `middle` (a row outside the box runs `edge` throughout, or
-    with `row` = (call, its Interior), a gather form's row variant, that in the row's box).
+    with `row` = (call, its Interior), a row variant, that in the row's box; with `row_run` the call
+    runs the whole part itself, from index a to b: see row_runner).
     `row_end` = (call, its Interior): a gather form's variant for the edges of the rows whose outer
     indices lie in its box (settled along those axes, clamped along the innermost).
     `corner`: a call of a gather form's branch-free `edge` (GatherAdjoint.corner), which the rows
@@ -164,8 +166,8 @@ def interior_nest(ndim: int, edge: str, middle: str, interior, private, prelude:
     else:
         middle_run = f"{hint}for (int32_t i{k} = a; i{k} < b; ++i{k}) {middle}"
     if row is not None:
-        runs[1] = (f"{pad}if (mid) {{ {middle_run} }}\n"
-                   f"{pad}else {{ {hint}for (int32_t i{k} = a; i{k} < b; ++i{k}) {row[0]} }}")
+        row_part = row[0] if row_run else f"{hint}for (int32_t i{k} = a; i{k} < b; ++i{k}) {row[0]}"
+        runs[1] = f"{pad}if (mid) {{ {middle_run} }}\n{pad}else {{ {row_part} }}"
     emid = " && ".join(f"elo{a} <= i{a} && i{a} < ehi{a}" for a in range(k))
     inner = ([f"{pad}{prelude}"] if prelude else []) + [
         f"{pad}const bool mid = {mid};", *([f"{pad}const bool emid = {emid};"] if row_end is not None else []),
@@ -174,6 +176,23 @@ def interior_nest(ndim: int, edge: str, middle: str, interior, private, prelude:
     collapse = f"collapse({k}) " if k > 1 else ""
     return ("\n".join(box) + "\n    " + _share(private, threshold).format(collapse=collapse) + outer
             + "\n".join(inner) + "\n" + closing)
+
+
+def row_runner(name: str, ndim: int, args: str) -> tuple[str, str]:
+    """(the definition, a call in interior_nest) of `{name}_run`: thread function `name` over one
+    row's part from index a to b, as a function of its own that is never inlined, so that the loop
+    nest's register allocation stays the middle's (inlined beside it, a forward's row variant
+    made the 2-D 512^2 8th-order FWI forward 20% slower: the middle loop reloaded spilled row
+    pointers)."""
+    k = ndim - 1
+    outer = ", ".join(f"int32_t i{a}" for a in range(k))
+    tids = ", ".join(f"i{a}" if a < ndim else "0" for a in range(4))
+    # (its arguments by value: a copy the row's stores cannot alias, so their loads leave the loop)
+    definition = (f"static __attribute__((noinline)) void {name}_run({outer}, int32_t a, int32_t b, const launch_t L, "
+                  f"const {args}_args_t A) {{\n    for (int32_t i{k} = a; i{k} < b; ++i{k}) "
+                  f"{name}_thread({tids}, L, A);\n}}")
+    call = f"{name}_run({', '.join(f'i{a}' for a in range(k))}, a, b, L, A);"
+    return definition, call
 
 
 def interior_box(ndim: int, interior) -> list[str]:

@@ -336,9 +336,16 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
         call, private, prelude = f"_thread({tids}, L, A);", ("A",), ""
     # The GPU's grid-stride loop: a thread inside the interior box runs the variant (`pick`).
     box, pick = "", ""
-    row = row if target is CPU and interior is not None else None     # a gather form's (GatherAdjoint.row)
+    gather_entry = adjoint and entry_template is target.gather_entry
+    # a gather form's row variant (GatherAdjoint.row), else a forward's (interior.with_row), which
+    # runs a row part as a call of its own (row_runner)
+    row_run = target is CPU and interior is not None and row is None and interior.row is not None and not adjoint
+    row = (row or interior.row) if target is CPU and interior is not None else None
     if row is not None:
-        lines += _thread_function(row.function, debug, sites, target, adjoint, fn.name, hot=True, blend=True)
+        lines += _thread_function(row.function, debug, sites, target, adjoint, fn.name, hot=True, blend=gather_entry)
+    if row_run:
+        definition, row_call = loops.row_runner(row.function.name, fn.tid_ndim, fn.name)
+        lines.append(definition)
     row_end = row_end if target is CPU and interior is not None else None
     if row_end is not None:
         # inlined, so that a row's ends run as loops the compiler can vectorise (see interior_nest)
@@ -349,18 +356,16 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
     corner = corner if row_end is not None else None                       # (GatherAdjoint.corner)
     if corner is not None:
         lines += _thread_function(corner, debug, sites, target, adjoint, fn.name, hot=True)
-    gather_entry = adjoint and entry_template is target.gather_entry
     if interior is not None:
         independent = gather_entry and _independent(grads, fn, interior.function, *((row.function,) if row else ()),
                                                      *((row_end.function,) if row_end else ()),
                                                      *((settled.function,) if settled else ()),
                                                      *((corner,) if corner else ()))
         nest = loops.interior_nest(fn.tid_ndim, fn.name + call, interior.function.name + call, interior, private,
-                                   prelude, threshold, (row.function.name + call, row) if row is not None else None,
-                                   independent=independent,
-                                   row_end=(row_end.function.name + call, row_end) if row_end is not None else None,
-                                   settled=(settled.function.name + call, settled) if settled is not None else None,
-                                   corner=corner.name + call if corner is not None else None)
+                                   prelude, threshold, (row_call, row) if row_run else _called(row, call),
+                                   independent=independent, row_end=_called(row_end, call),
+                                   settled=_called(settled, call),
+                                   corner=corner.name + call if corner is not None else None, row_run=row_run)
         box = space["extents"] + "\n" + "\n".join(loops.interior_box(fn.tid_ndim, interior)) + "\n"
         inside = " && ".join(f"lo{k} <= i{k} && i{k} < hi{k}" for k in range(fn.tid_ndim))
         pick = f"if ({inside}) {interior.function.name}{call} else "
@@ -411,6 +416,11 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
         min_blocks=CUDA_MIN_BLOCKS_PER_SM, logged=logged, fast=fast, checked=checked,
         all_grads=all_grads, nest=nest, plain_nest=plain_nest, box=box, pick=pick, scratch=scratch, **space)
     return "\n".join(lines) + "\n" + entry
+
+
+def _called(variant, call: str):
+    """(the call of `variant`'s thread function, `variant`) as interior_nest takes a variant, or None."""
+    return (variant.function.name + call, variant) if variant is not None else None
 
 
 def _independent(grads: int | None, *functions: ir.Function) -> bool:
