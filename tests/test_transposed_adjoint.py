@@ -487,3 +487,13 @@ def test_the_corner_variant_is_the_fully_clamped_function_without_branches_and_k
     assert gather.corner is not None and corpus(8, 2)["table"].compiled().gather.corner is None    # 3-D only
     assert not any(isinstance(s, ir.If) for s in ir.walk(gather.corner.body))
     assert_bits_without(kernel, shape, corner=None)
+
+
+@pytest.mark.parametrize("kernel, shape", [(corpus(8, 3)["fwi"], (13, 12, 14)), (corpus(2, 3)["fwi"], (6, 9, 7))])
+def test_the_pointwise_pass_runs_the_rows_outside_its_box_through_a_row_variant_with_the_same_bits(kernel, shape):
+    """In 3-D the pointwise pass's rows outside its interior box run `Interior.row` (settled along
+    the innermost axis, a row at a call: interior.with_row); the same bits as the pass's body a
+    thread at a time there, serial or not. In 2-D (a few rows) the pass has none."""
+    pointwise = kernel.compiled().gather.pointwise_interior
+    assert pointwise.row is not None and corpus(8, 2)["fwi"].compiled().gather.pointwise_interior.row is None
+    assert_bits_without(kernel, shape, pointwise_interior=dataclasses.replace(pointwise, row=None))

@@ -178,20 +178,22 @@ def interior_nest(ndim: int, edge: str, middle: str, interior, private, prelude:
             + "\n".join(inner) + "\n" + closing)
 
 
-def row_runner(name: str, ndim: int, args: str) -> tuple[str, str]:
+def row_runner(name: str, ndim: int, args: str, template: str | None = None) -> tuple[str, str]:
     """(the definition, a call in interior_nest) of `{name}_run`: thread function `name` over one
     row's part from index a to b, as a function of its own that is never inlined, so that the loop
     nest's register allocation stays the middle's (inlined beside it, a forward's row variant
     made the 2-D 512^2 8th-order FWI forward 20% slower: the middle loop reloaded spilled row
-    pointers)."""
+    pointers). `template`: an adjoint body's template arguments (it takes G and tp too)."""
     k = ndim - 1
     outer = ", ".join(f"int32_t i{a}" for a in range(k))
     tids = ", ".join(f"i{a}" if a < ndim else "0" for a in range(4))
+    grads = f", const {args}_args_t G, sp::tape_t& tp" if template else ""
+    call_args = "L, A, G, tp" if template else "L, A"
     # (its arguments by value: a copy the row's stores cannot alias, so their loads leave the loop)
     definition = (f"static __attribute__((noinline)) void {name}_run({outer}, int32_t a, int32_t b, const launch_t L, "
-                  f"const {args}_args_t A) {{\n    for (int32_t i{k} = a; i{k} < b; ++i{k}) "
-                  f"{name}_thread({tids}, L, A);\n}}")
-    call = f"{name}_run({', '.join(f'i{a}' for a in range(k))}, a, b, L, A);"
+                  f"const {args}_args_t A{grads}) {{\n    for (int32_t i{k} = a; i{k} < b; ++i{k}) "
+                  f"{name}_thread{f'<{template}>' if template else ''}({tids}, {call_args});\n}}")
+    call = f"{name}_run({', '.join(f'i{a}' for a in range(k))}, a, b, {call_args});"
     return definition, call
 
 

@@ -380,10 +380,17 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
         first, first_interior = two_pass.pointwise, two_pass.pointwise_interior
         lines += _thread_function(first, debug, sites, target, adjoint, fn.name)
         if first_interior is not None:
-            lines += _thread_function(first_interior.function, debug, sites, target, adjoint, fn.name, hot=True)
+            first_row = first_interior.row
+            variants = [v.function for v in (first_interior, first_row) if v is not None]
+            for variant in variants:
+                lines += _thread_function(variant, debug, sites, target, adjoint, fn.name, hot=True)
+            if first_row is not None:
+                definition, first_row_call = loops.row_runner(first_row.function.name, fn.tid_ndim, fn.name, fast)
+                lines.append(definition)
             first_nest = loops.interior_nest(fn.tid_ndim, first.name + call, first_interior.function.name + call,
                                              first_interior, private, prelude, threshold,
-                                             independent=_independent(grads, first, first_interior.function))
+                                             (first_row_call, first_row) if first_row is not None else None,
+                                             independent=_independent(grads, first, *variants), row_run=True)
         else:
             first_nest = loops.plain_nest(fn.tid_ndim, first.name + call, private, prelude, threshold)
         first_plain = loops.plain_nest(fn.tid_ndim, f"{first.name}_thread<{checked}>({tids}, L, A, G, tp);", private,

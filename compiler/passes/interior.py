@@ -171,11 +171,10 @@ def with_row(interior: Interior | None, fn: ir.Function) -> Interior | None:
     alone, which a CPU entry runs for the rows whose outer indices lie outside the box, a row at a
     call (codegen/cpu_loops.row_runner): their outer tests are the same the whole row, so the
     compiler unswitches the row's loop instead of calling the whole body a thread. Those rows took a
-    third of a 3-D 64^3 8th-order forward kernel's time; with it the kernel runs 20% faster. Forward
-    kernels only: the same variant of a two-pass adjoint's pointwise pass (inlined) made the 2-D
-    512^2 8th-order FWI adjoint 17% slower, and a variant for the first and last threads of the rows
-    inside the box, settled along the outer axes, gained nothing. Same statements in the same order
-    as `fn`: the same bits."""
+    third of a 3-D 64^3 8th-order forward kernel's time; with it the kernel runs 20% faster (a
+    two-pass adjoint's pointwise pass gets one in 3-D: passes/gather.py). A variant for the first
+    and last threads of the rows inside the box, settled along the outer axes, gained nothing. Same
+    statements in the same order as `fn`: the same bits."""
     if interior is None or fn.tid_ndim < 2:
         return interior
     return dataclasses.replace(interior, row=interior_variant(fn, fn.name + "_row", axes={fn.tid_ndim - 1}))
