@@ -167,15 +167,17 @@ def interior_variant(fn: ir.Function, name: str, lower=None, upper=None, within=
 
 
 def with_row(interior: Interior | None, fn: ir.Function) -> Interior | None:
-    """`interior` (of `fn`, two or more axes) with `row`: `fn` settled along the innermost axis
+    """`interior` (of `fn`, three or more axes) with `row`: `fn` settled along the innermost axis
     alone, which a CPU entry runs for the rows whose outer indices lie outside the box, a row at a
     call (codegen/cpu_loops.row_runner): their outer tests are the same the whole row, so the
     compiler unswitches the row's loop instead of calling the whole body a thread. Those rows took a
     third of a 3-D 64^3 8th-order forward kernel's time; with it the kernel runs 20% faster (a
-    two-pass adjoint's pointwise pass gets one in 3-D: passes/gather.py). A variant for the first
-    and last threads of the rows inside the box, settled along the outer axes, gained nothing. Same
-    statements in the same order as `fn`: the same bits."""
-    if interior is None or fn.tid_ndim < 2:
+    two-pass adjoint's pointwise pass gets one too: passes/gather.py). In 2-D they are a few rows
+    (the 512^2 FWI forward gained 3%) and a module with them ran a wave's adjoint up to 35% slower
+    in one A/B (its hot loop compiled alike: layout, not code), so 2-D kernels have none. A variant
+    for the first and last threads of the rows inside the box, settled along the outer axes, gained
+    nothing. Same statements in the same order as `fn`: the same bits."""
+    if interior is None or fn.tid_ndim < 3:
         return interior
     return dataclasses.replace(interior, row=interior_variant(fn, fn.name + "_row", axes={fn.tid_ndim - 1}))
 
