@@ -113,6 +113,11 @@ def _overwrites_of_read_values(body) -> dict[str, ir.Loc]:
     return {n: loc for n, loc in conflicts.items() if n in loaded}
 
 
+def _and_rows(*interiors) -> list[Interior]:
+    """`interiors` (None left out) and their row variants (`interior.with_row`)."""
+    return [v for i in interiors if i is not None for v in (i, i.row) if v is not None]
+
+
 @dataclass
 class Compiled:
     forward: ir.Function
@@ -180,18 +185,12 @@ class Kernel:
                 if gather.pointwise is not None:
                     verify(gather.pointwise, single_definition=False)
             interior = with_row(interior_variant(forward, forward.name + "_interior"), forward)
-            if interior is not None:
-                for variant in (interior, interior.row):
-                    if variant is not None:
-                        verify(variant.function)
             uses = argument_uses(forward)
             identity = identity_stores(forward, uses)
             if identity is not None:
                 verify(identity.function)
-                if identity.interior is not None:
-                    for variant in (identity.interior, identity.interior.row):
-                        if variant is not None:
-                            verify(variant.function)
+            for variant in _and_rows(interior, identity.interior if identity is not None else None):
+                verify(variant.function)
             self._compiled = Compiled(forward, adjoint, error, uses, needs_tape, gather, interior, identity,
                                       covered_outputs(forward, uses))
         return self._compiled

@@ -336,16 +336,13 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
         call, private, prelude = f"_thread({tids}, L, A);", ("A",), ""
     # The GPU's grid-stride loop: a thread inside the interior box runs the variant (`pick`).
     box, pick = "", ""
-    gather_entry = adjoint and entry_template is target.gather_entry
-    # a gather form's row variant (GatherAdjoint.row), else a forward's (interior.with_row), which
-    # runs a row part as a call of its own (row_runner)
-    row_run = target is CPU and interior is not None and row is None and interior.row is not None and not adjoint
-    row = (row or interior.row) if target is CPU and interior is not None else None
+    row = row if target is CPU and interior is not None else None     # a gather form's (GatherAdjoint.row)
+    row_part = _called(row, call)                                      # (what interior_nest takes)
     if row is not None:
-        lines += _thread_function(row.function, debug, sites, target, adjoint, fn.name, hot=True, blend=gather_entry)
-    if row_run:
-        definition, row_call = loops.row_runner(row.function.name, fn.tid_ndim, fn.name)
-        lines.append(definition)
+        lines += _thread_function(row.function, debug, sites, target, adjoint, fn.name, hot=True, blend=True)
+    elif target is CPU and interior is not None and interior.row is not None:    # a forward's
+        row_lines, row_part = _by_rows(interior.row, fn, debug, sites, target, adjoint)
+        lines += row_lines
     row_end = row_end if target is CPU and interior is not None else None
     if row_end is not None:
         # inlined, so that a row's ends run as loops the compiler can vectorise (see interior_nest)
@@ -356,16 +353,17 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
     corner = corner if row_end is not None else None                       # (GatherAdjoint.corner)
     if corner is not None:
         lines += _thread_function(corner, debug, sites, target, adjoint, fn.name, hot=True)
+    gather_entry = adjoint and entry_template is target.gather_entry
     if interior is not None:
         independent = gather_entry and _independent(grads, fn, interior.function, *((row.function,) if row else ()),
                                                      *((row_end.function,) if row_end else ()),
                                                      *((settled.function,) if settled else ()),
                                                      *((corner,) if corner else ()))
         nest = loops.interior_nest(fn.tid_ndim, fn.name + call, interior.function.name + call, interior, private,
-                                   prelude, threshold, (row_call, row) if row_run else _called(row, call),
-                                   independent=independent, row_end=_called(row_end, call),
-                                   settled=_called(settled, call),
-                                   corner=corner.name + call if corner is not None else None, row_run=row_run)
+                                   prelude, threshold, row_part, independent=independent,
+                                   row_end=_called(row_end, call), settled=_called(settled, call),
+                                   corner=corner.name + call if corner is not None else None,
+                                   row_run=row is None and row_part is not None)
         box = space["extents"] + "\n" + "\n".join(loops.interior_box(fn.tid_ndim, interior)) + "\n"
         inside = " && ".join(f"lo{k} <= i{k} && i{k} < hi{k}" for k in range(fn.tid_ndim))
         pick = f"if ({inside}) {interior.function.name}{call} else "
@@ -380,16 +378,14 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
         first, first_interior = two_pass.pointwise, two_pass.pointwise_interior
         lines += _thread_function(first, debug, sites, target, adjoint, fn.name)
         if first_interior is not None:
-            first_row = first_interior.row
-            variants = [v.function for v in (first_interior, first_row) if v is not None]
-            for variant in variants:
-                lines += _thread_function(variant, debug, sites, target, adjoint, fn.name, hot=True)
+            lines += _thread_function(first_interior.function, debug, sites, target, adjoint, fn.name, hot=True)
+            first_row, first_row_part = first_interior.row, None
             if first_row is not None:
-                definition, first_row_call = loops.row_runner(first_row.function.name, fn.tid_ndim, fn.name, fast)
-                lines.append(definition)
+                row_lines, first_row_part = _by_rows(first_row, fn, debug, sites, target, adjoint, fast)
+                lines += row_lines
+            variants = [v.function for v in (first_interior, first_row) if v is not None]
             first_nest = loops.interior_nest(fn.tid_ndim, first.name + call, first_interior.function.name + call,
-                                             first_interior, private, prelude, threshold,
-                                             (first_row_call, first_row) if first_row is not None else None,
+                                             first_interior, private, prelude, threshold, first_row_part,
                                              independent=_independent(grads, first, *variants), row_run=True)
         else:
             first_nest = loops.plain_nest(fn.tid_ndim, first.name + call, private, prelude, threshold)
@@ -423,6 +419,14 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
         min_blocks=CUDA_MIN_BLOCKS_PER_SM, logged=logged, fast=fast, checked=checked,
         all_grads=all_grads, nest=nest, plain_nest=plain_nest, box=box, pick=pick, scratch=scratch, **space)
     return "\n".join(lines) + "\n" + entry
+
+
+def _by_rows(row, fn: ir.Function, debug, sites, target: Target, adjoint: bool, template: str | None = None):
+    """(the lines defining `row`'s thread function and its runner, the (call, variant) that
+    interior_nest takes with `row_run`) for a variant of `interior.with_row`: a row part at a call of
+    its own (cpu_loops.row_runner). `template`: an adjoint body's template arguments."""
+    definition, run = loops.row_runner(row.function.name, fn.tid_ndim, fn.name, template)
+    return _thread_function(row.function, debug, sites, target, adjoint, fn.name, hot=True) + [definition], (run, row)
 
 
 def _called(variant, call: str):
