@@ -3,10 +3,14 @@ Hessian-vector products (`f.hessp`, `Model.hvp`) go through the same checkpointe
 L-BFGS-B: iterations, gradient and Hessian-vector evaluations, gradient-equivalents and time.
 "(GN)" rows use the Gauss-Newton product `f.gauss_newton` (J^T J v: positive semi-definite, one
 jvp and one gradient) where the others use the Hessian, which is indefinite at kappa = 1.
+"(GN, kept)" rows keep the rollout at each point (`value_and_grad(keep_trajectory=True)`:
+store-all memory, here 400 x 4 x 40 doubles): the gradient reverses it, and each product there is a
+jvp and a reverse sweep of the kept records, with nothing recomputed.
 
-A gradient-equivalent counts a gradient as 1 and a product as its measured cost relative to a
-gradient (timed here, interleaved, median of 5). The second table gives the gradient-equivalents
-each method needed to first reach a misfit (L-BFGS-B run 4x longer): what it costs to go deeper.
+A gradient-equivalent counts L-BFGS-B's gradient (Revolve(steps, 20)) as 1 and every other
+evaluation as its measured cost relative to it (timed here, interleaved, median of 5): a product,
+and a gradient that keeps its trajectory. The second table gives the gradient-equivalents each
+method needed to first reach a misfit (L-BFGS-B run 4x longer): what it costs to go deeper.
 
 Run: python examples/diffusivity_newton.py [--cells 40] [--steps 400] [--iterations 60]
 (needs scipy: pip install scipy)
@@ -40,37 +44,42 @@ def problem(cells, steps):
         sp.launch(misfit, state.u.shape, inputs=[state.u, observed], outputs=[out])
         return out
     f = sp.value_and_grad(model, initial, steps, loss=loss, params=["kappa"], schedule=lambda n: sp.Revolve(n, 20))
-    return f, truth
+    kept = sp.value_and_grad(model, initial, steps, loss=loss, params=["kappa"], keep_trajectory=True)
+    return f, kept, truth
 
 
-def product_costs(f, rounds=5) -> dict:
-    """{"hessp" / "gauss_newton": (median time of one product / a gradient, spread)} over
-    interleaved rounds, after one warm-up round (which compiles the tangent kernels and their
-    adjoints)."""
+def costs_of(f, kept, rounds=5) -> dict:
+    """{"hessp" / "gauss_newton" / "kept gradient" / "kept gauss_newton": (median time of one / a
+    gradient of `f`, spread)} over interleaved rounds, after one warm-up round (which compiles the
+    tangent kernels and their adjoints). A kept gradient is timed at a new point (it keeps a new
+    trajectory); a kept product at the point of the kept gradient before it."""
     p = np.random.default_rng(0).standard_normal(f.x0.size)
-    products = {"hessp": f.hessp, "gauss_newton": f.gauss_newton}
-    for product in products.values():
-        product(f.x0, p)
-    ratios = {name: [] for name in products}
-    for _ in range(rounds):
+    points = [f.x0, f.x0 * 0.9 + 0.05]
+    runs = {"hessp": lambda k: f.hessp(f.x0, p), "gauss_newton": lambda k: f.gauss_newton(f.x0, p),
+            "kept gradient": lambda k: kept(points[k % 2]),
+            "kept gauss_newton": lambda k: kept.gauss_newton(points[k % 2], p)}
+    for run in runs.values():
+        run(0)
+    ratios = {name: [] for name in runs}
+    for k in range(1, rounds + 1):
         t0 = time.perf_counter()
         f(f.x0)
         grad = time.perf_counter() - t0
-        for name, product in products.items():
+        for name, run in runs.items():
             t0 = time.perf_counter()
-            product(f.x0, p)
+            run(k)
             ratios[name].append((time.perf_counter() - t0) / grad)
     return {name: (statistics.median(r), max(r) - min(r)) for name, r in ratios.items()}
 
 
-def counted(f, product, ratio, trace):
+def counted(f, product, ratio, trace, gradient_cost=1.0):
     """`f` and `product` that append (gradient-equivalents so far, misfit) to `trace` at every
     evaluation of `f`."""
     spent = [0.0]
 
     def g(theta):
         value, grad = f(theta)
-        spent[0] += 1
+        spent[0] += gradient_cost
         trace.append((spent[0], value))
         return value, grad
 
@@ -97,14 +106,15 @@ def until(f, target):
 
 
 def main(cells=40, steps=400, iterations=60, methods=("Newton-CG", "trust-ncg", "trust-krylov", "Newton-CG (GN)",
-                                                      "trust-ncg (GN)"), levels=()):
+                                                      "trust-ncg (GN)", "Newton-CG (GN, kept)", "trust-ncg (GN, kept)"),
+         levels=()):
     try:
         from scipy.optimize import minimize
     except ImportError:
         print("this example needs scipy: pip install scipy")
         return None
-    f, truth = problem(cells, steps)
-    costs = product_costs(f)
+    f, kept, truth = problem(cells, steps)
+    costs = costs_of(f, kept)
     ratio, spread = costs["hessp"]
     first = f(f.x0)[0]
     inner = slice(2, cells - 2)
@@ -121,35 +131,40 @@ def main(cells=40, steps=400, iterations=60, methods=("Newton-CG", "trust-ncg", 
     for method in methods:
         # Each stops at L-BFGS-B's final misfit; a small first trust radius keeps kappa where the
         # explicit scheme is stable (kappa <= 1.6) while the Hessian is still indefinite.
-        name, gauss_newton = method.removesuffix(" (GN)"), method.endswith("(GN)")
-        product, cost = (f.gauss_newton, costs["gauss_newton"][0]) if gauss_newton else (f.hessp, ratio)
+        name = method.split(" (")[0]
+        fn, gradient_cost = (kept, costs["kept gradient"][0]) if method.endswith("kept)") else (f, 1.0)
+        product, cost = ((fn.gauss_newton, costs["kept gauss_newton" if fn is kept else "gauss_newton"][0])
+                         if "(GN" in method else (f.hessp, ratio))
         options = {"maxiter": iterations} if name == "Newton-CG" else {"maxiter": iterations, "initial_trust_radius": 0.1}
         t0 = time.perf_counter()
-        r = minimize(until(f, lbfgs.fun), f.x0, jac=True, hessp=product, method=name, options=options)
-        rows.append((method, r.nit, r.nfev, r.nhev, r.nfev + cost * r.nhev, r.fun, error(r.x), time.perf_counter() - t0))
-        runs[method] = (name, product, cost, options)
+        r = minimize(until(fn, lbfgs.fun), f.x0, jac=True, hessp=product, method=name, options=options)
+        rows.append((method, r.nit, r.nfev, r.nhev, gradient_cost * r.nfev + cost * r.nhev, r.fun, error(r.x),
+                     time.perf_counter() - t0))
+        runs[method] = (name, fn, product, cost, gradient_cost, options)
     print(f"{cells} cells, 4 profiles, {steps} steps, Revolve(steps, 20); misfit at kappa = 1: {first:.3e}; "
           f"in gradients (median of 5, spread): a Hessian-vector product {ratio:.2f} ({spread:.2f}), "
-          f"a Gauss-Newton product {costs['gauss_newton'][0]:.2f} ({costs['gauss_newton'][1]:.2f})")
-    print(f"{'method':<15} {'iters':>5} {'grads':>5} {'prods':>5} {'grad-equiv':>10} {'misfit':>10} "
+          f"a Gauss-Newton product {costs['gauss_newton'][0]:.2f} ({costs['gauss_newton'][1]:.2f}); kept: "
+          f"a gradient {costs['kept gradient'][0]:.2f} ({costs['kept gradient'][1]:.2f}), "
+          f"a Gauss-Newton product {costs['kept gauss_newton'][0]:.2f} ({costs['kept gauss_newton'][1]:.2f})")
+    print(f"{'method':<21} {'iters':>5} {'grads':>5} {'prods':>5} {'grad-equiv':>10} {'misfit':>10} "
           f"{'kappa err':>9} {'time s':>7}")
     for name, it, nf, nh, equiv, fun, err, t in rows:
-        print(f"{name:<15} {it:>5} {nf:>5} {nh:>5} {equiv:>10.1f} {fun:>10.3e} {err:>9.3f} {t:>7.2f}")
+        print(f"{name:<21} {it:>5} {nf:>5} {nh:>5} {equiv:>10.1f} {fun:>10.3e} {err:>9.3f} {t:>7.2f}")
     if levels:
         deepest = min(levels)
         traces = {"L-BFGS-B": []}
         g, _ = counted(f, None, 0.0, traces["L-BFGS-B"])
         minimize(g, f.x0, jac=True, method="L-BFGS-B", bounds=[(0.05, 1.6)] * cells,
                  options={"maxiter": 4 * iterations, "ftol": 1e-16, "gtol": 1e-14})
-        for method, (name, product, cost, options) in runs.items():
+        for method, (name, fn, product, cost, gradient_cost, options) in runs.items():
             traces[method] = []
-            g, p = counted(f, product, cost, traces[method])
+            g, p = counted(fn, product, cost, traces[method], gradient_cost)
             minimize(until(g, deepest), f.x0, jac=True, hessp=p, method=name, options=options)
         print("gradient-equivalents to first reach a misfit of (- : not within the iterations)")
-        print(f"{'method':<15} " + " ".join(f"{level:>9.1e}" for level in levels))
+        print(f"{'method':<21} " + " ".join(f"{level:>9.1e}" for level in levels))
         for method, trace in traces.items():
             reached = (first_reaching(trace, level) for level in levels)
-            print(f"{method:<15} " + " ".join(f"{r:>9.1f}" if r is not None else f"{'-':>9}" for r in reached))
+            print(f"{method:<21} " + " ".join(f"{r:>9.1f}" if r is not None else f"{'-':>9}" for r in reached))
     return rows, ratio
 
 

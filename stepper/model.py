@@ -183,9 +183,20 @@ class Model:
         ``.grads`` (those of `gradient`, bit for bit), ``.hvp[name]`` for every float initial state
         and parameter, ``.stats`` (the second-order sweep) and ``.gradient_stats``. A schedule object
         is copied for the second sweep; options as for `gradient`. ``gauss_newton=True``: the
-        Gauss-Newton product J^T H_L J v in ``.hvp`` instead (terminal losses; stepper/runs/second_order.py)."""
+        Gauss-Newton product J^T H_L J v in ``.hvp`` instead (terminal losses; stepper/runs/second_order.py);
+        with ``trajectory=`` (a `keep_trajectory` of the same initial state and steps) its reverse
+        sweep runs from the kept records instead of recomputing them: a jvp and a reverse sweep."""
         from .runs.second_order import hvp
         return hvp(self, initial, steps, direction, loss, running_loss, schedule, storage, **options)
+
+    def keep_trajectory(self, initial, steps: int, *, deterministic: bool = True):
+        """The rollout's trajectory at today's parameters, every step's record kept in memory
+        (store-all's: the states each step's adjoint reads), for many reverse sweeps at this point:
+        ``kept.gradient(loss)`` (`gradient`'s bits) and ``hvp(..., gauss_newton=True,
+        trajectory=kept)``, which then cost no recomputation. A `KeptTrajectory`; ``close()`` it (or
+        use ``with``) to give the memory back. Needs a traced step (stepper/runs/kept_trajectory.py)."""
+        from .runs.kept_trajectory import KeptTrajectory
+        return KeptTrajectory(self, initial, steps, deterministic=deterministic)
 
     def evaluate(self, initial, steps: int | None = None, loss=None, *, running_loss=None, **options) -> float:
         """The loss of a rollout of `steps` steps from `initial`, as a Python float, without its

@@ -79,7 +79,7 @@ class _Variables:
 
 
 def value_and_grad(model, initial, steps, *, loss=None, running_loss=None, params=None, schedule=None,
-                   **options):
+                   keep_trajectory=False, **options):
     """``f(theta) -> (loss, gradient)``: `theta` is the flat float64 vector of the arrays named in
     `params` (parameters and/or initial states; default: all of them), in that order. Each call
     sets the parameters to `theta` (in place), runs `Model.gradient` and returns the loss as a float
@@ -87,7 +87,10 @@ def value_and_grad(model, initial, steps, *, loss=None, running_loss=None, param
     the vector `p` (`Model.hvp`: one second-order sweep, about twice a gradient), for scipy's
     ``Newton-CG``, ``trust-ncg`` and ``trust-krylov``; ``f.gauss_newton(theta, p)`` the Gauss-Newton
     product instead (``Model.hvp(gauss_newton=True)``: terminal losses; positive semi-definite for
-    least squares; one jvp and one gradient). ``f.x0`` is the starting vector (today's values),
+    least squares; one jvp and one gradient). ``keep_trajectory=True`` (terminal losses, no
+    schedule) keeps the rollout at the latest `theta` (`Model.keep_trajectory`: store-all memory,
+    one trajectory at a time): `f` reverses it and the Gauss-Newton products there reuse it, each a
+    jvp and a reverse sweep without recomputation. ``f.x0`` is the starting vector (today's values),
     ``f.split(theta)`` gives ``{name: ndarray}``. `schedule`: a function ``steps -> schedule`` (a
     schedule runs once; the default is Revolve). Example::
 
@@ -99,16 +102,25 @@ def value_and_grad(model, initial, steps, *, loss=None, running_loss=None, param
         raise ModelError("value_and_grad(schedule=...) runs many gradients and a schedule runs once; pass a "
                          "function steps -> schedule, e.g. lambda n: stepper.Revolve(n, 20)")
     variables = _Variables(model, initial, params)
+    kept = _KeptAt(model, steps, options) if keep_trajectory else None
+    if kept is not None and (running_loss is not None or schedule is not None or loss is None):
+        raise ModelError("value_and_grad(keep_trajectory=True) reverses one kept trajectory from a terminal loss: "
+                         "give loss= and no running_loss= or schedule=")
 
     def f(theta):
         start = variables.apply(theta)
+        if kept is not None:
+            value, grads = kept.at(theta, start).gradient(loss)
+            return float(value), variables.flat(grads)
         result = model.gradient(start, steps, loss=loss, running_loss=running_loss, schedule=schedule, **options)
         return float(result.loss), variables.flat(result.grads)
 
     def product(theta, p, gauss_newton=False):
         start = variables.apply(theta)
+        trajectory = kept.at(theta, start) if kept is not None and gauss_newton else None
         result = model.hvp(start, steps, variables.arrays(p), loss=loss, running_loss=running_loss,
-                           schedule=schedule, gradient=False, gauss_newton=gauss_newton, **options)
+                           schedule=schedule, gradient=False, gauss_newton=gauss_newton, trajectory=trajectory,
+                           **options)
         return variables.flat(result.hvp)
 
     f.hessp = product
@@ -117,6 +129,25 @@ def value_and_grad(model, initial, steps, *, loss=None, running_loss=None, param
     f.split = variables.split
     f.names = tuple(variables.names)
     return f
+
+
+class _KeptAt:
+    """`value_and_grad`'s kept trajectory: one at a time, at the latest theta asked for."""
+
+    def __init__(self, model, steps, options):
+        self.model, self.steps = model, steps
+        self.deterministic = options.get("deterministic", True)
+        self.theta = self.kept = None
+
+    def at(self, theta, start):
+        theta = np.asarray(theta, dtype=np.float64)
+        if self.kept is None or not np.array_equal(theta, self.theta):
+            if self.kept is not None:
+                self.kept.close()
+                self.kept = None
+            self.kept = self.model.keep_trajectory(start, self.steps, deterministic=self.deterministic)
+            self.theta = theta.copy()
+        return self.kept
 
 
 @dataclass

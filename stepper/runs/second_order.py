@@ -274,10 +274,11 @@ def jvp(model, initial, steps, tangents=None, loss=None, running_loss=None, *, d
 
 
 def hvp(model, initial, steps, direction, loss=None, running_loss=None, schedule=None, storage=None, *,
-        gradient=True, gauss_newton=False, **options) -> HvpResult:
+        gradient=True, gauss_newton=False, trajectory=None, **options) -> HvpResult:
     """See `Model.hvp`. ``gradient=False`` skips the plain gradient run (``loss``, ``grads`` and
     ``gradient_stats`` are then None): Newton-CG asks for many products at one point.
-    ``gauss_newton=True``: the generalised Gauss-Newton product (module docstring) in ``hvp``."""
+    ``gauss_newton=True``: the generalised Gauss-Newton product (module docstring) in ``hvp``;
+    `trajectory`: a `KeptTrajectory` at this point, which its reverse sweep runs from."""
     if loss is None and running_loss is None:
         raise ModelError("hvp() needs loss= (a function of the final state) and/or running_loss= "
                          "(a function of each step's s)")
@@ -288,6 +289,18 @@ def hvp(model, initial, steps, direction, loss=None, running_loss=None, schedule
                          "J^T H_L J v pairs the final state's tangent with the loss's curvature there (a running "
                          "loss would need every step's tangent during the reverse sweep); use the full Hessian "
                          "(gauss_newton=False) for running losses")
+    if trajectory is not None:
+        if not gauss_newton:
+            raise ModelError("hvp(trajectory=...) serves the Gauss-Newton product (gauss_newton=True), whose reverse "
+                             "sweep is the model's own; the Hessian's runs the tangent model, whose trajectory "
+                             "changes with the direction")
+        if trajectory.model is not model or trajectory.steps != steps:
+            raise ModelError(f"hvp(trajectory=...) was kept for {trajectory.steps} steps of "
+                             f"{'another model' if trajectory.model is not model else 'this model'}; this product "
+                             f"is {steps} steps of this one: keep one with model.keep_trajectory(initial, {steps})")
+        if schedule is not None or storage is not None:
+            raise ModelError("hvp(trajectory=...) reverses the kept records: it takes no schedule= or storage=")
+        trajectory.check_start(initial, "hvp(trajectory=...)")
     second_schedule = schedule
     if gradient and schedule is not None and hasattr(schedule, "__iter__"):
         try:
@@ -304,7 +317,8 @@ def hvp(model, initial, steps, direction, loss=None, running_loss=None, schedule
         first = model.gradient(initial, steps, loss=loss, schedule=schedule, storage=storage,
                                running_loss=running_loss, **options)
     if gauss_newton:
-        second = _gauss_newton_sweep(model, initial, steps, direction, loss, second_schedule, storage, options)
+        second = _gauss_newton_sweep(model, initial, steps, direction, loss, second_schedule, storage, options,
+                                     trajectory)
     else:
         second = tm.aug.gradient(tm.aug_initial, steps, loss=tm.loss(loss) if loss is not None else None,
                                  schedule=second_schedule, storage=storage,
@@ -317,9 +331,10 @@ def hvp(model, initial, steps, direction, loss=None, running_loss=None, schedule
     return HvpResult(first.loss, first.grads, hv, second.stats, first.stats)
 
 
-def _gauss_newton_sweep(model, initial, steps, direction, loss, schedule, storage, options):
+def _gauss_newton_sweep(model, initial, steps, direction, loss, schedule, storage, options, trajectory=None):
     """The gradient of <dL(x), w> at the final state x, with w = J v (a jvp's final tangent) held
-    fixed: J^T H_L J v in its ``grads``."""
+    fixed: J^T H_L J v in its ``grads`` (from `trajectory`'s records where one is given: then
+    ``(None, grads)``, no stats)."""
     forward = {k: options[k] for k in ("deterministic", "check_finite") if k in options}
     w = jvp(model, initial, steps, direction, progress=options.get("progress"), **forward).tangents
 
@@ -330,4 +345,13 @@ def _gauss_newton_sweep(model, initial, steps, direction, loss, schedule, storag
         with tan:
             value = check_scalar_loss(loss(state), "loss(state)")
         return _tangent_or_zero(tan, value)
+    if trajectory is not None:
+        return _Kept(trajectory.gradient(curvature)[1])
     return model.gradient(initial, steps, loss=curvature, schedule=schedule, storage=storage, **options)
+
+
+@dataclass(frozen=True)
+class _Kept:
+    """A product's reverse sweep run from a KeptTrajectory: its grads, and no sweep statistics."""
+    grads: dict
+    stats: GradientStats | None = None

@@ -418,20 +418,28 @@ class _Stretch:
         self.count["renamed"] += len(renamed)
 
     def _reverse_kept(self, a) -> bool:
-        """Sweep._reverse of steps recorded natively (Kept): each reversed from the state it kept."""
+        """Sweep._reverse of steps recorded natively (Kept): each reversed from the state it kept,
+        dropping the record, or keeping it where the action keeps adjoint data (a KeptTrajectory's
+        reverse sweeps: the reversal then takes a hold of its own, as Sweep._reverse_kept does)."""
         steps = range(a.n1 - 1, a.n0 - 1, -1)
-        if a.n1 != self.adj or not a.clear_adj_deps or not all(map(self._keeps, steps)):
+        if a.n1 != self.adj or not all(map(self._keeps, steps)):
             return False
         if self.work is not None and self.pos > a.n0:
             self.versions.release(self.work)      # nothing runs forward past the adjoint
             self.work = None
+        if not a.clear_adj_deps:
+            recorded, names = self.sw.recorded, self.names
+            for k in steps:                       # the records keep their holds: only pointers here
+                self._reverse(k, None, [0 if x is None else _ptr(x) for x in map(recorded[k].prev.get, names)])
+            return True
         for k in steps:
             self._reverse(k, self._kept(k))
             self.dropped.add(k)
         return True
 
-    def _reverse(self, n: int, prev: Version) -> None:
-        """NativeReversal.reverse of step n from `prev` (its hold passes here) and the carried adjoint."""
+    def _reverse(self, n: int, prev: Version | None, prev_ptrs: list | None = None) -> None:
+        """NativeReversal.reverse of step n from `prev` (its hold passes here), or from a record
+        that keeps its hold (`prev_ptrs` only), and the carried adjoint."""
         if not self.reads_next and self.grad_kinds is self.kinds:
             gprev = self.versions.new(self.kinds)  # s.next, which nothing reads, in the gradient's memory
             nxt = gprev
@@ -440,12 +448,13 @@ class _Stretch:
             if not self.reads_next:
                 self.versions.release(nxt)         # its memory may serve the gradient below
             gprev = self.versions.new(self.grad_kinds)
-        self.ops += [1, n, *prev.ptrs, *nxt.ptrs, *gprev.ptrs, *self.carry.ptrs]
+        self.ops += [1, n, *(prev.ptrs if prev is not None else prev_ptrs), *nxt.ptrs, *gprev.ptrs, *self.carry.ptrs]
         self.ops += self.fold                      # as Sweep._reverse folds after each step
         if self.reads_next:
             self.versions.release(nxt)
         self.versions.release(self.carry)
-        self.versions.release(prev)
+        if prev is not None:
+            self.versions.release(prev)
         self.carry, self.adj = gprev, n
         self.count["reverse"] += 1
         self.count["reversals"] += 1
