@@ -23,6 +23,7 @@ from .execute.snapshots import TierStats
 from .model import Model
 from .optimize import TaylorResult, taylor_test, value_and_grad
 from .runs.gradient import GradientResult, GradientStats
+from .runs.kept_trajectory import KeptTrajectory
 from .runs.rollout import Rollout, RolloutStats
 from .runs.second_order import HvpResult, JvpResult
 from .step.state import State, StateSpec
@@ -43,6 +44,6 @@ def __getattr__(name):
 __all__ = [
     *_compiler_all, *_checkpoint_all,
     "Model", "State", "StateSpec", "StepContext", "Rollout", "RolloutStats", "GradientResult",
-    "GradientStats", "JvpResult", "HvpResult", "TierStats", "ModelError", "NonFiniteError", "value_and_grad", "taylor_test", "TaylorResult",
+    "GradientStats", "JvpResult", "HvpResult", "KeptTrajectory", "TierStats", "ModelError", "NonFiniteError", "value_and_grad", "taylor_test", "TaylorResult",
     "Distributed", "Ensemble", "EnsembleResult", "Member", "release_memory",
 ]
