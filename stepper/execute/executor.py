@@ -145,6 +145,19 @@ class Sweep:
         self.carry = None
         return adjoint
 
+    def rewind(self, final: dict, actions) -> None:
+        """Make `final` (``{name: ndarray}``) the live state at the end of the run, the adjoint start
+        there, and `actions` the schedule's actions from here on: a KeptTrajectory's next reverse
+        sweep (records kept by ``Reverse(..., clear_adj_deps=False)`` are reversed again). What a
+        reverse sweep that raised held is given back first."""
+        if self.carry:
+            self.pool.release_all(self.carry.values())
+            self.carry = None
+        self._ahead.clear()
+        self._actions = iter(actions)
+        self._set_work(self._load_initial(final))
+        self.pos = self.adj = self.steps
+
     def close(self) -> None:
         """Release everything still held (snapshots, recorded steps, the live state) and close the
         progress bar: the end of every run, whether it finished or raised."""
@@ -416,28 +429,36 @@ class Sweep:
         start = time.perf_counter()
         work = self.work
         carry = {name: self.pool.acquire_like(a, zero=True) for name, a in work.items() if a.dtype.is_float}
-        if seeds:
-            for name, values in seeds.items():
-                if name in carry:
-                    carry[name]._write_host(values)
-        if loss is not None:
-            for name, a in work.items():
-                if name in carry:
-                    a.grad = carry[name]
-            protected = {id(a._storage): f"the final state '{name}'" for name, a in work.items()}
-            tape = StepTape(protected, self.deterministic)
-            try:
-                with tape:
-                    value = check_scalar_loss(loss(work), "loss(state)")
-                if value.grad is None:
-                    value.requires_grad = True
-                tape.backward(loss=value)
-                self.terminal_loss = float(value.numpy().reshape(-1)[0])
-            finally:
-                for a in work.values():
-                    a.grad = None
+        try:
+            if seeds:
+                for name, values in seeds.items():
+                    if name in carry:
+                        carry[name]._write_host(values)
+            if loss is not None:
+                self.terminal_loss = self._seed_loss(loss, work, carry)
+        except BaseException:
+            self.pool.release_all(carry.values())    # a sweep may be reversed again (KeptTrajectory)
+            raise
         self.carry = carry
         self.adjoint_seconds += time.perf_counter() - start
+
+    def _seed_loss(self, loss, work: State, carry: dict) -> float:
+        """Run `loss` on the final state `work` on a tape and add its gradient into `carry`; return its value."""
+        for name, a in work.items():
+            if name in carry:
+                a.grad = carry[name]
+        protected = {id(a._storage): f"the final state '{name}'" for name, a in work.items()}
+        tape = StepTape(protected, self.deterministic)
+        try:
+            with tape:
+                value = check_scalar_loss(loss(work), "loss(state)")
+            if value.grad is None:
+                value.requires_grad = True
+            tape.backward(loss=value)
+            return float(value.numpy().reshape(-1)[0])
+        finally:
+            for a in work.values():
+                a.grad = None
 
     def _reverse(self, a: Reverse) -> None:
         if a.n1 != self.adj:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from compiler import clone
 from checkpoint import EndForward, EndReverse, Forward, Move, Reverse, StorageType
 
 from ..errors import ModelError
@@ -28,30 +29,27 @@ from .progress import progress_bar
 
 __all__ = ["KeptTrajectory"]
 
-
-def _host(value) -> np.ndarray:
-    return np.array(value.numpy() if hasattr(value, "numpy") else value)
-
 _RAM, _WORK = StorageType.RAM, StorageType.WORK
 
 
-class _RecordOnceReverseOften:
-    """The actions: the first two steps run once unrecorded (a traced step is trusted to run from
-    its trace after two, so every step can then be recorded natively), then all steps are
-    recorded from the start, then ``Reverse(steps, 0)`` keeping the records, once per reverse sweep."""
+def _record_once(steps: int):
+    """The forward actions: the first two steps run once unrecorded (a traced step is trusted to run
+    from its trace after two, so every step can then be recorded natively), then all steps are
+    recorded from the start."""
+    yield Forward(0, min(2, steps), True, False, _RAM)
+    yield Move(0, _RAM, _WORK)
+    yield Forward(0, steps, False, True, _WORK)
+    yield EndForward()
 
-    def __init__(self, steps: int):
-        self.steps = steps
 
-    def __iter__(self):
-        n, warm = self.steps, min(2, self.steps)
-        yield Forward(0, warm, True, False, _RAM)
-        yield Move(0, _RAM, _WORK)
-        yield Forward(0, n, False, True, _WORK)
-        yield EndForward()
-        while True:
-            yield Reverse(n, 0, False)
-            yield EndReverse()
+def _reverse_keeping(steps: int):
+    """One reverse sweep's actions, its records kept."""
+    yield Reverse(steps, 0, False)
+    yield EndReverse()
+
+
+def _host(value) -> np.ndarray:
+    return np.array(value.numpy() if hasattr(value, "numpy") else value)
 
 
 class KeptTrajectory:
@@ -71,7 +69,7 @@ class KeptTrajectory:
         self._initial = {name: _host(v) for name, v in values.items()}
         self._params = {name: p.numpy().copy() for name, p in model.params.items()}
         tiers = Tiers(*resolve_storage(None, False))
-        self._sweep = Sweep(model, values, steps, _RecordOnceReverseOften(steps), tiers,
+        self._sweep = Sweep(model, values, steps, _record_once(steps), tiers,
                             deterministic=deterministic, progress=progress_bar(False, None, ""))
         try:
             final = self._sweep.forward()
@@ -89,7 +87,6 @@ class KeptTrajectory:
         """``(loss value, grads)``: the gradient of `loss` (a function of the final State returning
         a one-element array, as `Model.gradient`'s) with respect to the float initial states and
         the parameters, ``{name: array}`` (copies): `Model.gradient`'s bits, from the kept records."""
-        from compiler import clone
         sw = self._sweep
         if sw is None:
             raise ModelError("this KeptTrajectory is closed: keep a new one (Model.keep_trajectory)")
@@ -99,8 +96,7 @@ class KeptTrajectory:
                              "of today's model: keep a new one (Model.keep_trajectory) after changing parameters")
         for p in self.model.params.values():
             p.grad._zero_memory()
-        sw._set_work(sw._load_initial(self.final))
-        sw.pos = sw.adj = self.steps
+        sw.rewind(self.final, _reverse_keeping(self.steps))
         grads = dict(sw.reverse(loss=loss))
         for name, p in self.model.params.items():
             grads[name] = clone(p.grad, requires_grad=False)

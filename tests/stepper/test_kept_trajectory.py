@@ -117,3 +117,21 @@ def test_a_step_reversed_on_its_tape_cannot_be_kept():
     initial = {"x": sp.array(np.linspace(0.5, 1.5, 6), dtype=sp.float64)}
     with pytest.raises(sp.ModelError, match="step 0 was recorded on a tape, which is reversed once"):
         model.keep_trajectory(initial, 8)
+
+
+def test_a_reverse_sweep_that_raises_leaves_the_trajectory_as_it_was():
+    model, initial = chain_model(), chain_initial()
+    stored = model.gradient(initial, STEPS, loss=loss, schedule=sp.StoreAll(STEPS))
+
+    def broken(state):
+        raise RuntimeError("a loss that fails")
+    with model.keep_trajectory(initial, STEPS) as kept:
+        kept.gradient(loss)
+        held = kept._sweep.pool.live_bytes         # the records (and nothing of the sweep before)
+        for _ in range(2):
+            with pytest.raises(RuntimeError, match="a loss that fails"):
+                kept.gradient(broken)
+            value, grads = kept.gradient(loss)
+            assert value == stored.loss
+            _same(grads, stored.grads)
+            assert kept._sweep.pool.live_bytes == held       # nothing leaks from sweep to sweep
