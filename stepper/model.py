@@ -185,7 +185,8 @@ class Model:
         is copied for the second sweep; options as for `gradient`. ``gauss_newton=True``: the
         Gauss-Newton product J^T H_L J v in ``.hvp`` instead (terminal losses; stepper/runs/second_order.py);
         with ``trajectory=`` (a `keep_trajectory` of the same initial state and steps) its reverse
-        sweep runs from the kept records instead of recomputing them: a jvp and a reverse sweep."""
+        sweep runs from the kept records instead of recomputing them: a jvp and a reverse sweep
+        (and ``.grads``, the same bits, another reverse sweep of them)."""
         from .runs.second_order import hvp
         return hvp(self, initial, steps, direction, loss, running_loss, schedule, storage, **options)
 

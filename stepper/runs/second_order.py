@@ -313,7 +313,10 @@ def hvp(model, initial, steps, direction, loss=None, running_loss=None, schedule
     else:
         tm = TangentModel(model, initial, direction, what="direction")
     first = None
-    if gradient:
+    if gradient and trajectory is not None:            # the same bits, from the kept records
+        value, grads = trajectory.gradient(loss)
+        first = _Kept(grads, value)
+    elif gradient:
         first = model.gradient(initial, steps, loss=loss, schedule=schedule, storage=storage,
                                running_loss=running_loss, **options)
     if gauss_newton:
@@ -352,6 +355,7 @@ def _gauss_newton_sweep(model, initial, steps, direction, loss, schedule, storag
 
 @dataclass(frozen=True)
 class _Kept:
-    """A product's reverse sweep run from a KeptTrajectory: its grads, and no sweep statistics."""
+    """A reverse sweep run from a KeptTrajectory: its grads (and loss), and no sweep statistics."""
     grads: dict
+    loss: float | None = None
     stats: GradientStats | None = None
