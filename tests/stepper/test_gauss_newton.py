@@ -97,14 +97,20 @@ def test_gauss_newton_same_bits_under_every_schedule(device, tmp_path):
         np.testing.assert_array_equal(_flat(res), _flat(ref))
 
 
-def test_value_and_grad_gauss_newton_matches_hvp_and_drives_newton_cg():
-    """Fitting k and c to a rollout made with other values (a zero-residual least-squares problem)."""
-    scipy_optimize = pytest.importorskip("scipy.optimize")
+def fitting_problem():
+    """(model, initial, loss): k and c to fit to a rollout made with other values (a zero-residual
+    least-squares problem; the truth is k = (4.4, 0.4), c = 0.1, the start k = (4.0, 0.5))."""
     model, initial = chain_model(), chain_initial()
     model.params["k"].assign(np.array([4.4, 0.4]))
     truth = model.rollout(initial, STEPS)
-    loss = misfit(truth.x.numpy().copy(), truth.v.numpy().copy())
+    fit = misfit(truth.x.numpy().copy(), truth.v.numpy().copy())
     model.params["k"].assign(np.array([4.0, 0.5]))
+    return model, initial, fit
+
+
+def test_value_and_grad_gauss_newton_matches_hvp_and_drives_newton_cg():
+    scipy_optimize = pytest.importorskip("scipy.optimize")
+    model, initial, loss = fitting_problem()
     f = sp.value_and_grad(model, initial, STEPS, loss=loss, params=["k", "c"])
     p = np.array([0.3, -1.0, 0.5])
     got = f.gauss_newton(f.x0, p)

@@ -10,7 +10,7 @@ import pytest
 
 import stepper as sp
 from stepper_models import chain_initial, chain_model
-from test_gauss_newton import N, STEPS, _dense_gauss_newton, _split, loss, misfit
+from test_gauss_newton import N, STEPS, _dense_gauss_newton, _split, fitting_problem, loss, misfit
 from test_native_loop import damped_by_product
 
 
@@ -60,11 +60,7 @@ def test_gauss_newton_products_from_a_kept_trajectory_are_the_recomputing_ones(d
 
 def test_value_and_grad_keeping_its_trajectory_gives_the_same_bits_and_drives_newton_cg():
     scipy_optimize = pytest.importorskip("scipy.optimize")
-    model, initial = chain_model(), chain_initial()
-    model.params["k"].assign(np.array([4.4, 0.4]))
-    truth = model.rollout(initial, STEPS)
-    fit = misfit(truth.x.numpy().copy(), truth.v.numpy().copy())
-    model.params["k"].assign(np.array([4.0, 0.5]))
+    model, initial, fit = fitting_problem()
     plain = sp.value_and_grad(model, initial, STEPS, loss=fit, params=["k", "c"])
     kept = sp.value_and_grad(model, initial, STEPS, loss=fit, params=["k", "c"], keep_trajectory=True)
     p = np.array([0.3, -1.0, 0.5])
