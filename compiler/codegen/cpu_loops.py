@@ -10,6 +10,7 @@ body (codegen/targets.py renders the bodies and the entries' fixed parts).
 from __future__ import annotations
 
 from .. import ir
+from .emit import arg_name
 
 def index_space(ndim: int) -> dict:
     """Template pieces that walk a launch as `ndim` indices (what the kernel's tid() unpacks): the
@@ -214,9 +215,9 @@ def _bound_cpp(bound) -> str:
     """A `compiler.interior.Bound` as a C++ int64 expression over the entry's A and extents."""
     def term(t) -> str:
         if t[0] == "dim":
-            return f"A.{t[1]}.shape[{t[2]}]"
+            return f"A.{arg_name(t[1])}.shape[{t[2]}]"
         if t[0] == "scalar":
-            return f"(int64_t)A.{t[1]}"
+            return f"(int64_t)A.{arg_name(t[1])}"
         return f"(int64_t)e{t[1]}"
     return "(int64_t)" + str(bound.const) + "".join(
         (" + " if c > 0 else " - ") + (f"{abs(c)} * " if abs(c) != 1 else "") + term(t) for c, t in bound.terms)

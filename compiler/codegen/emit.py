@@ -49,6 +49,17 @@ def literal(value, t) -> str:
     return f"int64_t({int(value)})" if t.name == "int64" else str(int(value))
 
 
+def arg_name(name: str) -> str:
+    """A kernel argument's identifier in the generated C++: the user's name, prefixed, so that no
+    Python name collides with ours (`A`, `G`, `L`, `tp`, `t0`, `tid_0`) or is a C++ keyword (`new`,
+    `default`). Its gradient is `grad_name`."""
+    return "a_" + name
+
+
+def grad_name(name: str) -> str:
+    return "g_" + name
+
+
 class FunctionEmitter:
     """Renders the thread body of one IR function as C++ statements."""
 
@@ -78,16 +89,16 @@ class FunctionEmitter:
 
     def args_struct(self, name: str) -> str:
         """The packed argument buffer as a struct: every slot starts on 8 bytes (emit.arg_offsets)."""
-        fields = "".join(f"    alignas(8) {_param_ctype(p)} {p.name};\n" for p in self.fn.params)
+        fields = "".join(f"    alignas(8) {_param_ctype(p)} {arg_name(p.name)};\n" for p in self.fn.params)
         fields = fields or "    char unused;\n"
         return f"struct alignas(8) {name} {{\n{fields}}};"
 
     def params(self, adjoint: bool) -> list[str]:
         out = []
         for p in self.fn.params:
-            out.append(f"    const {_param_ctype(p)}& {p.name} = A.{p.name};")
+            out.append(f"    const {_param_ctype(p)}& {arg_name(p.name)} = A.{arg_name(p.name)};")
             if adjoint and isinstance(p.type, ArrayType):
-                out.append(f"    const {_param_ctype(p)}& adj_{p.name} = G.{p.name};")
+                out.append(f"    const {_param_ctype(p)}& {grad_name(p.name)} = G.{arg_name(p.name)};")
         return out
 
     # ---- statements -----------------------------------------------------------------------------
@@ -114,7 +125,7 @@ class FunctionEmitter:
         return a.name
 
     def ref(self, r: ir.ArrayRef) -> str:
-        return ("adj_" if r.adjoint else "") + r.param.name
+        return (grad_name if r.adjoint else arg_name)(r.param.name)
 
     def checked(self, r: ir.ArrayRef, indices, loc, text):
         idx = ", ".join(self.x(i) for i in indices)
@@ -144,7 +155,7 @@ class FunctionEmitter:
         self.line(f"{s.var.name} = {self.x(s.value)};")
 
     def s_ReadParam(self, s):
-        self.line(f"{s.out.name} = {s.param.name};")
+        self.line(f"{s.out.name} = {arg_name(s.param.name)};")
 
     def s_ThreadIndex(self, s):
         self.line(f"{s.out.name} = (int32_t)tid_{s.axis};")
@@ -171,7 +182,7 @@ class FunctionEmitter:
 
     def s_AccumGrad(self, s):
         idx = ", ".join(self.x(i) for i in s.indices)
-        grad = "adj_" + s.array.param.name
+        grad = grad_name(s.array.param.name)
         has = f"sp::has_grad<KNOWN, HAS, {s.array.param.index}>({grad})" if s.array.param.index < 64 else f"{grad}.data"
         if s.fresh_bit is not None:
             self.line(f"if ({has}) sp::gather_grad(sp::address({grad}, {idx}), {self.x(s.value)}, "
@@ -184,7 +195,7 @@ class FunctionEmitter:
         idx = ", ".join(self.x(i) for i in s.indices)
         k = s.array.param.index
         known = "KNOWN, HAS" if k < 64 else "0, 0"
-        self.line(f"{s.out.name} = sp::read_grad<{known}, {min(k, 63)}>(adj_{s.array.param.name}, {idx});")
+        self.line(f"{s.out.name} = sp::read_grad<{known}, {min(k, 63)}>({grad_name(s.array.param.name)}, {idx});")
 
     def s_ScratchStore(self, s):
         t = s.value.type.ctype

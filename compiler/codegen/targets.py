@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from .. import ir
 from ..builtins import OPS
 from . import cpu_loops as loops
-from .emit import FunctionEmitter, arg_offsets, slot_size
+from .emit import FunctionEmitter, arg_name, arg_offsets, slot_size
 
 LAUNCH_HEADER_SIZE = 72      # sizeof(launch_t): n, dim[4], first, end, adds, add_slots
 ADD_CHUNK = 4096             # threads per chunk of a launch that logs its adds (prelude.h's ADD_CHUNK)
@@ -323,7 +323,7 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
         passes = (fn, *((interior.function,) if interior is not None else ()),
                   *((two_pass.pointwise,) if two_pass is not None else ()))
         touched = grad_params(*passes)
-        all_grads = " && ".join(f"G.{fn.params[k].name}.data" for k in touched) or "true"
+        all_grads = " && ".join(f"G.{arg_name(fn.params[k].name)}.data" for k in touched) or "true"
     else:
         fast = checked = f"sp::ALL_GRADS, {grads:#x}ull"
         all_grads = "true"
