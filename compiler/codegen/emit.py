@@ -6,7 +6,9 @@ then the target wraps it in entry points. `#line` directives map each statement 
 """
 from __future__ import annotations
 
+import dataclasses
 import math
+import re
 
 import numpy as np
 
@@ -64,7 +66,7 @@ class FunctionEmitter:
     """Renders the thread body of one IR function as C++ statements."""
 
     def __init__(self, fn: ir.Function, *, debug: bool, sites: list):
-        self.fn = fn
+        self.fn = dataclasses.replace(fn, body=tuple(_Numbered().block(fn.body)))
         self.debug = debug
         self.sites = sites            # (kernel, array, loc) per bounds-checked access, shared per module
         self.lines: list[str] = []
@@ -253,6 +255,25 @@ class FunctionEmitter:
     def s_Pop(self, s):
         for v in reversed(s.vars):
             self.line(f"sp::pop(tp, {v.name});")
+
+
+class _Numbered(ir.Rewriter):
+    """A body's temps and vars numbered from 0 in the order they first appear. Their ids come from
+    one counter per process, so without this the C++ of a kernel (and the kernel cache's key for its
+    module) changed with whatever the process had compiled before it: two scripts that first used
+    one module's kernels in a different order each built it."""
+
+    def __init__(self):
+        self.numbered: dict[int, object] = {}
+
+    def operand(self, x):
+        out = self.numbered.get(x.id)
+        if out is None:
+            fields = {"id": len(self.numbered)}
+            if isinstance(x, ir.Var):          # an adjoint's local is named after its temp's id
+                fields["hint"] = re.sub(r"(^|_)t\d+", r"\1t", x.hint)
+            out = self.numbered[x.id] = dataclasses.replace(x, **fields)
+        return out
 
 
 def _param_ctype(p) -> str:
