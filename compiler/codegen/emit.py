@@ -7,6 +7,7 @@ then the target wraps it in entry points. `#line` directives map each statement 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 
@@ -66,7 +67,7 @@ class FunctionEmitter:
     """Renders the thread body of one IR function as C++ statements."""
 
     def __init__(self, fn: ir.Function, *, debug: bool, sites: list):
-        self.fn = dataclasses.replace(fn, body=tuple(_Numbered().block(fn.body)))
+        self.fn = fn
         self.debug = debug
         self.sites = sites            # (kernel, array, loc) per bounds-checked access, shared per module
         self.lines: list[str] = []
@@ -74,10 +75,16 @@ class FunctionEmitter:
         self.last_loc = None
         self.loops = 0
 
+    @functools.cached_property
+    def _body(self) -> tuple:
+        """The body with its temps and vars numbered from 0 (`_Numbered`); only the body's
+        renderings need it, not the argument struct's."""
+        return tuple(_Numbered().block(self.fn.body))
+
     # ---- declarations ---------------------------------------------------------------------------
     def declarations(self) -> list[str]:
         temps, vars_ = {}, {}
-        for s in ir.walk(self.fn.body):
+        for s in ir.walk(self._body):
             for t in ir.defined_temps(s):
                 temps[t.id] = t
             for a in ir.used_operands(s):
@@ -105,7 +112,7 @@ class FunctionEmitter:
 
     # ---- statements -----------------------------------------------------------------------------
     def body(self) -> list[str]:
-        self.block(self.fn.body)
+        self.block(self._body)
         return self.lines
 
     def line(self, text):

@@ -336,8 +336,8 @@ def hvp(model, initial, steps, direction, loss=None, running_loss=None, schedule
 
 def _gauss_newton_sweep(model, initial, steps, direction, loss, schedule, storage, options, trajectory=None):
     """The gradient of <dL(x), w> at the final state x, with w = J v (a jvp's final tangent) held
-    fixed: J^T H_L J v in its ``grads`` (from `trajectory`'s records where one is given: then
-    ``(None, grads)``, no stats)."""
+    fixed: J^T H_L J v in its ``grads`` (from `trajectory`'s records where one is given: then a
+    `_Kept`, without stats)."""
     forward = {k: options[k] for k in ("deterministic", "check_finite") if k in options}
     w = jvp(model, initial, steps, direction, progress=options.get("progress"), **forward).tangents
 
