@@ -105,7 +105,7 @@ def plain_nest(ndim: int, call: str, private, prelude: str, threshold: int) -> s
 
 def interior_nest(ndim: int, edge: str, middle: str, interior, private, prelude: str, threshold: int,
                    row=None, independent: bool = False, row_end=None, settled=None, corner=None,
-                   row_run: bool = False) -> str:
+                   row_run: bool = False, row_end_sides=None, corner_sides=None) -> str:
     """The CPU loop nest of an entry with an interior variant: the box [lo_k, hi_k) per axis is
     evaluated once; each row of the innermost index runs in three parts, the edges through `edge`
     and the part inside the box through `middle` (a row outside the box runs `edge` throughout, or
@@ -115,6 +115,9 @@ def interior_nest(ndim: int, edge: str, middle: str, interior, private, prelude:
     indices lie in its box (settled along those axes, clamped along the innermost).
     `corner`: a call of a gather form's branch-free `edge` (GatherAdjoint.corner), which the rows
     outside `row_end`'s box run at their ends in vector loops.
+    `row_end_sides`, `corner_sides`: (first, last), each (call, its Interior) or None: those two
+    settled over a row's first threads and its last ones (GatherAdjoint.row_end_sides), run there
+    instead.
     `settled` = (call, its Interior): a gather form's variant for a box inside the interior's (see
     GatherAdjoint.settled); a row inside it runs that in its part of the box, `middle` around it.
     `independent`: no thread writes memory another reads or writes (see SP_INDEPENDENT in
@@ -140,8 +143,17 @@ def interior_nest(ndim: int, edge: str, middle: str, interior, private, prelude:
         # the row-end variant is branch-free and inlined: with `independent` its few threads a row
         # run as one vector loop (2-D and 3-D 8th-order adjoints 7-15% faster than one call a thread)
         ends = (hint, corner) if corner is not None else ("", edge)
-        runs[0] = f"{pad}if (emid) {{ {hint}{first_edge}{row_end[0]} }} else {{ {ends[0]}{first_edge}{ends[1]} }}"
-        runs[2] = f"{pad}if (emid) {{ {hint}{last_edge}{row_end[0]} }} else {{ {ends[0]}{last_edge}{ends[1]} }}"
+        sides = [row_end_sides, corner_sides if corner is not None else None]
+        for tag, pair in zip("rc", sides):
+            for side, variant in zip("fl", pair or ()):
+                if variant is not None:
+                    box += _axis_box(k, variant[1], f"{tag}{side}lo", f"{tag}{side}hi")
+        starts = [_sided_run(k, ends_hint, call, pair, tag, "a", first=True)
+                  for ends_hint, call, pair, tag in ((hint, row_end[0], sides[0], "r"), (*ends, sides[1], "c"))]
+        stops = [_sided_run(k, ends_hint, call, pair, tag, "b", first=False)
+                 for ends_hint, call, pair, tag in ((hint, row_end[0], sides[0], "r"), (*ends, sides[1], "c"))]
+        runs[0] = f"{pad}if (emid) {{ {starts[0]} }} else {{ {starts[1]} }}"
+        runs[2] = f"{pad}if (emid) {{ {stops[0]} }} else {{ {stops[1]} }}"
     if k == 0:
         # one index: the middle run alone is shared out among threads; the box is cut to the rows run
         lines = ["    {", f"    {prelude}" if prelude else "",
@@ -177,6 +189,23 @@ def interior_nest(ndim: int, edge: str, middle: str, interior, private, prelude:
     collapse = f"collapse({k}) " if k > 1 else ""
     return ("\n".join(box) + "\n    " + _share(private, threshold).format(collapse=collapse) + outer
             + "\n".join(inner) + "\n" + closing)
+
+
+def _sided_run(k: int, hint: str, call: str, sides, tag: str, bound: str, first: bool) -> str:
+    """The loop over a row's first threads (i < `bound`) or its last ones (i >= `bound`) running
+    `call`, or `sides` (first, last) where their boxes (see interior_nest) cover them."""
+    side = sides[0 if first else 1] if sides else None
+    if first:
+        if side is None:
+            return f"{hint}for (int32_t i{k} = {_start(k)}; i{k} < {bound}; ++i{k}) {call}"
+        return (f"const int32_t f = (int32_t)({tag}fhi < {bound} ? {tag}fhi : {bound}); "
+                f"{hint}for (int32_t i{k} = {_start(k)}; i{k} < f; ++i{k}) {side[0]} "
+                f"{hint}for (int32_t i{k} = f; i{k} < {bound}; ++i{k}) {call}")
+    if side is None:
+        return f"{hint}for (int32_t i{k} = {bound}; i{k} < {_stop(k)}; ++i{k}) {call}"
+    return (f"const int32_t l = (int32_t)({tag}llo > {bound} ? {tag}llo : {bound}); "
+            f"{hint}for (int32_t i{k} = {bound}; i{k} < l; ++i{k}) {call} "
+            f"{hint}for (int32_t i{k} = l; i{k} < {_stop(k)}; ++i{k}) {side[0]}")
 
 
 def row_runner(name: str, ndim: int, args: str, template: str | None = None) -> tuple[str, str]:

@@ -243,7 +243,7 @@ def render(kernels: list[tuple], debug: bool, target: Target) -> RenderedModule:
             parts.append(_kernel(gather.function, debug, sites, target, target.gather_entry, gather.interior,
                                  two_pass=gather if gather.pointwise is not None and target is CPU else None,
                                  row=gather.row, row_end=gather.row_end, settled=gather.settled,
-                                 corner=gather.corner))
+                                 corner=gather.corner, sides=(gather.row_end_sides, gather.corner_sides)))
         if identity is not None and target is CPU:
             parts.append(_kernel(identity.function, debug, sites, target, target.forward_entry, identity.interior))
     return RenderedModule("\n".join(parts), sites)
@@ -298,12 +298,14 @@ def render_grads_variant(functions: tuple, grads: int, target: Target) -> Render
     two_pass = gather if gather.pointwise is not None and target is CPU else None
     parts = [target.header, native_definitions([fn]),
              _kernel(fn, False, [], target, target.gather_entry, gather.interior, grads=grads, two_pass=two_pass,
-                     row=gather.row, row_end=gather.row_end, settled=gather.settled, corner=gather.corner)]
+                     row=gather.row, row_end=gather.row_end, settled=gather.settled, corner=gather.corner,
+                     sides=(gather.row_end_sides, gather.corner_sides))]
     return RenderedModule("\n".join(parts), [])
 
 
 def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, interior=None,
-            grads: int | None = None, two_pass=None, row=None, row_end=None, settled=None, corner=None) -> str:
+            grads: int | None = None, two_pass=None, row=None, row_end=None, settled=None, corner=None,
+            sides=(None, None)) -> str:
     """One entry point: `fn`'s thread body (and its interior variant, which shares `fn`'s argument
     struct, where the target runs one) and the target's entry around it. An adjoint entry picks an
     instantiation of the body (see has_grad in prelude.h): with `grads` the one for that gradient
@@ -353,17 +355,26 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
     corner = corner if row_end is not None else None                       # (GatherAdjoint.corner)
     if corner is not None:
         lines += _thread_function(corner, debug, sites, target, adjoint, fn.name, hot=True)
+    # (GatherAdjoint.row_end_sides and corner_sides: each (first, last) or None)
+    sides = [pair if base is not None and pair is not None else (None, None)
+             for base, pair in zip((row_end, corner), sides)]
+    side_variants = [v for pair in sides for v in pair if v is not None]
+    for variant in side_variants:
+        lines += _thread_function(variant.function, debug, sites, target, adjoint, fn.name, hot=True)
     gather_entry = adjoint and entry_template is target.gather_entry
     if interior is not None:
         independent = gather_entry and _independent(grads, fn, interior.function, *((row.function,) if row else ()),
                                                      *((row_end.function,) if row_end else ()),
                                                      *((settled.function,) if settled else ()),
-                                                     *((corner,) if corner else ()))
+                                                     *((corner,) if corner else ()),
+                                                     *(v.function for v in side_variants))
         nest = loops.interior_nest(fn.tid_ndim, fn.name + call, interior.function.name + call, interior, private,
                                    prelude, threshold, row_part, independent=independent,
                                    row_end=_called(row_end, call), settled=_called(settled, call),
                                    corner=corner.name + call if corner is not None else None,
-                                   row_run=row is None and row_part is not None)
+                                   row_run=row is None and row_part is not None,
+                                   row_end_sides=tuple(_called(v, call) for v in sides[0]),
+                                   corner_sides=tuple(_called(v, call) for v in sides[1]))
         box = space["extents"] + "\n" + "\n".join(loops.interior_box(fn.tid_ndim, interior)) + "\n"
         inside = " && ".join(f"lo{k} <= i{k} && i{k} < hi{k}" for k in range(fn.tid_ndim))
         pick = f"if ({inside}) {interior.function.name}{call} else "

@@ -43,8 +43,8 @@ from ..types import bool_, int32
 from .adjoint import is_reverse_mark
 from .dce import eliminate_dead_code
 from .selects import has_branches, select_branches, table_loads
-from .interior import (Bound, Clamped, Interior, Wrapped, at_own_index, interior_variant, tid_offsets,
-                       with_row)
+from .interior import (Bound, Clamped, Interior, Wrapped, at_own_index, interior_variant, settled_over,
+                       tid_offsets, with_row)
 from . import transpose
 
 
@@ -93,6 +93,12 @@ class GatherAdjoint:
     # `function` with its branches turned into selects, for the ends of the rows outside
     # `row_end`'s box (CPU entries): valid for every thread, run inlined in vector loops
     corner: ir.Function | None = None
+    # (first, last) per function of the rows' ends, `row_end` then `corner`: it settled further
+    # along the innermost axis for a row's first threads (below the interior box's margin) and its
+    # last ones (from the extent less the margin on), where most neighbours' guards are false
+    # (interior.settled_over); None where nothing settles (CPU entries)
+    row_end_sides: tuple | None = None
+    corner_sides: tuple | None = None
 
 
 def gather_adjoint(adjoint: ir.Function, two_pass: bool = True) -> GatherAdjoint | None:
@@ -188,8 +194,8 @@ def gather_adjoint(adjoint: ir.Function, two_pass: bool = True) -> GatherAdjoint
     # Rows of the innermost axis whose outer indices lie near a face: p - c clamped along the outer
     # axes (the same for the whole row), inside along the innermost one, settled there. And the
     # ends of the rows: clamped along the innermost axis alone, settled along the others (a few
-    # threads a row, run one at a time, but without the fully clamped form's branches: in 3-D at
-    # 8th order they are 1 thread in 8 at 64^3 and cost as much as the vectorised rest).
+    # threads a row, run one at a time, but without the fully clamped form's branches; settled
+    # further at the row's first and last threads: see _sides).
     row = row_end = None
     if ndim > 1 and not any(widens):
         inner = ndim - 1
@@ -205,6 +211,9 @@ def gather_adjoint(adjoint: ir.Function, two_pass: bool = True) -> GatherAdjoint
         selected = select_branches(whole, _own_loads(whole, eligible, widens, frozenset()))
         if not has_branches(selected):
             corner = dataclasses.replace(eliminate_dead_code(selected), name=whole.name + "_corner")
+    sides = lambda fn: _sides(fn, interior, source, same) if fn is not None else None   # noqa: E731
+    row_end_sides = sides(row_end.function if row_end is not None else None)
+    corner_sides = sides(corner)
     pointwise = pointwise_interior = None
     if found:
         base = adjoint.name.replace("_adjoint", "")
@@ -216,7 +225,8 @@ def gather_adjoint(adjoint: ir.Function, two_pass: bool = True) -> GatherAdjoint
         pointwise_interior = _without_dead_code(with_row(interior_variant(pointwise, base + "_pointwise_interior"),
                                                          pointwise))
     return GatherAdjoint(build(True), interior, tuple(eligible), scatters, source, widens, extent_bounds,
-                         pointwise, pointwise_interior, scratch_bytes, row, row_end, settled, corner)
+                         pointwise, pointwise_interior, scratch_bytes, row, row_end, settled, corner, row_end_sides,
+                         corner_sides)
 
 
 def _without_dead_code(variant: Interior | None) -> Interior | None:
@@ -225,6 +235,23 @@ def _without_dead_code(variant: Interior | None) -> Interior | None:
         return None
     return dataclasses.replace(variant, function=eliminate_dead_code(variant.function),
                                row=_without_dead_code(variant.row))
+
+
+def _sides(fn: ir.Function, interior: Interior, source: str, same) -> tuple | None:
+    """(first, last): `fn` settled along the innermost axis over [0, m) and over [n - m', n), where
+    m is the largest constant lower margin of `interior`'s box on that axis, n the launch's extent
+    there (the extent of `source`) and n - m' its smallest upper bound of that form; either None
+    where nothing settles there. Those threads, one in eight of a 3-D 64^3 launch at 8th order, each
+    ran all 25 neighbours' passes, of which at most 4 contribute: half the float32 wave adjoint's
+    time (550 of 1143 us); settled, 7 passes stay and they take 235 of 804 us."""
+    inner = fn.tid_ndim - 1
+    extent = Bound(0, ((1, ("dim", source, inner)),))
+    margins = [b.const for b in interior.lower[inner] if not b.terms]
+    tails = [(same(b) - extent).const for b in interior.upper[inner] if not (same(b) - extent).terms]
+    first = settled_over(fn, fn.name + "_first", inner, Bound(0), Bound(max(margins)), same) if margins else None
+    last = settled_over(fn, fn.name + "_last", inner, extent.shifted(min(tails)), extent, same) if tails else None
+    first, last = _without_dead_code(first), _without_dead_code(last)
+    return (first, last) if first is not None or last is not None else None
 
 
 def _settled_variant(build, lower, upper, within, eligible, widens, tables, settled: set,

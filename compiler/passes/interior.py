@@ -182,6 +182,54 @@ def with_row(interior: Interior | None, fn: ir.Function) -> Interior | None:
     return dataclasses.replace(interior, row=interior_variant(fn, fn.name + "_row", axes={fn.tid_ndim - 1}))
 
 
+def settled_over(fn: ir.Function, name: str, axis: int, start: Bound, stop: Bound, same=lambda b: b) -> Interior | None:
+    """`fn`, named `name`, with each comparison of thread index `axis` (plus an offset) against a
+    bound decided where it takes one value for every index in [start, stop), valid there (the
+    variant's box); None where none is. `same` makes two bounds' terms comparable (as
+    `interior_variant`'s `within`). Where the middle variant decides a test the way it goes inside
+    the box, this decides it near a face: at a row's first threads the neighbours' guards that
+    hold only further in are false, and the passes they guard are dead code (a 3-D 8th-order gather
+    adjoint's row ends, where a thread gathers from a few of its 25 neighbours)."""
+    bounds = _bounds(fn.body)
+    offsets = tid_offsets(fn.body, fn.tid_ndim, bounds)
+    decided = {}
+    for s in ir.walk(fn.body):
+        if isinstance(s, ir.Op) and s.op in _FLIP:
+            value = _decide_over(s, offsets, bounds, axis, same(start), same(stop), same)
+            if value is not None:
+                decided[s.out.id] = value
+    if not decided:
+        return None
+    body = _Settle(decided, {}).block(fn.body)
+    lower = tuple((start,) if k == axis else () for k in range(fn.tid_ndim))
+    upper = tuple((stop,) if k == axis else () for k in range(fn.tid_ndim))
+    return Interior(ir.Function(name, fn.params, tuple(body), fn.loc, fn.tid_ndim), lower, upper)
+
+
+def _decide_over(s: ir.Op, offsets, bounds, axis: int, start: Bound, stop: Bound, same) -> bool | None:
+    """The value comparison `s` takes for every thread index `axis` in [start, stop), or None."""
+    a, b = s.args
+    op = s.op
+    if not _affine(a, offsets):
+        a, b, op = b, a, _FLIP[op]
+    if not _affine(a, offsets) or offsets[a.id][0] != axis or _bound_of(b, bounds) is None:
+        return None
+    at = same(_bound_of(b, bounds) - offsets[a.id][1])          # the test is now `index op at`
+
+    def at_most(x: Bound, y: Bound) -> bool:                      # x <= y whatever the launch
+        d = y - x
+        return not d.terms and d.const >= 0
+
+    if op in ("eq", "ne"):
+        never = at_most(at.shifted(1), start) or at_most(stop, at)
+        return (op == "ne") if never else None
+    split = at if op in ("lt", "ge") else at.shifted(1)           # `index < split` for lt and le
+    below = False if at_most(split, start) else True if at_most(stop, split) else None
+    if below is None:
+        return None
+    return below if op in ("lt", "le") else not below
+
+
 def _inside_limits(decision, within) -> bool:
     """Whether a decided comparison's bound keeps the box within `within` (see interior_variant)."""
     axis, _, low, high = decision
@@ -349,11 +397,13 @@ def _decide(s: ir.Op, offsets, bounds):
 
 class _Settle(ir.Rewriter):
     """Copies a body with each decided comparison dropped and its uses replaced by the constant
-    (an `if` on one becomes the branch it takes), and each periodic index computed without its
-    modulo."""
+    (an `if` on one becomes the branch it takes; `and`, `or` and `where` on one fold, so that dead
+    code elimination drops what a decided select discards), and each periodic index computed
+    without its modulo."""
 
     def __init__(self, decided: dict[int, bool], unwrapped: dict[int, list]):
         self.decided, self.unwrapped = decided, unwrapped
+        self.same: dict[int, object] = {}          # folded Temp id -> the operand it equals
 
     def stmt(self, s) -> list:
         if isinstance(s, ir.Op) and s.out.id in self.decided:
@@ -362,12 +412,31 @@ class _Settle(ir.Rewriter):
             return self.block(s.then if self.decided[s.cond.id] else s.orelse)   # the branch taken
         if isinstance(s, ir.Op) and s.out.id in self.unwrapped:
             return [self.value(op) for op in self.unwrapped[s.out.id]]
+        if isinstance(s, ir.Op) and s.op in ("and", "or", "where"):
+            folded = _fold(s.op, [self.operand(x) for x in s.args])
+            if folded is not None:
+                self.same[s.out.id] = folded
+                return []
         return [self.value(s)]
 
     def operand(self, x):
         if isinstance(x, ir.Temp) and x.id in self.decided:
             return ir.Const(self.decided[x.id], bool_)
+        if isinstance(x, ir.Temp) and x.id in self.same:
+            return self.same[x.id]
         return x
+
+
+def _fold(op: str, args: list):
+    """What `op` on `args` equals where a boolean operand is a constant that settles it, or None."""
+    flags = [bool(x.value) if isinstance(x, ir.Const) and x.type == bool_ else None for x in args]
+    if op == "where":
+        return None if flags[0] is None else args[1] if flags[0] else args[2]
+    for k in (0, 1):
+        if flags[k] is not None:
+            absorbing = flags[k] is (op == "or")           # False for and, True for or
+            return ir.Const(flags[k], bool_) if absorbing else args[1 - k]
+    return None
 
 
 __all__ = ["Bound", "Clamped", "Interior", "Wrapped", "at_own_index", "interior_variant", "tid_offsets", "int_const",
