@@ -464,14 +464,15 @@ def test_the_rows_ends_variant_gives_the_fully_clamped_functions_bits(kernel, sh
 
 @pytest.mark.parametrize("order, ndim, name, shape", [(8, 3, "unrolled", (13, 12, 14)), (8, 3, "fwi", (11, 13, 6)),
                                                        (4, 2, "table", (17, 16)), (2, 3, "neighbours", (7, 9, 8)),
-                                                       (8, 2, "fwi", (12, 5))])
-def test_a_rows_first_and_last_threads_run_its_ends_settled_there_with_the_same_bits(order, ndim, name, shape):
+                                                       (8, 2, "fwi", (12, 5)), (8, 3, "helper", (6, 15, 12))])
+def test_the_threads_near_a_face_run_variants_settled_there_with_the_same_bits(order, ndim, name, shape):
     """A row's first threads (below the interior box's margin along the innermost axis) and its
-    last ones run `row_end` and `corner` settled there (GatherAdjoint.row_end_sides, corner_sides):
-    the guards of the neighbours on the row's own side of the face are false, so of a radius-R
-    stencil's passes at most 2R - 1 stay (R live ones, R - 1 whose neighbour is clamped); the same
-    bits as the functions they come from, serial or not, also where the innermost extent is below
-    the stencil's width (the boxes overlap)."""
+    last ones run `row_end` and `corner` settled there (GatherAdjoint.row_end_sides, corner_sides),
+    and the rows near a face of an outer axis `row` settled along that axis (row_sides): the
+    guards of the neighbours on the thread's side of the face are false (those of the clamped
+    neighbours too), so of a radius-R stencil's passes the R that contribute stay; the same bits
+    as the functions they come from, serial or not, also where an extent is below the stencil's
+    width (the boxes overlap)."""
     kernel = corpus(order, ndim)[name]
     gather = kernel.compiled().gather
     radius = order // 2
@@ -479,12 +480,13 @@ def test_a_rows_first_and_last_threads_run_its_ends_settled_there_with_the_same_
     def passes(fn):
         return sum(1 for s in ir.walk(fn.body) if isinstance(s, (ir.ReadGrad, ir.ScratchLoad)))
 
-    pairs = [(gather.row_end.function, gather.row_end_sides), (gather.corner, gather.corner_sides)]
-    assert (gather.corner is None) == (ndim == 2)
-    for base, sides in pairs[:ndim - 1]:
+    pairs = [(gather.row_end.function, gather.row_end_sides), (gather.corner, gather.corner_sides)][:ndim - 1]
+    assert (gather.corner is None) == (ndim == 2) and len(gather.row_sides) == ndim - 1
+    pairs += [(gather.row.function, sides) for sides in gather.row_sides]
+    for base, sides in pairs:
         assert passes(base) >= 4 * radius + 1
-        assert [passes(side.function) for side in sides] == [2 * radius - 1] * 2
-    assert_bits_without(kernel, shape, row_end_sides=None, corner_sides=None)
+        assert [passes(side.function) for side in sides] == [radius] * 2
+    assert_bits_without(kernel, shape, row_end_sides=None, corner_sides=None, row_sides=())
 
 
 @pytest.mark.parametrize("kernel, shape", [(corpus(8, 2)["fwi"], (31, 29)), (corpus(8, 3)["table"], (21, 19, 22)),

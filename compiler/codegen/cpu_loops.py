@@ -105,7 +105,7 @@ def plain_nest(ndim: int, call: str, private, prelude: str, threshold: int) -> s
 
 def interior_nest(ndim: int, edge: str, middle: str, interior, private, prelude: str, threshold: int,
                    row=None, independent: bool = False, row_end=None, settled=None, corner=None,
-                   row_run: bool = False, row_end_sides=None, corner_sides=None) -> str:
+                   row_run: bool = False, row_end_sides=None, corner_sides=None, row_sides=()) -> str:
     """The CPU loop nest of an entry with an interior variant: the box [lo_k, hi_k) per axis is
     evaluated once; each row of the innermost index runs in three parts, the edges through `edge`
     and the part inside the box through `middle` (a row outside the box runs `edge` throughout, or
@@ -117,7 +117,8 @@ def interior_nest(ndim: int, edge: str, middle: str, interior, private, prelude:
     outside `row_end`'s box run at their ends in vector loops.
     `row_end_sides`, `corner_sides`: (first, last), each (call, its Interior) or None: those two
     settled over a row's first threads and its last ones (GatherAdjoint.row_end_sides), run there
-    instead.
+    instead. `row_sides`: per outer axis the same for `row` (GatherAdjoint.row_sides), run in the
+    first and last rows along that axis, each a call that runs the row's part (see row_runner).
     `settled` = (call, its Interior): a gather form's variant for a box inside the interior's (see
     GatherAdjoint.settled); a row inside it runs that in its part of the box, `middle` around it.
     `independent`: no thread writes memory another reads or writes (see SP_INDEPENDENT in
@@ -180,6 +181,13 @@ def interior_nest(ndim: int, edge: str, middle: str, interior, private, prelude:
         middle_run = f"{hint}for (int32_t i{k} = a; i{k} < b; ++i{k}) {middle}"
     if row is not None:
         row_part = row[0] if row_run else f"{hint}for (int32_t i{k} = a; i{k} < b; ++i{k}) {row[0]}"
+        for axis, pair in reversed(list(enumerate(row_sides))):     # the first axis's tested first
+            for side, variant in reversed(list(zip("fl", pair))):
+                if variant is None:
+                    continue
+                box += _axis_box(axis, variant[1], f"q{axis}{side}lo", f"q{axis}{side}hi")
+                inside = f"i{axis} < q{axis}fhi" if side == "f" else f"i{axis} >= q{axis}llo"
+                row_part = f"if ({inside}) {{ {variant[0]} }} else {{ {row_part} }}"
         runs[1] = f"{pad}if (mid) {{ {middle_run} }}\n{pad}else {{ {row_part} }}"
     emid = " && ".join(f"elo{a} <= i{a} && i{a} < ehi{a}" for a in range(k))
     inner = ([f"{pad}{prelude}"] if prelude else []) + [
@@ -208,12 +216,14 @@ def _sided_run(k: int, hint: str, call: str, sides, tag: str, bound: str, first:
             f"{hint}for (int32_t i{k} = l; i{k} < {_stop(k)}; ++i{k}) {side[0]}")
 
 
-def row_runner(name: str, ndim: int, args: str, template: str | None = None) -> tuple[str, str]:
+def row_runner(name: str, ndim: int, args: str, template: str | None = None,
+               independent: bool = False) -> tuple[str, str]:
     """(the definition, a call in interior_nest) of `{name}_run`: thread function `name` over one
     row's part from index a to b, as a function of its own that is never inlined, so that the loop
     nest's register allocation stays the middle's (inlined beside it, a forward's row variant
     made the 2-D 512^2 8th-order FWI forward 20% slower: the middle loop reloaded spilled row
-    pointers). `template`: an adjoint body's template arguments (it takes G and tp too)."""
+    pointers). `template`: an adjoint body's template arguments (it takes G and tp too).
+    `independent`: as interior_nest's (the row's loop vectorises without alias tests)."""
     k = ndim - 1
     outer = ", ".join(f"int32_t i{a}" for a in range(k))
     tids = ", ".join(f"i{a}" if a < ndim else "0" for a in range(4))
@@ -223,6 +233,7 @@ def row_runner(name: str, ndim: int, args: str, template: str | None = None) -> 
     # the tape a copy too: through a reference, a 3-D gather's rows ran 1.7x slower)
     definition = (f"static __attribute__((noinline)) void {name}_run({outer}, int32_t a, int32_t b, const launch_t L, "
                   f"const {args}_args_t A{grads}) {{\n    {'sp::tape_t tp = row_tp; ' if template else ''}"
+                  f"{'SP_INDEPENDENT ' if independent else ''}"
                   f"for (int32_t i{k} = a; i{k} < b; ++i{k}) "
                   f"{name}_thread{f'<{template}>' if template else ''}({tids}, {call_args});\n}}")
     call = f"{name}_run({', '.join(f'i{a}' for a in range(k))}, a, b, {call_args});"

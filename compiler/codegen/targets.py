@@ -243,7 +243,8 @@ def render(kernels: list[tuple], debug: bool, target: Target) -> RenderedModule:
             parts.append(_kernel(gather.function, debug, sites, target, target.gather_entry, gather.interior,
                                  two_pass=gather if gather.pointwise is not None and target is CPU else None,
                                  row=gather.row, row_end=gather.row_end, settled=gather.settled,
-                                 corner=gather.corner, sides=(gather.row_end_sides, gather.corner_sides)))
+                                 corner=gather.corner, sides=(gather.row_end_sides, gather.corner_sides),
+                                 row_sides=gather.row_sides))
         if identity is not None and target is CPU:
             parts.append(_kernel(identity.function, debug, sites, target, target.forward_entry, identity.interior))
     return RenderedModule("\n".join(parts), sites)
@@ -299,13 +300,13 @@ def render_grads_variant(functions: tuple, grads: int, target: Target) -> Render
     parts = [target.header, native_definitions([fn]),
              _kernel(fn, False, [], target, target.gather_entry, gather.interior, grads=grads, two_pass=two_pass,
                      row=gather.row, row_end=gather.row_end, settled=gather.settled, corner=gather.corner,
-                     sides=(gather.row_end_sides, gather.corner_sides))]
+                     sides=(gather.row_end_sides, gather.corner_sides), row_sides=gather.row_sides)]
     return RenderedModule("\n".join(parts), [])
 
 
 def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, interior=None,
             grads: int | None = None, two_pass=None, row=None, row_end=None, settled=None, corner=None,
-            sides=(None, None)) -> str:
+            sides=(None, None), row_sides=()) -> str:
     """One entry point: `fn`'s thread body (and its interior variant, which shares `fn`'s argument
     struct, where the target runs one) and the target's entry around it. An adjoint entry picks an
     instantiation of the body (see has_grad in prelude.h): with `grads` the one for that gradient
@@ -361,6 +362,19 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
     side_variants = [v for pair in sides for v in pair if v is not None]
     for variant in side_variants:
         lines += _thread_function(variant.function, debug, sites, target, adjoint, fn.name, hot=True)
+    # (GatherAdjoint.row_sides) a row at a call: inlined, they slowed the nest's settled loop 2x
+    row_side_runs = []
+    for pair in (row_sides if row is not None else ()):
+        runs = []
+        for variant in pair or (None, None):
+            if variant is not None:
+                run_lines, run = _by_rows(variant, fn, debug, sites, target, adjoint, fast,
+                                          adjoint and entry_template is target.gather_entry
+                                          and _independent(grads, variant.function))
+                lines += run_lines
+                side_variants.append(variant)
+            runs.append(run if variant is not None else None)
+        row_side_runs.append(tuple(runs))
     gather_entry = adjoint and entry_template is target.gather_entry
     if interior is not None:
         independent = gather_entry and _independent(grads, fn, interior.function, *((row.function,) if row else ()),
@@ -374,7 +388,8 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
                                    corner=corner.name + call if corner is not None else None,
                                    row_run=row is None and row_part is not None,
                                    row_end_sides=tuple(_called(v, call) for v in sides[0]),
-                                   corner_sides=tuple(_called(v, call) for v in sides[1]))
+                                   corner_sides=tuple(_called(v, call) for v in sides[1]),
+                                   row_sides=row_side_runs)
         box = space["extents"] + "\n" + "\n".join(loops.interior_box(fn.tid_ndim, interior)) + "\n"
         inside = " && ".join(f"lo{k} <= i{k} && i{k} < hi{k}" for k in range(fn.tid_ndim))
         pick = f"if ({inside}) {interior.function.name}{call} else "
@@ -432,11 +447,12 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
     return "\n".join(lines) + "\n" + entry
 
 
-def _by_rows(row, fn: ir.Function, debug, sites, target: Target, adjoint: bool, template: str | None = None):
+def _by_rows(row, fn: ir.Function, debug, sites, target: Target, adjoint: bool, template: str | None = None,
+             independent: bool = False):
     """(the lines defining `row`'s thread function and its runner, the (call, variant) that
     interior_nest takes with `row_run`) for a variant of `interior.with_row`: a row part at a call of
     its own (cpu_loops.row_runner). `template`: an adjoint body's template arguments."""
-    definition, run = loops.row_runner(row.function.name, fn.tid_ndim, fn.name, template)
+    definition, run = loops.row_runner(row.function.name, fn.tid_ndim, fn.name, template, independent)
     return _thread_function(row.function, debug, sites, target, adjoint, fn.name, hot=True) + [definition], (run, row)
 
 

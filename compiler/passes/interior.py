@@ -183,19 +183,20 @@ def with_row(interior: Interior | None, fn: ir.Function) -> Interior | None:
 
 
 def settled_over(fn: ir.Function, name: str, axis: int, start: Bound, stop: Bound, same=lambda b: b) -> Interior | None:
-    """`fn`, named `name`, with each comparison of thread index `axis` (plus an offset) against a
-    bound decided where it takes one value for every index in [start, stop), valid there (the
-    variant's box); None where none is. `same` makes two bounds' terms comparable (as
-    `interior_variant`'s `within`). Where the middle variant decides a test the way it goes inside
-    the box, this decides it near a face: at a row's first threads the neighbours' guards that
-    hold only further in are false, and the passes they guard are dead code (a 3-D 8th-order gather
-    adjoint's row ends, where a thread gathers from a few of its 25 neighbours)."""
-    bounds = _bounds(fn.body)
-    offsets = tid_offsets(fn.body, fn.tid_ndim, bounds)
+    """`fn`, named `name`, with each integer comparison decided where it takes one value for every
+    thread whose index `axis` lies in [start, stop), valid there (the variant's box); None where
+    none is. What each integer value may be there is tracked as a range (below): the thread index,
+    offsets from it, bounds the launch fixes, and the clamps a gather form's passes put around
+    their neighbour's index. `same` makes two bounds' terms comparable (as `interior_variant`'s
+    `within`). Where the middle variant decides a test the way it goes inside the box, this decides
+    it near a face: at a row's first threads the neighbours' guards that hold only further in are
+    false, and the passes they guard are dead code (a 3-D 8th-order gather adjoint's row ends,
+    where a thread gathers from at most 4 of its 25 neighbours)."""
+    ranges = _track(fn.body, _range_rule(axis, same(start), same(stop).shifted(-1), same))
     decided = {}
     for s in ir.walk(fn.body):
         if isinstance(s, ir.Op) and s.op in _FLIP:
-            value = _decide_over(s, offsets, bounds, axis, same(start), same(stop), same)
+            value = _compare(s.op, *(_range_of(x, ranges) for x in s.args))
             if value is not None:
                 decided[s.out.id] = value
     if not decided:
@@ -206,28 +207,68 @@ def settled_over(fn: ir.Function, name: str, axis: int, start: Bound, stop: Boun
     return Interior(ir.Function(name, fn.params, tuple(body), fn.loc, fn.tid_ndim), lower, upper)
 
 
-def _decide_over(s: ir.Op, offsets, bounds, axis: int, start: Bound, stop: Bound, same) -> bool | None:
-    """The value comparison `s` takes for every thread index `axis` in [start, stop), or None."""
-    a, b = s.args
-    op = s.op
-    if not _affine(a, offsets):
-        a, b, op = b, a, _FLIP[op]
-    if not _affine(a, offsets) or offsets[a.id][0] != axis or _bound_of(b, bounds) is None:
-        return None
-    at = same(_bound_of(b, bounds) - offsets[a.id][1])          # the test is now `index op at`
+# ---- ranges: (lowest, highest) value, each a Bound or None (unknown) ------------------------------
+def _at_most(x: Bound | None, y: Bound | None) -> bool:
+    """x <= y whatever the launch."""
+    if x is None or y is None:
+        return False
+    d = y - x
+    return not d.terms and d.const >= 0
 
-    def at_most(x: Bound, y: Bound) -> bool:                      # x <= y whatever the launch
-        d = y - x
-        return not d.terms and d.const >= 0
 
+def _pick(x: Bound | None, y: Bound | None, larger: bool, either: bool) -> Bound | None:
+    """The larger (smaller) of two bounds where they compare; where they do not, x if `either`
+    (either is then a valid bound: the lowest value of a max, the highest of a min), else None."""
+    if x is None or y is None:
+        return (x if x is not None else y) if either else None
+    if _at_most(x, y):
+        return y if larger else x
+    if _at_most(y, x):
+        return x if larger else y
+    return x if either else None
+
+
+def _range_rule(axis: int, first: Bound, last: Bound, same):
+    """A `_track` rule: the range of each int32 value for the threads whose index `axis` lies in
+    [first, last]."""
+    def rule(s, known):
+        if isinstance(s, ir.ThreadIndex):
+            return (first, last) if s.axis == axis else (Bound(0), None)
+        bound = _bound_rule(s, {k: v[0] for k, v in known.items() if v[0] is not None and v[0] == v[1]})
+        if bound is not None:
+            return same(bound), same(bound)
+        if not (isinstance(s, ir.Op) and s.out.type == int32 and s.op in ("add", "sub", "max", "min")):
+            return None
+        (alo, ahi), (blo, bhi) = (_range_of(x, known) for x in s.args)
+        if s.op == "add":
+            return (alo + blo if alo and blo else None), (ahi + bhi if ahi and bhi else None)
+        if s.op == "sub":
+            return (alo - bhi if alo and bhi else None), (ahi - blo if ahi and blo else None)
+        larger = s.op == "max"
+        return _pick(alo, blo, larger, either=larger), _pick(ahi, bhi, larger, either=not larger)
+    return rule
+
+
+def _range_of(x, known) -> tuple:
+    if int_const(x) is not None:
+        return Bound(int_const(x)), Bound(int_const(x))
+    return known.get(x.id, (None, None)) if isinstance(x, ir.Temp) else (None, None)
+
+
+def _compare(op: str, a: tuple, b: tuple) -> bool | None:
+    """The value of `x op y` for every x in range `a` and y in range `b`, or None."""
+    if op in ("gt", "ge"):
+        return _compare(_FLIP[op], b, a)
+    (alo, ahi), (blo, bhi) = a, b
     if op in ("eq", "ne"):
-        never = at_most(at.shifted(1), start) or at_most(stop, at)
-        return (op == "ne") if never else None
-    split = at if op in ("lt", "ge") else at.shifted(1)           # `index < split` for lt and le
-    below = False if at_most(split, start) else True if at_most(stop, split) else None
-    if below is None:
-        return None
-    return below if op in ("lt", "le") else not below
+        apart = _at_most(ahi.shifted(1) if ahi else None, blo) or _at_most(bhi.shifted(1) if bhi else None, alo)
+        return (op == "ne") if apart else None
+    strict = op == "lt"
+    if _at_most(ahi.shifted(1) if strict and ahi else ahi, blo):
+        return True
+    if _at_most(bhi, alo) if strict else _at_most(bhi.shifted(1) if bhi else None, alo):
+        return False
+    return None
 
 
 def _inside_limits(decision, within) -> bool:
