@@ -489,6 +489,25 @@ def test_the_threads_near_a_face_run_variants_settled_there_with_the_same_bits(o
     assert_bits_without(kernel, shape, row_end_sides=None, corner_sides=None, row_sides=())
 
 
+@pytest.mark.parametrize("order, ndim, name, shape", [(8, 3, "unrolled", (21, 19, 22)), (8, 2, "fwi", (31, 29)),
+                                                       (4, 3, "neighbours", (13, 12, 17)), (2, 2, "table", (9, 11))])
+def test_the_settled_rows_run_bands_between_the_interiors_box_and_the_settled_one_with_the_same_bits(order, ndim, name,
+                                                                                                     shape):
+    """In the rows of `GatherAdjoint.settled`'s box, the threads between its box and the interior's
+    (a stencil radius at each end) run `bands`: the interior settled there, so that of its selects
+    only those of the R - 1 neighbours whose guard switches inside the band stay; the same bits."""
+    kernel = corpus(order, ndim)[name]
+    gather = kernel.compiled().gather
+
+    def selects(fn):
+        return sum(1 for s in ir.walk(fn.body) if isinstance(s, ir.Op) and s.op == "where")
+
+    arrays = 2 if name != "fwi" else 1          # gathered in the (transposed) pass: up and u, or u
+    assert selects(gather.interior.function) > arrays * (order // 2 - 1)
+    assert [selects(band.function) for band in gather.bands] == [arrays * (order // 2 - 1)] * 2
+    assert_bits_without(kernel, shape, bands=None)
+
+
 @pytest.mark.parametrize("kernel, shape", [(corpus(8, 2)["fwi"], (31, 29)), (corpus(8, 3)["table"], (21, 19, 22)),
                                            (corpus(4, 2)["neighbours"], (17, 16)), (corpus(2, 3)["fwi"], (9, 8, 10))])
 def test_the_settled_variant_drops_the_interiors_selects_and_keeps_its_bits(kernel, shape):

@@ -105,7 +105,8 @@ def plain_nest(ndim: int, call: str, private, prelude: str, threshold: int) -> s
 
 def interior_nest(ndim: int, edge: str, middle: str, interior, private, prelude: str, threshold: int,
                    row=None, independent: bool = False, row_end=None, settled=None, corner=None,
-                   row_run: bool = False, row_end_sides=None, corner_sides=None, row_sides=()) -> str:
+                   row_run: bool = False, row_end_sides=None, corner_sides=None, row_sides=(),
+                   bands=(None, None)) -> str:
     """The CPU loop nest of an entry with an interior variant: the box [lo_k, hi_k) per axis is
     evaluated once; each row of the innermost index runs in three parts, the edges through `edge`
     and the part inside the box through `middle` (a row outside the box runs `edge` throughout, or
@@ -119,6 +120,8 @@ def interior_nest(ndim: int, edge: str, middle: str, interior, private, prelude:
     settled over a row's first threads and its last ones (GatherAdjoint.row_end_sides), run there
     instead. `row_sides`: per outer axis the same for `row` (GatherAdjoint.row_sides), run in the
     first and last rows along that axis, each a call that runs the row's part (see row_runner).
+    `bands`: (first, last), each (call, its Interior) or None: `middle` settled over the threads of
+    a `settled` row before and after its box (GatherAdjoint.bands), run there instead.
     `settled` = (call, its Interior): a gather form's variant for a box inside the interior's (see
     GatherAdjoint.settled); a row inside it runs that in its part of the box, `middle` around it.
     `independent`: no thread writes memory another reads or writes (see SP_INDEPENDENT in
@@ -169,11 +172,23 @@ def interior_nest(ndim: int, edge: str, middle: str, interior, private, prelude:
     closing = "".join(f"{'    ' * (a + 1)}}}\n" for a in reversed(range(k)))
     if settled is not None:
         inside = " && ".join(f"slo{a} <= i{a} && i{a} < shi{a}" for a in range(k))
+        first_band, last_band = bands
+        for side, band in (("f", first_band), ("l", last_band)):
+            if band is not None:
+                box += _axis_box(k, band[1], f"b{side}lo", f"b{side}hi")
+        before = f"{hint}for (int32_t i{k} = a; i{k} < sa; ++i{k}) {middle} "
+        if first_band is not None:
+            before = (f"const int32_t bf = (int32_t)(bfhi < a ? a : bfhi > sa ? sa : bfhi); "
+                      f"{hint}for (int32_t i{k} = a; i{k} < bf; ++i{k}) {first_band[0]} "
+                      f"{hint}for (int32_t i{k} = bf; i{k} < sa; ++i{k}) {middle} ")
+        after = f"{hint}for (int32_t i{k} = sb; i{k} < b; ++i{k}) {middle}"
+        if last_band is not None:
+            after = (f"const int32_t bl = (int32_t)(bllo < sb ? sb : bllo > b ? b : bllo); "
+                     f"{hint}for (int32_t i{k} = sb; i{k} < bl; ++i{k}) {middle} "
+                     f"{hint}for (int32_t i{k} = bl; i{k} < b; ++i{k}) {last_band[0]}")
         split = (f"const int32_t sa = (int32_t)(slo{k} < a ? a : slo{k} > b ? b : slo{k}), "
                  f"sb = (int32_t)(shi{k} < sa ? sa : shi{k} > b ? b : shi{k}); "
-                 f"{hint}for (int32_t i{k} = a; i{k} < sa; ++i{k}) {middle} "
-                 f"{hint}for (int32_t i{k} = sa; i{k} < sb; ++i{k}) {settled[0]} "
-                 f"{hint}for (int32_t i{k} = sb; i{k} < b; ++i{k}) {middle}")
+                 f"{before}{hint}for (int32_t i{k} = sa; i{k} < sb; ++i{k}) {settled[0]} {after}")
         # (the settled box lies inside the interior's: its rows are `mid` ones)
         middle_run = f"if ({inside}) {{ {split} }} else {{ {hint}for (int32_t i{k} = a; i{k} < b; ++i{k}) {middle} }}"
         runs[1] = f"{pad}{middle_run}"

@@ -244,7 +244,7 @@ def render(kernels: list[tuple], debug: bool, target: Target) -> RenderedModule:
                                  two_pass=gather if gather.pointwise is not None and target is CPU else None,
                                  row=gather.row, row_end=gather.row_end, settled=gather.settled,
                                  corner=gather.corner, sides=(gather.row_end_sides, gather.corner_sides),
-                                 row_sides=gather.row_sides))
+                                 row_sides=gather.row_sides, bands=gather.bands))
         if identity is not None and target is CPU:
             parts.append(_kernel(identity.function, debug, sites, target, target.forward_entry, identity.interior))
     return RenderedModule("\n".join(parts), sites)
@@ -300,13 +300,14 @@ def render_grads_variant(functions: tuple, grads: int, target: Target) -> Render
     parts = [target.header, native_definitions([fn]),
              _kernel(fn, False, [], target, target.gather_entry, gather.interior, grads=grads, two_pass=two_pass,
                      row=gather.row, row_end=gather.row_end, settled=gather.settled, corner=gather.corner,
-                     sides=(gather.row_end_sides, gather.corner_sides), row_sides=gather.row_sides)]
+                     sides=(gather.row_end_sides, gather.corner_sides), row_sides=gather.row_sides,
+                     bands=gather.bands)]
     return RenderedModule("\n".join(parts), [])
 
 
 def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, interior=None,
             grads: int | None = None, two_pass=None, row=None, row_end=None, settled=None, corner=None,
-            sides=(None, None), row_sides=()) -> str:
+            sides=(None, None), row_sides=(), bands=None) -> str:
     """One entry point: `fn`'s thread body (and its interior variant, which shares `fn`'s argument
     struct, where the target runs one) and the target's entry around it. An adjoint entry picks an
     instantiation of the body (see has_grad in prelude.h): with `grads` the one for that gradient
@@ -359,7 +360,8 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
     # (GatherAdjoint.row_end_sides and corner_sides: each (first, last) or None)
     sides = [pair if base is not None and pair is not None else (None, None)
              for base, pair in zip((row_end, corner), sides)]
-    side_variants = [v for pair in sides for v in pair if v is not None]
+    bands = (bands or (None, None)) if settled is not None else (None, None)       # (GatherAdjoint.bands)
+    side_variants = [v for pair in (*sides, bands) for v in pair if v is not None]
     for variant in side_variants:
         lines += _thread_function(variant.function, debug, sites, target, adjoint, fn.name, hot=True)
     # (GatherAdjoint.row_sides) a row at a call: inlined, they slowed the nest's settled loop 2x
@@ -389,7 +391,7 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
                                    row_run=row is None and row_part is not None,
                                    row_end_sides=tuple(_called(v, call) for v in sides[0]),
                                    corner_sides=tuple(_called(v, call) for v in sides[1]),
-                                   row_sides=row_side_runs)
+                                   row_sides=row_side_runs, bands=tuple(_called(v, call) for v in bands))
         box = space["extents"] + "\n" + "\n".join(loops.interior_box(fn.tid_ndim, interior)) + "\n"
         inside = " && ".join(f"lo{k} <= i{k} && i{k} < hi{k}" for k in range(fn.tid_ndim))
         pick = f"if ({inside}) {interior.function.name}{call} else "

@@ -102,6 +102,10 @@ class GatherAdjoint:
     # per outer axis, (first, last) or None: `row` settled along that axis at its first and last
     # rows (CPU entries: the rows outside the interior's box near that axis's faces)
     row_sides: tuple = ()
+    # (first, last) or None: `interior` settled along the innermost axis over the threads of the
+    # rows in `settled`'s box that lie between its box and the interior's (a stencil radius at
+    # each end of the row), where the neighbours' guards along the row settle (CPU entries)
+    bands: tuple | None = None
 
 
 def gather_adjoint(adjoint: ir.Function, two_pass: bool = True) -> GatherAdjoint | None:
@@ -219,6 +223,7 @@ def gather_adjoint(adjoint: ir.Function, two_pass: bool = True) -> GatherAdjoint
     row_end_sides = sides(row_end.function if row_end is not None else None)
     corner_sides = sides(corner)
     row_sides = tuple(sides(row.function, k) for k in range(inner)) if row is not None else ()
+    bands = _bands(interior, settled, source, same) if settled is not None else None
     pointwise = pointwise_interior = None
     if found:
         base = adjoint.name.replace("_adjoint", "")
@@ -231,7 +236,7 @@ def gather_adjoint(adjoint: ir.Function, two_pass: bool = True) -> GatherAdjoint
                                                          pointwise))
     return GatherAdjoint(build(True), interior, tuple(eligible), scatters, source, widens, extent_bounds,
                          pointwise, pointwise_interior, scratch_bytes, row, row_end, settled, corner, row_end_sides,
-                         corner_sides, row_sides)
+                         corner_sides, row_sides, bands)
 
 
 def _without_dead_code(variant: Interior | None) -> Interior | None:
@@ -254,8 +259,32 @@ def _sides(fn: ir.Function, interior: Interior, source: str, same, axis: int) ->
     extent = Bound(0, ((1, ("dim", source, axis)),))
     margins = [b.const for b in interior.lower[axis] if not b.terms]
     tails = [(same(b) - extent).const for b in interior.upper[axis] if not (same(b) - extent).terms]
-    first = settled_over(fn, f"{fn.name}_first{axis}", axis, Bound(0), Bound(max(margins)), same) if margins else None
-    last = settled_over(fn, f"{fn.name}_last{axis}", axis, extent.shifted(min(tails)), extent, same) if tails else None
+    first = settled_over(fn, f"{fn.name}_first{axis}", {axis: ((Bound(0),), (Bound(max(margins)),))}, same) \
+        if margins else None
+    last = settled_over(fn, f"{fn.name}_last{axis}", {axis: ((extent.shifted(min(tails)),), (extent,))}, same) \
+        if tails else None
+    first, last = _without_dead_code(first), _without_dead_code(last)
+    return (first, last) if first is not None or last is not None else None
+
+
+def _bands(interior: Interior, settled: Interior, source: str, same) -> tuple | None:
+    """(first, last): `interior`'s function settled over the rows in `settled`'s box, along the
+    innermost axis over the interior box's first threads up to `settled`'s box (the largest
+    constant among its lower bounds) and from the smallest of `settled`'s upper bounds of the form
+    extent - m on; either None where nothing settles. The bounds of the other box count too (the
+    first band ends before the settled box's end, the last starts after its start), so that both
+    the guards below and those above settle."""
+    inner = interior.function.tid_ndim - 1
+    extent = Bound(0, ((1, ("dim", source, inner)),))
+    margins = [b.const for b in settled.lower[inner] if not b.terms]
+    tails = [(same(b) - extent).const for b in settled.upper[inner] if not (same(b) - extent).terms]
+    if not margins or not tails:
+        return None
+    fn, start, end = interior.function, Bound(max(margins)), extent.shifted(min(tails))
+    rows = {k: (settled.lower[k], settled.upper[k]) for k in range(inner)}       # (the settled box's rows)
+    first = settled_over(fn, fn.name + "_band_first", {**rows, inner: (interior.lower[inner],
+                                                                       (start, *settled.upper[inner]))}, same)
+    last = settled_over(fn, fn.name + "_band_last", {**rows, inner: ((end, start), interior.upper[inner])}, same)
     first, last = _without_dead_code(first), _without_dead_code(last)
     return (first, last) if first is not None or last is not None else None
 

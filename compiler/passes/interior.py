@@ -182,17 +182,19 @@ def with_row(interior: Interior | None, fn: ir.Function) -> Interior | None:
     return dataclasses.replace(interior, row=interior_variant(fn, fn.name + "_row", axes={fn.tid_ndim - 1}))
 
 
-def settled_over(fn: ir.Function, name: str, axis: int, start: Bound, stop: Bound, same=lambda b: b) -> Interior | None:
+def settled_over(fn: ir.Function, name: str, box: dict, same=lambda b: b) -> Interior | None:
     """`fn`, named `name`, with each integer comparison decided where it takes one value for every
-    thread whose index `axis` lies in [start, stop), valid there (the variant's box); None where
-    none is. What each integer value may be there is tracked as a range (below): the thread index,
-    offsets from it, bounds the launch fixes, and the clamps a gather form's passes put around
-    their neighbour's index. `same` makes two bounds' terms comparable (as `interior_variant`'s
-    `within`). Where the middle variant decides a test the way it goes inside the box, this decides
-    it near a face: at a row's first threads the neighbours' guards that hold only further in are
-    false, and the passes they guard are dead code (a 3-D 8th-order gather adjoint's row ends,
-    where a thread gathers from at most 4 of its 25 neighbours)."""
-    ranges = _track(fn.body, _range_rule(axis, same(start), same(stop).shifted(-1), same))
+    thread whose index k lies in [max(starts), min(stops)) for each axis k -> (starts, stops) of
+    `box` (Bounds), valid there (the variant's box); None where none is. What each integer value may be there is tracked as a range
+    (below): the thread index, offsets from it, bounds the launch fixes, and the clamps a gather
+    form's passes put around their neighbour's index. `same` makes two bounds' terms comparable (as
+    `interior_variant`'s `within`). Where the middle variant decides a test the way it goes inside
+    the box, this decides it near a face: at a row's first threads the neighbours' guards that
+    hold only further in are false, and the passes they guard are dead code (a 3-D 8th-order gather
+    adjoint's row ends, where a thread gathers from at most 4 of its 25 neighbours)."""
+    index = {k: (_few((same(b) for b in starts), True), _few((same(b).shifted(-1) for b in stops), False))
+             for k, (starts, stops) in box.items()}
+    ranges = _track(fn.body, _range_rule(index, same))
     decided = {}
     for s in ir.walk(fn.body):
         if isinstance(s, ir.Op) and s.op in _FLIP:
@@ -202,71 +204,82 @@ def settled_over(fn: ir.Function, name: str, axis: int, start: Bound, stop: Boun
     if not decided:
         return None
     body = _Settle(decided, {}).block(fn.body)
-    lower = tuple((start,) if k == axis else () for k in range(fn.tid_ndim))
-    upper = tuple((stop,) if k == axis else () for k in range(fn.tid_ndim))
+    lower = tuple(tuple(box[k][0]) if k in box else () for k in range(fn.tid_ndim))
+    upper = tuple(tuple(box[k][1]) if k in box else () for k in range(fn.tid_ndim))
     return Interior(ir.Function(name, fn.params, tuple(body), fn.loc, fn.tid_ndim), lower, upper)
 
 
-# ---- ranges: (lowest, highest) value, each a Bound or None (unknown) ------------------------------
-def _at_most(x: Bound | None, y: Bound | None) -> bool:
+# ---- ranges: (lows, highs), Bounds a value is at least (at most) every one of -----------------------
+_MOST = 6           # bounds kept per side of a range (sums multiply them)
+
+
+def _at_most(x: Bound, y: Bound) -> bool:
     """x <= y whatever the launch."""
-    if x is None or y is None:
-        return False
     d = y - x
     return not d.terms and d.const >= 0
 
 
-def _pick(x: Bound | None, y: Bound | None, larger: bool, either: bool) -> Bound | None:
-    """The larger (smaller) of two bounds where they compare; where they do not, x if `either`
-    (either is then a valid bound: the lowest value of a max, the highest of a min), else None."""
-    if x is None or y is None:
-        return (x if x is not None else y) if either else None
-    if _at_most(x, y):
-        return y if larger else x
-    if _at_most(y, x):
-        return x if larger else y
-    return x if either else None
+def _few(bounds, low: bool) -> tuple:
+    """Lower (`low`) or upper bounds without those another implies (a lower bound below another),
+    at most _MOST of them."""
+    unique = tuple(dict.fromkeys(bounds))
+    kept = [x for k, x in enumerate(unique)
+            if not any(_at_most(x, y) if low else _at_most(y, x) for y in unique[:k] + unique[k + 1:])]
+    return tuple(kept)[:_MOST]
 
 
-def _range_rule(axis: int, first: Bound, last: Bound, same):
-    """A `_track` rule: the range of each int32 value for the threads whose index `axis` lies in
-    [first, last]."""
+def _extreme(xs: tuple, ys: tuple, larger: bool) -> tuple:
+    """Bounds on max(x, y) from above (`larger`), or on min(x, y) from below: per pair of bounds
+    that compare, the larger (smaller)."""
+    return _few(((y if _at_most(x, y) == larger else x) for x in xs for y in ys if _at_most(x, y) or _at_most(y, x)),
+                low=not larger)
+
+
+def _range_rule(index: dict, same):
+    """A `_track` rule: the range of each int32 value for the threads whose index k has range
+    index[k] (on other axes: from 0)."""
     def rule(s, known):
         if isinstance(s, ir.ThreadIndex):
-            return (first, last) if s.axis == axis else (Bound(0), None)
-        bound = _bound_rule(s, {k: v[0] for k, v in known.items() if v[0] is not None and v[0] == v[1]})
+            return index.get(s.axis, ((Bound(0),), ()))
+        exact = {k: v[0][0] for k, v in known.items() if len(v[0]) == 1 and v[0] == v[1]}
+        bound = _bound_rule(s, exact)
         if bound is not None:
-            return same(bound), same(bound)
+            return (same(bound),), (same(bound),)
         if not (isinstance(s, ir.Op) and s.out.type == int32 and s.op in ("add", "sub", "max", "min")):
             return None
         (alo, ahi), (blo, bhi) = (_range_of(x, known) for x in s.args)
         if s.op == "add":
-            return (alo + blo if alo and blo else None), (ahi + bhi if ahi and bhi else None)
+            return _few((x + y for x in alo for y in blo), True), _few((x + y for x in ahi for y in bhi), False)
         if s.op == "sub":
-            return (alo - bhi if alo and bhi else None), (ahi - blo if ahi and blo else None)
-        larger = s.op == "max"
-        return _pick(alo, blo, larger, either=larger), _pick(ahi, bhi, larger, either=not larger)
+            return _few((x - y for x in alo for y in bhi), True), _few((x - y for x in ahi for y in blo), False)
+        if s.op == "max":
+            return _few(alo + blo, True), _extreme(ahi, bhi, larger=True)
+        return _extreme(alo, blo, larger=False), _few(ahi + bhi, False)
     return rule
 
 
 def _range_of(x, known) -> tuple:
     if int_const(x) is not None:
-        return Bound(int_const(x)), Bound(int_const(x))
-    return known.get(x.id, (None, None)) if isinstance(x, ir.Temp) else (None, None)
+        return (Bound(int_const(x)),), (Bound(int_const(x)),)
+    return known.get(x.id, ((), ())) if isinstance(x, ir.Temp) else ((), ())
+
+
+def _below(a: tuple, b: tuple, strict: bool) -> bool:
+    """Whether every value of range `a` is below (or at most, not `strict`) every value of `b`."""
+    return any(_at_most(x.shifted(1) if strict else x, y) for x in a[1] for y in b[0])
 
 
 def _compare(op: str, a: tuple, b: tuple) -> bool | None:
     """The value of `x op y` for every x in range `a` and y in range `b`, or None."""
     if op in ("gt", "ge"):
         return _compare(_FLIP[op], b, a)
-    (alo, ahi), (blo, bhi) = a, b
     if op in ("eq", "ne"):
-        apart = _at_most(ahi.shifted(1) if ahi else None, blo) or _at_most(bhi.shifted(1) if bhi else None, alo)
+        apart = _below(a, b, strict=True) or _below(b, a, strict=True)
         return (op == "ne") if apart else None
     strict = op == "lt"
-    if _at_most(ahi.shifted(1) if strict and ahi else ahi, blo):
+    if _below(a, b, strict):
         return True
-    if _at_most(bhi, alo) if strict else _at_most(bhi.shifted(1) if bhi else None, alo):
+    if _below(b, a, not strict):
         return False
     return None
 
