@@ -4,7 +4,8 @@
                                              [--n2 512] [--n3 64] [--rounds 7] [--no-before]
 
 Each kernel's forward and adjoint entry points are called directly (no Tape, no Python between
-calls) on the same buffers, every gradient present. `before` is the same kernel with the one-pass
+calls) on the same buffers, every gradient present; the row "fwi, damping constant" is `fwi` as the
+FWI gradient launches it, the damping field without a gradient. `before` is the same kernel with the one-pass
 gather form of its adjoint (one copy of the adjoint per stencil offset), as before the two-pass form
 (compiler/passes/transpose.py); loops stay unrolled there (without unrolling, the tables' spellings
 do not compile: a tuple indexed by a loop counter). Contenders run
@@ -67,6 +68,7 @@ def _shared_arguments(shape, dtype, rng, order: int) -> dict:
     arrays = {name: sp.array((rng.standard_normal(shape) * s).astype(dtype.np_dtype), requires_grad=True)
               for name, s in zip(("up", "u", "m", "damp"), (1.0, 1.0, 0.1, 0.05))}
     arrays["w"] = sp.array(np.array(stencil_spellings.WEIGHTS[order], dtype.np_dtype))   # no gradient
+    arrays["damp_constant"] = sp.array(arrays["damp"].numpy())     # as the FWI gradient passes it: no gradient
     arrays["u_next"] = sp.zeros(shape, dtype=dtype, requires_grad=True)
     arrays["u_next"].grad.assign(rng.standard_normal(shape).astype(dtype.np_dtype))
     return arrays
@@ -90,8 +92,14 @@ def _seconds(call, budget: float = 0.02) -> float:
             return elapsed / reps
 
 
+# The FWI stencil as the FWI gradient launches it: the damping field without a gradient (its own
+# array, so placed elsewhere in memory than the shared one).
+CONSTANT_DAMPING = "fwi, damping constant"
+
+
 def kernel_table(orders, ndims, dtypes, n2: int, n3: int, rounds: int, before: bool) -> list[str]:
-    """Markdown rows, one per (ndim, order, dtype, spelling)."""
+    """Markdown rows, one per (ndim, order, dtype, spelling), and one for `fwi` as the FWI gradient
+    launches it (CONSTANT_DAMPING)."""
     rng = np.random.default_rng(0)
     lines = ["| dims | order | dtype | spelling | forward us | adjoint us | adjoint/forward (min-max) | "
              "forward / fastest | adjoint / fastest |" + (" before: adjoint/forward |" if before else ""),
@@ -112,6 +120,8 @@ def kernel_table(orders, ndims, dtypes, n2: int, n3: int, rounds: int, before: b
                     for name, k in kernels.items():
                         args = _arguments(name, shared)
                         calls[(variant, name)] = (*_calls(k, shape, args), args)
+                    args = _arguments("fwi", {**shared, "damp": shared["damp_constant"]})
+                    calls[(variant, CONSTANT_DAMPING)] = (*_calls(kernels["fwi"], shape, args), args)
                 times = {key: ([], []) for key in calls}
                 for key, (forward, adjoint, _) in calls.items():      # warm up (and compile)
                     forward(), adjoint()
@@ -123,7 +133,8 @@ def kernel_table(orders, ndims, dtypes, n2: int, n3: int, rounds: int, before: b
                 waves = [name for name in group if not name.startswith("fwi")]
                 fastest_f = min(med[("after", name)][0] for name in waves)
                 fastest_a = min(med[("after", name)][1] for name in waves)
-                for name in group:
+                names = [*group, CONSTANT_DAMPING]
+                for name in names:
                     f, a = med[("after", name)]
                     ratios = np.array(times[("after", name)][1]) / np.array(times[("after", name)][0])
                     row = (f"| {ndim}-D {shape[0]}^{ndim} | {order} | {dname} | {name} | {f * 1e6:.0f} | {a * 1e6:.0f} | "
@@ -133,5 +144,5 @@ def kernel_table(orders, ndims, dtypes, n2: int, n3: int, rounds: int, before: b
                         fb, ab = med[("before", name)]
                         row += f" {ab / fb:.2f} |"
                     lines.append(row)
-                print("\n".join(lines[-len(group):]), flush=True)
+                print("\n".join(lines[-len(names):]), flush=True)
     return lines
