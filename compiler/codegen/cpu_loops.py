@@ -152,12 +152,11 @@ def interior_nest(ndim: int, edge: str, middle: str, interior, private, prelude:
             for side, variant in zip("fl", pair or ()):
                 if variant is not None:
                     box += _axis_box(k, variant[1], f"{tag}{side}lo", f"{tag}{side}hi")
-        starts = [_sided_run(k, ends_hint, call, pair, tag, "a", first=True)
-                  for ends_hint, call, pair, tag in ((hint, row_end[0], sides[0], "r"), (*ends, sides[1], "c"))]
-        stops = [_sided_run(k, ends_hint, call, pair, tag, "b", first=False)
-                 for ends_hint, call, pair, tag in ((hint, row_end[0], sides[0], "r"), (*ends, sides[1], "c"))]
-        runs[0] = f"{pad}if (emid) {{ {starts[0]} }} else {{ {starts[1]} }}"
-        runs[2] = f"{pad}if (emid) {{ {stops[0]} }} else {{ {stops[1]} }}"
+        for at, (bound, first) in ((0, ("a", True)), (2, ("b", False))):
+            inside, outside = (_sided_run(k, ends_hint, call, pair, tag, bound, first)
+                               for ends_hint, call, pair, tag in ((hint, row_end[0], sides[0], "r"),
+                                                                  (*ends, sides[1], "c")))
+            runs[at] = f"{pad}if (emid) {{ {inside} }} else {{ {outside} }}"
     if k == 0:
         # one index: the middle run alone is shared out among threads; the box is cut to the rows run
         lines = ["    {", f"    {prelude}" if prelude else "",

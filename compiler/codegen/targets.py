@@ -242,9 +242,7 @@ def render(kernels: list[tuple], debug: bool, target: Target) -> RenderedModule:
         if gather is not None:
             parts.append(_kernel(gather.function, debug, sites, target, target.gather_entry, gather.interior,
                                  two_pass=gather if gather.pointwise is not None and target is CPU else None,
-                                 row=gather.row, row_end=gather.row_end, settled=gather.settled,
-                                 corner=gather.corner, sides=(gather.row_end_sides, gather.corner_sides),
-                                 row_sides=gather.row_sides, bands=gather.bands))
+                                 **_variants(gather)))
         if identity is not None and target is CPU:
             parts.append(_kernel(identity.function, debug, sites, target, target.forward_entry, identity.interior))
     return RenderedModule("\n".join(parts), sites)
@@ -299,10 +297,14 @@ def render_grads_variant(functions: tuple, grads: int, target: Target) -> Render
     two_pass = gather if gather.pointwise is not None and target is CPU else None
     parts = [target.header, native_definitions([fn]),
              _kernel(fn, False, [], target, target.gather_entry, gather.interior, grads=grads, two_pass=two_pass,
-                     row=gather.row, row_end=gather.row_end, settled=gather.settled, corner=gather.corner,
-                     sides=(gather.row_end_sides, gather.corner_sides), row_sides=gather.row_sides,
-                     bands=gather.bands)]
+                     **_variants(gather))]
     return RenderedModule("\n".join(parts), [])
+
+
+def _variants(gather) -> dict:
+    """A `GatherAdjoint`'s CPU variants, as `_kernel` takes them."""
+    return dict(row=gather.row, row_end=gather.row_end, settled=gather.settled, corner=gather.corner,
+                sides=(gather.row_end_sides, gather.corner_sides), row_sides=gather.row_sides, bands=gather.bands)
 
 
 def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, interior=None,
@@ -369,13 +371,14 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
     for pair in (row_sides if row is not None else ()):
         runs = []
         for variant in pair or (None, None):
+            run = None
             if variant is not None:
                 run_lines, run = _by_rows(variant, fn, debug, sites, target, adjoint, fast,
                                           adjoint and entry_template is target.gather_entry
                                           and _independent(grads, variant.function))
                 lines += run_lines
                 side_variants.append(variant)
-            runs.append(run if variant is not None else None)
+            runs.append(run)
         row_side_runs.append(tuple(runs))
     gather_entry = adjoint and entry_template is target.gather_entry
     if interior is not None:

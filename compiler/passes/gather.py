@@ -256,15 +256,12 @@ def _sides(fn: ir.Function, interior: Interior, source: str, same, axis: int) ->
     where at most R (4) contribute; settled, those R stay. A 3-D 64^3 8th-order float32 wave's
     adjoint (a third of its threads lie there): 1153 us without, 752 with the rows' ends settled,
     662 with the outer rows too (its forward: 310)."""
-    extent = Bound(0, ((1, ("dim", source, axis)),))
-    margins = [b.const for b in interior.lower[axis] if not b.terms]
-    tails = [(same(b) - extent).const for b in interior.upper[axis] if not (same(b) - extent).terms]
-    first = settled_over(fn, f"{fn.name}_first{axis}", {axis: ((Bound(0),), (Bound(max(margins)),))}, same) \
-        if margins else None
-    last = settled_over(fn, f"{fn.name}_last{axis}", {axis: ((extent.shifted(min(tails)),), (extent,))}, same) \
-        if tails else None
-    first, last = _without_dead_code(first), _without_dead_code(last)
-    return (first, last) if first is not None or last is not None else None
+    extent, start, end = _faces(interior, axis, source, same)
+    first = settled_over(fn, f"{fn.name}_first{axis}", {axis: ((Bound(0),), (start,))}, same) \
+        if start is not None else None
+    last = settled_over(fn, f"{fn.name}_last{axis}", {axis: ((end,), (extent,))}, same) \
+        if end is not None else None
+    return _pair(first, last)
 
 
 def _bands(interior: Interior, settled: Interior, source: str, same) -> tuple | None:
@@ -275,16 +272,30 @@ def _bands(interior: Interior, settled: Interior, source: str, same) -> tuple | 
     first band ends before the settled box's end, the last starts after its start), so that both
     the guards below and those above settle."""
     inner = interior.function.tid_ndim - 1
-    extent = Bound(0, ((1, ("dim", source, inner)),))
-    margins = [b.const for b in settled.lower[inner] if not b.terms]
-    tails = [(same(b) - extent).const for b in settled.upper[inner] if not (same(b) - extent).terms]
-    if not margins or not tails:
+    _, start, end = _faces(settled, inner, source, same)
+    if start is None or end is None:
         return None
-    fn, start, end = interior.function, Bound(max(margins)), extent.shifted(min(tails))
+    fn = interior.function
     rows = {k: (settled.lower[k], settled.upper[k]) for k in range(inner)}       # (the settled box's rows)
     first = settled_over(fn, fn.name + "_band_first", {**rows, inner: (interior.lower[inner],
                                                                        (start, *settled.upper[inner]))}, same)
     last = settled_over(fn, fn.name + "_band_last", {**rows, inner: ((end, start), interior.upper[inner])}, same)
+    return _pair(first, last)
+
+
+def _faces(box: Interior, axis: int, source: str, same) -> tuple:
+    """(n, m, n - m') along `axis` of `box`: the launch's extent there (the extent of `source`), the
+    largest constant among the box's lower bounds, and its smallest upper bound of the form extent
+    - m'; m or n - m' None where the box has no such bound."""
+    extent = Bound(0, ((1, ("dim", source, axis)),))
+    margins = [b.const for b in box.lower[axis] if not b.terms]
+    tails = [(same(b) - extent).const for b in box.upper[axis] if not (same(b) - extent).terms]
+    return (extent, Bound(max(margins)) if margins else None,
+            extent.shifted(min(tails)) if tails else None)
+
+
+def _pair(first: Interior | None, last: Interior | None) -> tuple | None:
+    """(first, last) without what their settled tests left dead, or None where both are None."""
     first, last = _without_dead_code(first), _without_dead_code(last)
     return (first, last) if first is not None or last is not None else None
 
