@@ -284,9 +284,8 @@ def _bands(interior: Interior, settled: Interior, source: str, same) -> tuple | 
 
 
 def _faces(box: Interior, axis: int, source: str, same) -> tuple:
-    """(n, m, n - m') along `axis` of `box`: the launch's extent there (the extent of `source`), the
-    largest constant among the box's lower bounds, and its smallest upper bound of the form extent
-    - m'; m or n - m' None where the box has no such bound."""
+    """(n, m, n - m') along `axis` of `box`: the extent of `source` (the launch's), its largest
+    constant lower bound and its smallest upper bound of the form n - m' (None where it has none)."""
     extent = Bound(0, ((1, ("dim", source, axis)),))
     margins = [b.const for b in box.lower[axis] if not b.terms]
     tails = [(same(b) - extent).const for b in box.upper[axis] if not (same(b) - extent).terms]
