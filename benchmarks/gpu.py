@@ -13,7 +13,9 @@ Writes a Markdown table (default benchmarks/results/gpu.md) with:
   against JAX's nested remat on the same GPU, and our forward rollout against a CuPy raw-kernel loop;
 - our own alternatives side by side: native loops (recomputations as CUDA graphs, recordings
   reversed at once without a tape) against launch by launch through the tape, the reversals alone,
-  and disk snapshots copied asynchronously against synchronously.
+  and disk snapshots copied asynchronously against synchronously;
+- the adjoint / forward kernel time of each stencil spelling, 2nd/4th/8th order, 4096^2 and 256^3,
+  float32 (benchmarks/kernel_spellings.py, a table of its own).
 Every number is the median of interleaved rounds (A B A B ...), with the spread (min-max). Peers
 that are not installed are left out. Under the CUDA simulator (STEPPER_CUDA_SIM=1) it runs too,
 which checks the script, not the speed.
@@ -290,12 +292,25 @@ extern "C" __global__ void wave(const float* up, const float* u, float c, float 
     return run
 
 
+def kernel_spellings(quick: bool, rounds: int, failed: list) -> list[str]:
+    """The kernel spellings' table on the GPU (rows printed as they come), or [] where it failed."""
+    from kernel_spellings import kernel_table
+    try:
+        return kernel_table([2] if quick else [2, 4, 8], [2, 3], ["float32"], 24 if quick else 4096,
+                            8 if quick else 256, rounds, False, "cuda")
+    except Exception:
+        traceback.print_exc()
+        failed.append("kernel_spellings")
+        return []
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--skip-install", action="store_true")
     parser.add_argument("--skip-tests", action="store_true")
     parser.add_argument("--quick", action="store_true", help="tiny sizes (checks the script, e.g. on the simulator)")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--no-spellings", action="store_true", help="leave out the kernel spellings' table")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "gpu.md"))
     args = parser.parse_args(argv)
     lines = [f"# GPU run, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", ""]
@@ -333,11 +348,14 @@ def main(argv=None) -> int:
         section(wave, n, steps, snapshots, rounds)
     with tempfile.TemporaryDirectory() as scratch:
         section(own_alternatives, 16 if args.quick else 256, 60 if args.quick else 2_000, rounds, Path(scratch))
+    spellings = [] if args.no_spellings else kernel_spellings(args.quick, rounds, failed)
     if failed:
         lines += [f"Failed (traceback in the output): {', '.join(failed)}", ""]
     lines += [f"Medians over {rounds} interleaved rounds (min-max).", "",
               "| measurement | unit | ours | peer | peer's | ours / peer |", "|---|---|---:|---|---:|---:|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
+    if spellings:
+        lines += ["", "Kernel spellings (benchmarks/kernel_spellings.py), every gradient present:", "", *spellings]
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -1,7 +1,7 @@
 """Adjoint / forward kernel time of each stencil spelling and order (benchmarks/stencil_spellings.py).
 
     python benchmarks/spellings.py --kernels [--orders 2 4 8] [--ndims 2 3] [--dtypes float32 float64]
-                                             [--n2 512] [--n3 64] [--rounds 7] [--no-before]
+                                             [--n2 512] [--n3 64] [--rounds 7] [--no-before] [--device cuda]
 
 Each kernel's forward and adjoint entry points are called directly (no Tape, no Python between
 calls) on the same buffers, every gradient present; the row "fwi, damping constant" is `fwi` as the
@@ -11,9 +11,11 @@ gather form of its adjoint (one copy of the adjoint per stencil offset), as befo
 do not compile: a tuple indexed by a loop counter). Contenders run
 interleaved (each round times every kernel of a group once); the tables give medians over rounds,
 with (min-max) of the adjoint/forward ratio, and each spelling's forward and adjoint time over the
-fastest spelling's of the same group.
+fastest spelling's of the same group. On a GPU (`--device cuda`, run by benchmarks/gpu.py at 4096^2
+and 256^3) each time is of launches queued back to back, from one synchronisation to the next.
 """
 import ctypes
+import functools
 import time
 
 import numpy as np
@@ -23,6 +25,7 @@ import stepper as sp
 from compiler.kernel import Kernel, KernelModule
 from compiler.passes.adjoint import adjoint_function
 from compiler.passes.gather import gather_adjoint
+from compiler.backends.cuda_driver import synchronize
 from compiler.runtime import launch as launch_module
 
 DTYPES = {"float32": sp.float32, "float64": sp.float64}
@@ -46,30 +49,33 @@ def _copies(group: dict, label: str, before: bool) -> dict:
     return out
 
 
-def _calls(kernel, shape, args):
-    """(forward call, adjoint call) of `kernel` on `args`, both running the compiled entries."""
-    entry, buffer, serial, _ = launch_module.packed_forward(kernel, shape, args, False)
-    forward = _FORWARD(entry)
+def _calls(kernel, shape, args, device: str = "cpu"):
+    """(forward call, adjoint call) of `kernel` on `args`, both running the compiled entries (on a
+    GPU, each call queues one launch)."""
+    entry, buffer, serial, _ = launch_module.packed_forward(kernel, shape, args, False, device)
+    forward = (lambda: entry(buffer)) if device != "cpu" else functools.partial(_FORWARD(entry), buffer, serial)
     try:
-        entry_adj, adj_buffer, adj_serial = launch_module.packed_adjoint(kernel, shape, args, False, {})
+        entry_adj, adj_buffer, adj_serial = launch_module.packed_adjoint(kernel, shape, args, False, {}, device)
     except ValueError:                   # a loop tape: the launch path sizes it per call
         compiled, sig = kernel.compiled(), launch_module._signature(kernel)
-        return (lambda: forward(buffer, serial)), (lambda: launch_module._run_adjoint(
-            kernel, compiled, sig, args, shape, buffer, False, 0))
+        return forward, (lambda: launch_module._run_adjoint(kernel, compiled, sig, args, shape, buffer, False, 0))
+    if device != "cpu":
+        return forward, (lambda: entry_adj(buffer, adj_buffer))
     adjoint = _ADJOINT(entry_adj)
-    return (lambda: forward(buffer, serial)), (lambda: adjoint(buffer, adj_buffer, None, 0, 0, None, adj_serial))
+    return forward, (lambda: adjoint(buffer, adj_buffer, None, 0, 0, None, adj_serial))
 
 
-def _shared_arguments(shape, dtype, rng, order: int) -> dict:
+def _shared_arguments(shape, dtype, rng, order: int, device: str = "cpu") -> dict:
     """The arrays every spelling of one stencil runs on: the same memory for all of them. Where an
     array lies matters as much as the spread between spellings: at 512^2 in float32 one 8th-order
     forward took 97-140 us by the arrays' offsets within their pages alone, and four spellings
     run on the same arrays were within 3% of each other (2026-11-28, sixth session)."""
-    arrays = {name: sp.array((rng.standard_normal(shape) * s).astype(dtype.np_dtype), requires_grad=True)
+    arrays = {name: sp.array((rng.standard_normal(shape) * s).astype(dtype.np_dtype), requires_grad=True,
+                             device=device)
               for name, s in zip(("up", "u", "m", "damp"), (1.0, 1.0, 0.1, 0.05))}
-    arrays["w"] = sp.array(np.array(stencil_spellings.WEIGHTS[order], dtype.np_dtype))   # no gradient
-    arrays["damp_constant"] = sp.array(arrays["damp"].numpy())     # as the FWI gradient passes it: no gradient
-    arrays["u_next"] = sp.zeros(shape, dtype=dtype, requires_grad=True)
+    arrays["w"] = sp.array(np.array(stencil_spellings.WEIGHTS[order], dtype.np_dtype), device=device)  # no gradient
+    arrays["damp_constant"] = sp.array(arrays["damp"].numpy(), device=device)  # as the FWI gradient passes it
+    arrays["u_next"] = sp.zeros(shape, dtype=dtype, requires_grad=True, device=device)
     arrays["u_next"].grad.assign(rng.standard_normal(shape).astype(dtype.np_dtype))
     return arrays
 
@@ -82,7 +88,22 @@ def _arguments(name: str, shared: dict) -> list:
     return [shared[role] for role in roles]
 
 
-def _seconds(call, budget: float = 0.02) -> float:
+def _seconds(call, budget: float = 0.02, device: str = "cpu") -> float:
+    """Seconds per call: calls repeated until `budget` has passed. On a GPU the calls are queued in
+    batches that double, timed from one synchronisation to the next, so that the queue stays full
+    and the time is the device's (the sizes must make a launch longer than its host cost)."""
+    if device != "cpu":
+        batch = 1
+        while True:
+            synchronize(0)
+            began = time.perf_counter()
+            for _ in range(batch):
+                call()
+            synchronize(0)
+            elapsed = time.perf_counter() - began
+            if elapsed > budget:
+                return elapsed / batch
+            batch *= 2
     reps, began = 0, time.perf_counter()
     while True:
         call()
@@ -97,9 +118,9 @@ def _seconds(call, budget: float = 0.02) -> float:
 CONSTANT_DAMPING = "fwi, damping constant"
 
 
-def kernel_table(orders, ndims, dtypes, n2: int, n3: int, rounds: int, before: bool) -> list[str]:
+def kernel_table(orders, ndims, dtypes, n2: int, n3: int, rounds: int, before: bool, device: str = "cpu") -> list[str]:
     """Markdown rows, one per (ndim, order, dtype, spelling), and one for `fwi` as the FWI gradient
-    launches it (CONSTANT_DAMPING)."""
+    launches it (CONSTANT_DAMPING), timed on `device`."""
     rng = np.random.default_rng(0)
     lines = ["| dims | order | dtype | spelling | forward us | adjoint us | adjoint/forward (min-max) | "
              "forward / fastest | adjoint / fastest |" + (" before: adjoint/forward |" if before else ""),
@@ -115,20 +136,20 @@ def kernel_table(orders, ndims, dtypes, n2: int, n3: int, rounds: int, before: b
                 if before:
                     variants["before"] = _copies(group, label, True)
                 calls = {}
-                shared = _shared_arguments(shape, dtype, rng, order)
+                shared = _shared_arguments(shape, dtype, rng, order, device)
                 for variant, kernels in variants.items():
                     for name, k in kernels.items():
                         args = _arguments(name, shared)
-                        calls[(variant, name)] = (*_calls(k, shape, args), args)
+                        calls[(variant, name)] = (*_calls(k, shape, args, device), args)
                     args = _arguments("fwi", {**shared, "damp": shared["damp_constant"]})
-                    calls[(variant, CONSTANT_DAMPING)] = (*_calls(kernels["fwi"], shape, args), args)
+                    calls[(variant, CONSTANT_DAMPING)] = (*_calls(kernels["fwi"], shape, args, device), args)
                 times = {key: ([], []) for key in calls}
                 for key, (forward, adjoint, _) in calls.items():      # warm up (and compile)
                     forward(), adjoint()
                 for _ in range(rounds):
                     for key, (forward, adjoint, _) in calls.items():
-                        times[key][0].append(_seconds(forward))
-                        times[key][1].append(_seconds(adjoint))
+                        times[key][0].append(_seconds(forward, device=device))
+                        times[key][1].append(_seconds(adjoint, device=device))
                 med = {key: (np.median(f), np.median(a)) for key, (f, a) in times.items()}
                 waves = [name for name in group if not name.startswith("fwi")]
                 fastest_f = min(med[("after", name)][0] for name in waves)

@@ -185,11 +185,14 @@ def main():
     parser.add_argument("--n2", type=int, default=512, help="--kernels: 2-D grid side")
     parser.add_argument("--n3", type=int, default=64, help="--kernels: 3-D grid side")
     parser.add_argument("--no-before", action="store_true", help="--kernels: skip the kernels compiled as before")
+    parser.add_argument("--device", default="cpu", help="--kernels: where the kernels run (cpu or cuda)")
     args = parser.parse_args()
     if args.kernels:
         from kernel_spellings import kernel_table
-        print(f"kernels, {max(args.rounds, 5)} interleaved rounds, {os.cpu_count()} CPUs, all gradients present")
-        kernel_table(args.orders, args.ndims, args.dtypes, args.n2, args.n3, max(args.rounds, 5), not args.no_before)
+        print(f"kernels, {max(args.rounds, 5)} interleaved rounds, {os.cpu_count()} CPUs, device {args.device}, "
+              f"all gradients present")
+        kernel_table(args.orders, args.ndims, args.dtypes, args.n2, args.n3, max(args.rounds, 5), not args.no_before,
+                     args.device)
         return
     n, steps = args.n, args.steps
     contenders = {}                                       # (dtype name, spelling) -> (model, dtype, loss)
