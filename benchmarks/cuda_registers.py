@@ -6,7 +6,8 @@
 Needs NVRTC (nvidia-cuda-nvrtc-cu12) and the CUDA toolkit's `ptxas` on PATH; no GPU. Every module
 of tests/**/test_*.py is rendered for CUDA, compiled to PTX by NVRTC and assembled by ptxas, whose
 report gives each entry's registers and spill bytes. `__launch_bounds__(256, 2)` caps registers
-at 128 (25% occupancy or more); the table lists the heaviest entries first, then a summary.
+at 128 (25% occupancy or more), and the gather form's passes at 32 or 64 (float32 or float64
+values); the table lists the heaviest entries first, then a summary.
 """
 from __future__ import annotations
 

@@ -156,6 +156,45 @@ def test_feature_kernel_has_forward_and_adjoint_entries():
             assert {"sp_error_site", "sp_error_index"} <= names
 
 
+@sp.kernel
+def _blur32(x: sp.array(dtype=sp.float32), y: sp.array(dtype=sp.float32)):
+    i = sp.tid()
+    if i >= 1 and i < x.shape[0] - 1:
+        y[i] = x[i - 1] * x[i] + x[i + 1]
+
+
+@sp.kernel
+def _blur64(x: sp.array(dtype=sp.float64), y: sp.array(dtype=sp.float64)):
+    i = sp.tid()
+    if i >= 1 and i < x.shape[0] - 1:
+        y[i] = x[i - 1] * x[i] + x[i + 1]
+
+
+@sp.kernel
+def _blur_vec3(x: sp.array(dtype=sp.vec3), y: sp.array(dtype=sp.vec3)):
+    i = sp.tid()
+    if i >= 1 and i < x.shape[0] - 1:
+        y[i] = sp.cross(x[i - 1], x[i]) + x[i + 1]
+
+
+_blurs = {"float32": _blur32, "float64": _blur64, "vec3": _blur_vec3}
+
+
+@pytest.mark.parametrize("dtype, gather_blocks", [("float32", 8), ("float64", 4), ("vec3", 2)])
+def test_gather_passes_fit_more_blocks_as_their_values_narrow(dtype, gather_blocks):
+    """The gather form's entries ask for as many resident blocks as their widest float values leave
+    registers for (8 x 256 threads: 32 registers, for float32); forward and one-pass adjoint entries
+    keep 2 (128 registers)."""
+    from compiler.codegen.targets import render_cuda
+    kernel = _blurs[dtype]
+    compiled = kernel.compiled()
+    assert compiled.gather is not None
+    source = render_cuda([compiled.functions()], False).source
+    bounds = {name: int(blocks) for blocks, name in re.findall(r"__launch_bounds__\(256, (\d+)\) (\w+)\(", source)}
+    assert bounds[compiled.forward.name + "_forward"] == 2 and bounds[compiled.adjoint.name] == 2
+    assert bounds[compiled.gather.function.name] == gather_blocks
+
+
 def test_nvrtc_errors_point_at_the_users_line():
     """#line directives from the emitter make NVRTC report the kernel's Python file and line."""
     _nvrtc_or_skip()

@@ -90,6 +90,12 @@ CUDA_BLOCK_SIZE = 256
 # Blocks each SM must fit (`__launch_bounds__`' second number): 2 x 256 threads caps a thread at 128
 # registers, so heavy adjoints (builtin-vector ones took 166-250) keep at least 25% occupancy.
 CUDA_MIN_BLOCKS_PER_SM = 2
+# The gather form's passes (pointwise and gather) stream arrays in and out: occupancy hides their
+# memory latency better than registers do. 8 x 256 threads (32 registers, full occupancy) made the
+# float32 stencils' adjoints 1.2-2x faster on an H200 than 2 blocks did, and faster than 4 blocks
+# (2-D 4096^2 and 3-D 256^3, 2nd-8th order; 2026-11-28, eighth session); ptxas fits them in 32
+# registers without spilling. Wider values need more: see _min_blocks.
+CUDA_GATHER_MIN_BLOCKS_PER_SM = 8
 
 
 @dataclass
@@ -447,9 +453,20 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
                                        ("A", "G"), "overflow", reduction=True)
     entry = entry_template.format(
         name=fn.name, size=buffer_size(fn.params), threshold=threshold, block=CUDA_BLOCK_SIZE,
-        min_blocks=CUDA_MIN_BLOCKS_PER_SM, logged=logged, fast=fast, checked=checked,
+        min_blocks=_min_blocks(fn, entry_template is target.gather_entry), logged=logged, fast=fast, checked=checked,
         all_grads=all_grads, nest=nest, plain_nest=plain_nest, box=box, pick=pick, scratch=scratch, **space)
     return "\n".join(lines) + "\n" + entry
+
+
+def _min_blocks(fn: ir.Function, gather_entry: bool) -> int:
+    """`__launch_bounds__`' second number for an entry running `fn`: more blocks for the gather
+    form's passes, as many as their widest floating-point values leave registers for (at 32
+    registers, float64 stencils spilled up to 1 KB a thread and builtin-vector adjoints 13 KB)."""
+    if not gather_entry:
+        return CUDA_MIN_BLOCKS_PER_SM
+    widest = max((t.type.size for s in ir.walk(fn.body) for t in ir.defined_temps(s) if t.type.scalar.is_float),
+                 default=4)
+    return CUDA_GATHER_MIN_BLOCKS_PER_SM * 4 // widest if widest <= 8 else CUDA_MIN_BLOCKS_PER_SM
 
 
 def _by_rows(row, fn: ir.Function, debug, sites, target: Target, adjoint: bool, template: str | None = None,
