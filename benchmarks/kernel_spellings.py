@@ -5,7 +5,7 @@
 
 Each kernel's forward and adjoint entry points are called directly (no Tape, no Python between
 calls) on the same buffers, every gradient present; the row "fwi, damping constant" is `fwi` as the
-FWI gradient launches it, the damping field without a gradient. `before` is the same kernel with the one-pass
+FWI gradient launches it: the damping field without a gradient, `up`'s overwritten. `before` is the same kernel with the one-pass
 gather form of its adjoint (one copy of the adjoint per stencil offset), as before the two-pass form
 (compiler/passes/transpose.py); loops stay unrolled there (without unrolling, the tables' spellings
 do not compile: a tuple indexed by a loop counter). Contenders run
@@ -49,13 +49,15 @@ def _copies(group: dict, label: str, before: bool) -> dict:
     return out
 
 
-def _calls(kernel, shape, args, device: str = "cpu"):
+def _calls(kernel, shape, args, device: str = "cpu", fresh=()):
     """(forward call, adjoint call) of `kernel` on `args`, both running the compiled entries (on a
-    GPU, each call queues one launch)."""
+    GPU, each call queues one launch). `fresh`: arrays whose gradients the adjoint may overwrite
+    (new memory standing for zeros, as Tape.backward's `fresh`), the others' it adds into."""
     entry, buffer, serial, _ = launch_module.packed_forward(kernel, shape, args, False, device)
     forward = (lambda: entry(buffer)) if device != "cpu" else functools.partial(_FORWARD(entry), buffer, serial)
+    pending = {id(a.grad._storage): a.grad for a in fresh}
     try:
-        entry_adj, adj_buffer, adj_serial = launch_module.packed_adjoint(kernel, shape, args, False, {}, device)
+        entry_adj, adj_buffer, adj_serial = launch_module.packed_adjoint(kernel, shape, args, False, pending, device)
     except ValueError:                   # a loop tape: the launch path sizes it per call
         compiled, sig = kernel.compiled(), launch_module._signature(kernel)
         return forward, (lambda: launch_module._run_adjoint(kernel, compiled, sig, args, shape, buffer, False, 0))
@@ -114,7 +116,9 @@ def _seconds(call, budget: float = 0.02, device: str = "cpu") -> float:
 
 
 # The FWI stencil as the FWI gradient launches it: the damping field without a gradient (its own
-# array, so placed elsewhere in memory than the shared one).
+# array, so placed elsewhere in memory than the shared one), and `up`'s gradient new memory that
+# the adjoint overwrites (a native reversal of benchmarks/peer_impls/fwi_ours.py's step passes it
+# so: `u`'s gradient has the copy's adjoint in it by then, and m's sums over the steps).
 CONSTANT_DAMPING = "fwi, damping constant"
 
 
@@ -142,7 +146,8 @@ def kernel_table(orders, ndims, dtypes, n2: int, n3: int, rounds: int, before: b
                         args = _arguments(name, shared)
                         calls[(variant, name)] = (*_calls(k, shape, args, device), args)
                     args = _arguments("fwi", {**shared, "damp": shared["damp_constant"]})
-                    calls[(variant, CONSTANT_DAMPING)] = (*_calls(kernels["fwi"], shape, args, device), args)
+                    calls[(variant, CONSTANT_DAMPING)] = (*_calls(kernels["fwi"], shape, args, device, fresh=[shared["up"]]),
+                                                           args)
                 times = {key: ([], []) for key in calls}
                 for key, (forward, adjoint, _) in calls.items():      # warm up (and compile)
                     forward(), adjoint()
