@@ -246,9 +246,7 @@ def render(kernels: list[tuple], debug: bool, target: Target) -> RenderedModule:
             # the GPU runs a two-pass form's passes as two launches (backends/cuda_launch.py)
             parts.append(_kernel(gather.pointwise, debug, sites, target, target.gather_entry, gather.pointwise_interior))
         if gather is not None:
-            parts.append(_kernel(gather.function, debug, sites, target, target.gather_entry, gather.interior,
-                                 two_pass=gather if gather.pointwise is not None and target is CPU else None,
-                                 **_variants(gather)))
+            parts.append(_kernel(gather.function, debug, sites, target, target.gather_entry, gather=gather))
         if identity is not None and target is CPU:
             parts.append(_kernel(identity.function, debug, sites, target, target.forward_entry, identity.interior))
     return RenderedModule("\n".join(parts), sites)
@@ -298,31 +296,30 @@ def render_grads_variant(functions: tuple, grads: int, target: Target) -> Render
     carries gradients. Named `grads_variant_name(gather name, grads)`; no debug checks."""
     gather = functions[3]
     fn = dataclasses.replace(gather.function, name=grads_variant_name(gather.function.name, grads))
-    # a two-pass form runs its pointwise pass inside the entry on the CPU; the GPU launches the
-    # module's pointwise entry first (backends/cuda_launch.py)
-    two_pass = gather if gather.pointwise is not None and target is CPU else None
     parts = [target.header, native_definitions([fn]),
-             _kernel(fn, False, [], target, target.gather_entry, gather.interior, grads=grads, two_pass=two_pass,
-                     **_variants(gather))]
+             _kernel(fn, False, [], target, target.gather_entry, grads=grads, gather=gather)]
     return RenderedModule("\n".join(parts), [])
 
 
-def _variants(gather) -> dict:
-    """A `GatherAdjoint`'s CPU variants, as `_kernel` takes them."""
-    return dict(row=gather.row, row_end=gather.row_end, settled=gather.settled, corner=gather.corner,
-                sides=(gather.row_end_sides, gather.corner_sides), row_sides=gather.row_sides, bands=gather.bands)
-
-
 def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, interior=None,
-            grads: int | None = None, two_pass=None, row=None, row_end=None, settled=None, corner=None,
-            sides=(None, None), row_sides=(), bands=None) -> str:
+            grads: int | None = None, gather=None) -> str:
     """One entry point: `fn`'s thread body (and its interior variant, which shares `fn`'s argument
     struct, where the target runs one) and the target's entry around it. An adjoint entry picks an
     instantiation of the body (see has_grad in prelude.h): with `grads` the one for that gradient
     mask throughout; without, the gather entry runs the branch-free one where every gradient the
-    body touches is present and the one that tests each gradient otherwise. `two_pass` (a
-    `GatherAdjoint` with a pointwise pass, on the CPU): the entry runs that pass over every thread
-    first, into scratch memory that `fn` reads."""
+    body touches is present and the one that tests each gradient otherwise. `gather`: the
+    `GatherAdjoint` whose function `fn` is (renamed, for a grads variant); its interior and, on the
+    CPU, its variants near the faces run in the entry, and a two-pass form's pointwise pass runs
+    first, over every thread, into scratch memory that `fn` reads (the GPU launches the module's
+    pointwise entry first instead: backends/cuda_launch.py)."""
+    if gather is not None:
+        interior, row, row_end, settled, corner = (gather.interior, gather.row, gather.row_end, gather.settled,
+                                                   gather.corner)
+        sides, row_sides, bands = (gather.row_end_sides, gather.corner_sides), gather.row_sides, gather.bands
+    else:
+        row = row_end = settled = corner = bands = None
+        sides, row_sides = (None, None), ()
+    two_pass = gather if gather is not None and gather.pointwise is not None and target is CPU else None
     adjoint = entry_template is not target.forward_entry
     interior = interior if target.interiors else None
     threshold = parallel_threshold(fn)
