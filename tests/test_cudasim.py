@@ -372,7 +372,8 @@ def test_the_gpu_command_runs(tmp_path):
                 "| wave 16^2, 20 steps, gradient (Revolve-4) |",
                 "| wave 16^2, 60 steps, Revolve-10 gradient, native loops |",
                 "| wave 16^2, 60 steps, Revolve-10 gradient, reversals without a tape |",
-                "| wave 16^2, 60 steps, MultiLevel(2 RAM, 8 HDF5) gradient, async snapshot copies |"):
+                "| wave 16^2, 60 steps, MultiLevel(2 RAM, 8 HDF5) gradient, async snapshot copies |",
+                "| 2-D 24^2 | 2 | float32 | unrolled |", "| 3-D 8^3 | 2 | float32 | fwi, damping constant |"):
         assert row in table
 
 
