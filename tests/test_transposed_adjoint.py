@@ -543,3 +543,23 @@ def test_the_pointwise_pass_runs_the_rows_outside_its_box_through_a_row_variant_
     pointwise = kernel.compiled().gather.pointwise_interior
     assert pointwise.row is not None and corpus(8, 2)["fwi"].compiled().gather.pointwise_interior.row is None
     assert_bits_without(kernel, shape, pointwise_interior=dataclasses.replace(pointwise, row=None))
+
+
+@pytest.mark.parametrize("order, ndim, name, shape", [(8, 3, "fwi", (13, 12, 14)), (4, 3, "fwi", (11, 9, 10)),
+                                                       (8, 2, "fwi", (12, 21)), (2, 3, "fwi", (6, 9, 7))])
+def test_the_pointwise_pass_runs_its_threads_near_a_face_settled_there_with_the_same_bits(order, ndim, name, shape):
+    """The pointwise pass's threads within the stencil's radius of a face (a row's first and last
+    threads: GatherAdjoint.pointwise_sides; in 3-D the first and last rows along each outer axis:
+    pointwise_row_sides) run the pass settled there. The FWI step writes 0 outside its box, so the
+    pass has nothing to do there: no load of `u` and no scratch store stay. The same bits as the
+    pass's body a thread at a time, serial or not, also where the boxes overlap."""
+    gather = corpus(order, ndim)[name].compiled().gather
+    settled = [side for side in gather.pointwise_sides if side is not None]
+    settled += [side for pair in gather.pointwise_row_sides for side in pair if side is not None]
+    assert len(settled) == 2 + (2 * (ndim - 1) if ndim > 2 else 0)
+
+    def work(fn):
+        return [s for s in ir.walk(fn.body) if isinstance(s, ir.ScratchStore)
+                or isinstance(s, ir.Load) and s.array.param.name == "u"]
+    assert work(gather.pointwise) and not any(work(side.function) for side in settled)
+    assert_bits_without(corpus(order, ndim)[name], shape, pointwise_sides=None, pointwise_row_sides=())

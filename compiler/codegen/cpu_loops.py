@@ -106,7 +106,7 @@ def plain_nest(ndim: int, call: str, private, prelude: str, threshold: int) -> s
 def interior_nest(ndim: int, edge: str, middle: str, interior, private, prelude: str, threshold: int,
                    row=None, independent: bool = False, row_end=None, settled=None, corner=None,
                    row_run: bool = False, row_end_sides=None, corner_sides=None, row_sides=(),
-                   bands=(None, None)) -> str:
+                   bands=(None, None), edge_sides=(None, None)) -> str:
     """The CPU loop nest of an entry with an interior variant: the box [lo_k, hi_k) per axis is
     evaluated once; each row of the innermost index runs in three parts, the edges through `edge`
     and the part inside the box through `middle` (a row outside the box runs `edge` throughout, or
@@ -122,6 +122,8 @@ def interior_nest(ndim: int, edge: str, middle: str, interior, private, prelude:
     first and last rows along that axis, each a call that runs the row's part (see row_runner).
     `bands`: (first, last), each (call, its Interior) or None: `middle` settled over the threads of
     a `settled` row before and after its box (GatherAdjoint.bands), run there instead.
+    `edge_sides`: (first, last) as `row_end_sides`, for `edge` itself where there is no `row_end`
+    (a two-pass form's pointwise pass: GatherAdjoint.pointwise_sides).
     `settled` = (call, its Interior): a gather form's variant for a box inside the interior's (see
     GatherAdjoint.settled); a row inside it runs that in its part of the box, `middle` around it.
     `independent`: no thread writes memory another reads or writes (see SP_INDEPENDENT in
@@ -143,6 +145,12 @@ def interior_nest(ndim: int, edge: str, middle: str, interior, private, prelude:
     runs = [f"{pad}{first_edge}{edge}",
             f"{pad}{hint}for (int32_t i{k} = a; i{k} < b; ++i{k}) {middle}",
             f"{pad}{last_edge}{edge}"]
+    if row_end is None and any(edge_sides):
+        for side, variant in zip("fl", edge_sides):
+            if variant is not None:
+                box += _axis_box(k, variant[1], f"p{side}lo", f"p{side}hi")
+        runs[0], runs[2] = (f"{pad}{{ {_sided_run(k, hint, edge, edge_sides, 'p', bound, first)} }}"
+                            for bound, first in (("a", True), ("b", False)))
     if row_end is not None:
         # the row-end variant is branch-free and inlined: with `independent` its few threads a row
         # run as one vector loop (2-D and 3-D 8th-order adjoints 7-15% faster than one call a thread)

@@ -370,19 +370,9 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
     for variant in side_variants:
         lines += _thread_function(variant.function, debug, sites, target, adjoint, fn.name, hot=True)
     # (GatherAdjoint.row_sides) a row at a call: inlined, they slowed the nest's settled loop 2x
-    row_side_runs = []
-    for pair in (row_sides if row is not None else ()):
-        runs = []
-        for variant in pair or (None, None):
-            run = None
-            if variant is not None:
-                run_lines, run = _by_rows(variant, fn, debug, sites, target, adjoint, fast,
-                                          adjoint and entry_template is target.gather_entry
-                                          and _independent(grads, variant.function))
-                lines += run_lines
-                side_variants.append(variant)
-            runs.append(run)
-        row_side_runs.append(tuple(runs))
+    row_side_runs = _row_side_runs(row_sides if row is not None else (), fn, debug, sites, target, adjoint, fast,
+                                   grads if adjoint and entry_template is target.gather_entry else False, lines,
+                                   side_variants)
     gather_entry = adjoint and entry_template is target.gather_entry
     if interior is not None:
         independent = gather_entry and _independent(grads, fn, interior.function, *((row.function,) if row else ()),
@@ -417,10 +407,20 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
             if first_row is not None:
                 row_lines, first_row_part = _by_rows(first_row, fn, debug, sites, target, adjoint, fast)
                 lines += row_lines
-            variants = [v.function for v in (first_interior, first_row) if v is not None]
+            # (GatherAdjoint.pointwise_sides and pointwise_row_sides: as the transposed pass's above)
+            edge_sides, first_sides = two_pass.pointwise_sides or (None, None), []
+            for variant in edge_sides:
+                if variant is not None:
+                    lines += _thread_function(variant.function, debug, sites, target, adjoint, fn.name, hot=True)
+                    first_sides.append(variant)
+            first_side_runs = _row_side_runs(two_pass.pointwise_row_sides if first_row is not None else (), fn,
+                                             debug, sites, target, adjoint, fast, grads, lines, first_sides)
+            variants = [v.function for v in (first_interior, first_row, *first_sides) if v is not None]
             first_nest = loops.interior_nest(fn.tid_ndim, first.name + call, first_interior.function.name + call,
                                              first_interior, private, prelude, threshold, first_row_part,
-                                             independent=_independent(grads, first, *variants), row_run=True)
+                                             independent=_independent(grads, first, *variants), row_run=True,
+                                             row_sides=first_side_runs,
+                                             edge_sides=tuple(_called(v, call) for v in edge_sides))
         else:
             first_nest = loops.plain_nest(fn.tid_ndim, first.name + call, private, prelude, threshold)
         first_plain = loops.plain_nest(fn.tid_ndim, f"{first.name}_thread<{checked}>({tids}, L, A, G, tp);", private,
@@ -473,6 +473,26 @@ def _by_rows(row, fn: ir.Function, debug, sites, target: Target, adjoint: bool, 
     its own (cpu_loops.row_runner). `template`: an adjoint body's template arguments."""
     definition, run = loops.row_runner(row.function.name, fn.tid_ndim, fn.name, template, independent)
     return _thread_function(row.function, debug, sites, target, adjoint, fn.name, hot=True) + [definition], (run, row)
+
+
+def _row_side_runs(row_sides, fn: ir.Function, debug, sites, target: Target, adjoint: bool, template, grads,
+                   lines: list, variants: list) -> list:
+    """Per outer axis, (first, last) runs (interior_nest's `row_sides`) of `row_sides`' variants, a row
+    at a call each (cpu_loops.row_runner); their definitions go to `lines` and the variants to
+    `variants`. `grads` False: the runners' loops never vectorise without alias tests."""
+    side_runs = []
+    for pair in row_sides:
+        runs = []
+        for variant in pair or (None, None):
+            run = None
+            if variant is not None:
+                run_lines, run = _by_rows(variant, fn, debug, sites, target, adjoint, template,
+                                          grads is not False and _independent(grads, variant.function))
+                lines += run_lines
+                variants.append(variant)
+            runs.append(run)
+        side_runs.append(tuple(runs))
+    return side_runs
 
 
 def _called(variant, call: str):

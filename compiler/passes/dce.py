@@ -7,7 +7,9 @@ time. Live is what an effect (stores, atomics, gradient accumulations, prints, t
 functions) or a control decision (conditions, loop bounds) reads, and what those values are
 computed from, through locals; removed are pure statements (arithmetic, loads, reads of locals and
 parameters, thread indices, extents) whose result is not live, and assignments to locals that are
-not. Control flow stays. Expects verified IR; keeps it verified.
+not. Control flow stays, but a branch a constant condition never takes is emptied first (the
+settled variants of compiler/passes/interior.py decide conditions), so nothing it reads stays live.
+Expects verified IR; keeps it verified.
 """
 from __future__ import annotations
 
@@ -21,7 +23,8 @@ _PURE = (ir.ReadVar, ir.ReadParam, ir.ThreadIndex, ir.ArrayDim, ir.Load, ir.Read
 
 def eliminate_dead_code(fn: ir.Function) -> ir.Function:
     """`fn` without the statements whose results nothing uses (see the module docstring)."""
-    return dataclasses.replace(fn, body=tuple(_Prune(_live(fn.body)).block(fn.body)))
+    body = tuple(_UntakenBranches().block(fn.body))
+    return dataclasses.replace(fn, body=tuple(_Prune(_live(body)).block(body)))
 
 
 def _live(body) -> set[int]:
@@ -74,6 +77,14 @@ def _collect(x, seen: list[int]) -> None:
         for v in x:
             if not (dataclasses.is_dataclass(v) and hasattr(v, "loc")):    # nested blocks: walked apart
                 _collect(v, seen)
+
+
+class _UntakenBranches(ir.Rewriter):
+    def stmt(self, s) -> list:
+        s = self.value(s)
+        if isinstance(s, ir.If) and isinstance(s.cond, ir.Const):
+            s = dataclasses.replace(s, **({"orelse": ()} if s.cond.value else {"then": ()}))
+        return [s]
 
 
 class _Prune(ir.Rewriter):

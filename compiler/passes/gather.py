@@ -43,8 +43,9 @@ from ..types import bool_, int32
 from .adjoint import is_reverse_mark
 from .dce import eliminate_dead_code
 from .selects import has_branches, select_branches, table_loads
-from .interior import (Bound, Clamped, Interior, Wrapped, at_own_index, interior_variant, settled_over,
-                       tid_offsets, with_row)
+from .interior import (Bound, Clamped, Interior, Wrapped, at_own_index, interior_variant, tid_offsets,
+                       with_row)
+from .near_faces import bands_of, sides_of, without_dead_code
 from . import transpose
 
 
@@ -106,6 +107,11 @@ class GatherAdjoint:
     # rows in `settled`'s box that lie between its box and the interior's (a stencil radius at
     # each end of the row), where the neighbours' guards along the row settle (CPU entries)
     bands: tuple | None = None
+    # the pointwise pass's as `row_end_sides` and `row_sides` are the transposed one's: `pointwise`
+    # settled at a row's first and last threads, `pointwise_interior.row` at each outer axis's first
+    # and last rows (CPU entries; an FWI step's pass does nothing there)
+    pointwise_sides: tuple | None = None
+    pointwise_row_sides: tuple = ()
 
 
 def gather_adjoint(adjoint: ir.Function, two_pass: bool = True) -> GatherAdjoint | None:
@@ -202,7 +208,7 @@ def gather_adjoint(adjoint: ir.Function, two_pass: bool = True) -> GatherAdjoint
     # axes (the same for the whole row), inside along the innermost one, settled there. And the
     # ends of the rows: clamped along the innermost axis alone, settled along the others (a few
     # threads a row, run one at a time, but without the fully clamped form's branches; settled
-    # further at the row's first and last threads: see _sides).
+    # further at the row's first and last threads: see near_faces.sides_of).
     row = row_end = None
     if ndim > 1 and not any(widens):
         inner = ndim - 1
@@ -219,11 +225,11 @@ def gather_adjoint(adjoint: ir.Function, two_pass: bool = True) -> GatherAdjoint
         if not has_branches(selected):
             corner = dataclasses.replace(eliminate_dead_code(selected), name=whole.name + "_corner")
     inner = ndim - 1
-    sides = lambda fn, axis=inner: _sides(fn, interior, source, same, axis) if fn is not None else None  # noqa: E731
+    sides = lambda fn, axis=inner: sides_of(fn, interior, source, same, axis) if fn is not None else None  # noqa: E731
     row_end_sides = sides(row_end.function if row_end is not None else None)
     corner_sides = sides(corner)
     row_sides = tuple(sides(row.function, k) for k in range(inner)) if row is not None else ()
-    bands = _bands(interior, settled, source, same) if settled is not None else None
+    bands = bands_of(interior, settled, source, same) if settled is not None else None
     pointwise = pointwise_interior = None
     if found:
         base = adjoint.name.replace("_adjoint", "")
@@ -232,71 +238,18 @@ def gather_adjoint(adjoint: ir.Function, two_pass: bool = True) -> GatherAdjoint
                                                                      offsets, eligible[source], base + "_pointwise"))
         # the rows outside the box, a quarter of a 3-D 64^3 8th-order launch's, a row at a call
         # (interior.with_row, 3-D and up): that FWI adjoint 4-9% faster
-        pointwise_interior = _without_dead_code(with_row(interior_variant(pointwise, base + "_pointwise_interior"),
+        pointwise_interior = without_dead_code(with_row(interior_variant(pointwise, base + "_pointwise_interior"),
                                                          pointwise))
+    # its threads near a face ran a third of a 3-D 64^3 8th-order FWI pass's 369 us, doing nothing there
+    pointwise_sides, pointwise_row_sides = None, ()
+    if pointwise_interior is not None and ndim > 1:
+        pointwise_sides = sides_of(pointwise, pointwise_interior, source, same, inner)
+        row_of = pointwise_interior.row
+        pointwise_row_sides = tuple(sides_of(row_of.function, pointwise_interior, source, same, k)
+                                    for k in range(inner)) if row_of is not None else ()
     return GatherAdjoint(build(True), interior, tuple(eligible), scatters, source, widens, extent_bounds,
                          pointwise, pointwise_interior, scratch_bytes, row, row_end, settled, corner, row_end_sides,
-                         corner_sides, row_sides, bands)
-
-
-def _without_dead_code(variant: Interior | None) -> Interior | None:
-    """`variant` and its row variant, each function without what its settled tests left dead."""
-    if variant is None:
-        return None
-    return dataclasses.replace(variant, function=eliminate_dead_code(variant.function),
-                               row=_without_dead_code(variant.row))
-
-
-def _sides(fn: ir.Function, interior: Interior, source: str, same, axis: int) -> tuple | None:
-    """(first, last): `fn` settled along `axis` over [0, m) and over [n - m', n), where m is the
-    largest constant lower margin of `interior`'s box on that axis, n the launch's extent there (the
-    extent of `source`) and n - m' its smallest upper bound of that form; either None where nothing
-    settles there. Along the innermost axis: a row's first and last threads; along an outer one,
-    the first and last rows. Such a thread ran all of a stencil's passes (25 at 8th order in 3-D)
-    where at most R (4) contribute; settled, those R stay. A 3-D 64^3 8th-order float32 wave's
-    adjoint (a third of its threads lie there): 1153 us without, 752 with the rows' ends settled,
-    662 with the outer rows too (its forward: 310)."""
-    extent, start, end = _faces(interior, axis, source, same)
-    first = settled_over(fn, f"{fn.name}_first{axis}", {axis: ((Bound(0),), (start,))}, same) \
-        if start is not None else None
-    last = settled_over(fn, f"{fn.name}_last{axis}", {axis: ((end,), (extent,))}, same) \
-        if end is not None else None
-    return _pair(first, last)
-
-
-def _bands(interior: Interior, settled: Interior, source: str, same) -> tuple | None:
-    """(first, last): `interior`'s function settled over the rows in `settled`'s box, along the
-    innermost axis over the interior box's first threads up to `settled`'s box (the largest
-    constant among its lower bounds) and from the smallest of `settled`'s upper bounds of the form
-    extent - m on; either None where nothing settles. The bounds of the other box count too (the
-    first band ends before the settled box's end, the last starts after its start), so that both
-    the guards below and those above settle."""
-    inner = interior.function.tid_ndim - 1
-    _, start, end = _faces(settled, inner, source, same)
-    if start is None or end is None:
-        return None
-    fn = interior.function
-    rows = {k: (settled.lower[k], settled.upper[k]) for k in range(inner)}       # (the settled box's rows)
-    first = settled_over(fn, fn.name + "_band_first", {**rows, inner: (interior.lower[inner],
-                                                                       (start, *settled.upper[inner]))}, same)
-    last = settled_over(fn, fn.name + "_band_last", {**rows, inner: ((end, start), interior.upper[inner])}, same)
-    return _pair(first, last)
-
-
-def _faces(box: Interior, axis: int, source: str, same) -> tuple:
-    """(n, m, n - m') along `axis` of `box`: the extent of `source` (the launch's), its largest
-    constant lower bound and its smallest upper bound of the form n - m' (None where it has none)."""
-    extent = Bound(0, ((1, ("dim", source, axis)),))
-    margins = [b.const for b in box.lower[axis] if not b.terms]
-    tails = [(same(b) - extent).const for b in box.upper[axis] if not (same(b) - extent).terms]
-    return (extent, Bound(max(margins)) if margins else None,
-            extent.shifted(min(tails)) if tails else None)
-
-
-def _pair(first: Interior | None, last: Interior | None) -> tuple | None:
-    """(first, last) without what their settled tests left dead, or None where both are None."""
-    first, last = _without_dead_code(first), _without_dead_code(last)
-    return (first, last) if first is not None or last is not None else None
+                         corner_sides, row_sides, bands, pointwise_sides, pointwise_row_sides)
 
 
 def _settled_variant(build, lower, upper, within, eligible, widens, tables, settled: set,
