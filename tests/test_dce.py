@@ -35,6 +35,24 @@ def test_only_what_reaches_an_effect_or_a_decision_survives():
     assert kinds == ["ThreadIndex", "Load", "Op:mul", "Op:gt", "If"]
 
 
+def test_a_branch_a_constant_condition_never_takes_is_emptied_and_what_it_read_goes():
+    out_param = ir.Param("out", ArrayType(float32, 1), 0)
+    out = ir.ArrayRef(out_param)
+    i, x, y = ir.Temp(int32), ir.Temp(float32), ir.Temp(float32)
+    body = (
+        ir.ThreadIndex(i, 0, LOC),
+        ir.Load(x, out, (i,), LOC),               # read only by the store the branch never makes
+        ir.Load(y, out, (i,), LOC),
+        ir.If(ir.Const(False, bool_), (ir.Store(out, (i,), x, LOC),), (ir.Store(out, (i,), y, LOC),), LOC),
+        ir.If(ir.Const(True, bool_), (ir.Store(out, (i,), y, LOC),), (ir.Store(out, (i,), x, LOC),), LOC),
+    )
+    fn = eliminate_dead_code(ir.Function("f", (out_param,), body, LOC, 1))
+    verify(fn)
+    assert [type(s).__name__ for s in fn.body] == ["ThreadIndex", "Load", "If", "If"]
+    assert fn.body[1].out is y
+    assert (fn.body[2].then, fn.body[3].orelse) == ((), ()) and fn.body[2].orelse and fn.body[3].then
+
+
 @sp.kernel
 def blur(u: F2, out: F2):
     i, j = sp.tid()
