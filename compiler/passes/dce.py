@@ -23,7 +23,9 @@ _PURE = (ir.ReadVar, ir.ReadParam, ir.ThreadIndex, ir.ArrayDim, ir.Load, ir.Read
 
 def eliminate_dead_code(fn: ir.Function) -> ir.Function:
     """`fn` without the statements whose results nothing uses (see the module docstring)."""
-    body = tuple(_UntakenBranches().block(fn.body))
+    body = fn.body
+    if any(isinstance(s, ir.If) and isinstance(s.cond, ir.Const) for s in ir.walk(body)):
+        body = tuple(_UntakenBranches().block(body))    # (a rebuild of the whole body: only where one is)
     return dataclasses.replace(fn, body=tuple(_Prune(_live(body)).block(body)))
 
 
