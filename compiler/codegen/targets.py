@@ -371,8 +371,7 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
         lines += _thread_function(variant.function, debug, sites, target, adjoint, fn.name, hot=True)
     # (GatherAdjoint.row_sides) a row at a call: inlined, they slowed the nest's settled loop 2x
     row_side_runs = _row_side_runs(row_sides if row is not None else (), fn, debug, sites, target, adjoint, fast,
-                                   grads if adjoint and entry_template is target.gather_entry else False, lines,
-                                   side_variants)
+                                   grads, adjoint and entry_template is target.gather_entry, lines, side_variants)
     gather_entry = adjoint and entry_template is target.gather_entry
     if interior is not None:
         independent = gather_entry and _independent(grads, fn, interior.function, *((row.function,) if row else ()),
@@ -413,8 +412,8 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
                 if variant is not None:
                     lines += _thread_function(variant.function, debug, sites, target, adjoint, fn.name, hot=True)
                     first_sides.append(variant)
-            first_side_runs = _row_side_runs(two_pass.pointwise_row_sides if first_row is not None else (), fn,
-                                             debug, sites, target, adjoint, fast, grads, lines, first_sides)
+            first_side_runs = _row_side_runs(two_pass.pointwise_row_sides, fn, debug, sites, target, adjoint, fast,
+                                             grads, True, lines, first_sides)
             variants = [v.function for v in (first_interior, first_row, *first_sides) if v is not None]
             first_nest = loops.interior_nest(fn.tid_ndim, first.name + call, first_interior.function.name + call,
                                              first_interior, private, prelude, threshold, first_row_part,
@@ -476,10 +475,10 @@ def _by_rows(row, fn: ir.Function, debug, sites, target: Target, adjoint: bool, 
 
 
 def _row_side_runs(row_sides, fn: ir.Function, debug, sites, target: Target, adjoint: bool, template, grads,
-                   lines: list, variants: list) -> list:
+                   gather_entry: bool, lines: list, variants: list) -> list:
     """Per outer axis, (first, last) runs (interior_nest's `row_sides`) of `row_sides`' variants, a row
     at a call each (cpu_loops.row_runner); their definitions go to `lines` and the variants to
-    `variants`. `grads` False: the runners' loops never vectorise without alias tests."""
+    `variants`. Only a gather entry's runners loop without alias tests (where `_independent`)."""
     side_runs = []
     for pair in row_sides:
         runs = []
@@ -487,7 +486,7 @@ def _row_side_runs(row_sides, fn: ir.Function, debug, sites, target: Target, adj
             run = None
             if variant is not None:
                 run_lines, run = _by_rows(variant, fn, debug, sites, target, adjoint, template,
-                                          grads is not False and _independent(grads, variant.function))
+                                          gather_entry and _independent(grads, variant.function))
                 lines += run_lines
                 variants.append(variant)
             runs.append(run)

@@ -188,10 +188,11 @@ def settled_over(fn: ir.Function, name: str, box: dict, same=lambda b: b) -> Int
     `box` (Bounds), valid there (the variant's box); None where none is. What each integer value
     may be there is tracked as a range (below): the thread index, offsets from it, bounds the
     launch fixes, and the clamps a gather form's passes put around their neighbour's index. `same`
-    makes two bounds' terms comparable (as `interior_variant`'s `within`). Where the middle variant decides a test the way it goes inside
-    the box, this decides it near a face: at a row's first threads the neighbours' guards that
-    hold only further in are false, and the passes they guard are dead code (a 3-D 8th-order gather
-    adjoint's row ends, where a thread gathers from at most 4 of its 25 neighbours)."""
+    makes two bounds' terms comparable (as `interior_variant`'s `within`). Where the middle variant
+    decides a test the way it goes inside the box, this decides it near a face: at a row's first
+    threads the neighbours' guards that hold only further in are false, and the passes they guard
+    are dead code (a 3-D 8th-order gather adjoint's row ends, where a thread gathers from at most 4
+    of its 25 neighbours)."""
     index = {k: (_few((same(b) for b in starts), True), _few((same(b).shifted(-1) for b in stops), False))
              for k, (starts, stops) in box.items()}
     ranges = _track(fn.body, _range_rule(index, same))
