@@ -473,7 +473,8 @@ class Sweep:
                 self._reverse_kept(rec, keep=not a.clear_adj_deps)
             else:
                 self._reverse_step(rec)
-            self.param_sums.fold()           # as the native sweep does after each step (op 3)
+            if self.param_sums.due(k):       # as the native sweep does (op 3)
+                self.param_sums.fold()
             if a.clear_adj_deps:
                 del self.recorded[k]
                 self._drop(rec)

@@ -6,12 +6,15 @@ element, each rounded to the size of the total: a float32 ensemble of 10^4 dampe
 10^4 steps lost 2.6% of dL/dc that way (issue 31; the per-launch sum over threads is the other
 half, summed in float64 partials by the kernels: add_log in compiler/codegen/prelude.h).
 
-So during a sweep each float32 parameter's gradient holds one step's part only: after each reversed
-step (`fold`) it is added into a float64 accumulator and zeroed, and at the end (`finish`) the
-accumulator, rounded once, is the gradient. Every path that reverses steps (the tape, the native
-reversal, the native sweep's C++ driver: ``fold_table``) folds after each step, the same float64
-adds in the same order, so checkpointed and store-all gradients keep the same bits. Float64
-parameters and parameters without a gradient are left alone.
+So during a sweep each float32 parameter's gradient holds the parts of a few steps only: after
+reversing a step whose index is a multiple of `FOLD_EVERY` (`due`) it is added into a float64
+accumulator and zeroed, and at the end (`finish`) the accumulator, rounded once, is the gradient.
+Eight steps' parts summed in float32 lose a few units in the last place, nothing like 10^4 adds; a
+fold after every step cost as much memory traffic as a forward step of a 3-D stencil (read the
+float32 part, read and write the float64 sum, zero the part). Every path that reverses steps (the
+tape, the native reversal, the native sweep's C++ driver: ``fold_table``) folds after the same
+steps, the same float64 adds in the same order, so checkpointed and store-all gradients keep the
+same bits. Float64 parameters and parameters without a gradient are left alone.
 """
 from __future__ import annotations
 
@@ -21,7 +24,9 @@ from compiler import float32, float64, kernel, tid
 from compiler.runtime.array import array
 from compiler.runtime.launch import relaunch
 
-__all__ = ["ParamSums"]
+__all__ = ["FOLD_EVERY", "ParamSums"]
+
+FOLD_EVERY = 8
 
 
 @kernel
@@ -53,6 +58,11 @@ class ParamSums:
             self.sums = [np.zeros(g.size, np.float64) for g in self.grads]
         else:
             self.sums = [array(np.zeros(g.size, np.float64), dtype=float64, device=device) for g in self.grads]
+
+    @staticmethod
+    def due(step: int) -> bool:
+        """Whether the sweep folds after reversing `step` (the same steps on every path)."""
+        return step % FOLD_EVERY == 0
 
     def fold(self) -> None:
         """Add the gradients' step parts into the float64 sums; zero the gradients."""

@@ -101,7 +101,7 @@ def dc(dtype, n, steps, device="cpu", schedule=None):
 def test_a_float32_damping_gradient_over_4000_steps_is_within_1e_5_of_float64(device):
     exact, _ = dc(sp.float64, 1000, 4000, device)
     ours, _ = dc(sp.float32, 1000, 4000, device)
-    # One float32 accumulator gave 2.5e-4; float64 partials and sums give 1.4e-7.
+    # One float32 accumulator gave 2.5e-4; float64 partials and sums (folded every 8 steps) 1.4e-7.
     assert abs(ours - exact) / abs(exact) < 1e-5, (ours, exact)
 
 

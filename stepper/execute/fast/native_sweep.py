@@ -449,7 +449,8 @@ class _Stretch:
                 self.versions.release(nxt)         # its memory may serve the gradient below
             gprev = self.versions.new(self.grad_kinds)
         self.ops += [1, n, *(prev.ptrs if prev is not None else prev_ptrs), *nxt.ptrs, *gprev.ptrs, *self.carry.ptrs]
-        self.ops += self.fold                      # as Sweep._reverse folds after each step
+        if self.sw.param_sums.due(n):             # as Sweep._reverse folds
+            self.ops += self.fold
         if self.reads_next:
             self.versions.release(nxt)
         self.versions.release(self.carry)

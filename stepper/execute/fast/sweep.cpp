@@ -31,7 +31,7 @@ extern "C" void sp_sweep(const int64_t* ops, int64_t n_words, const sp_plan* p) 
     int64_t i = 0;
     while (i < n_words) {
         const int64_t op = ops[i++];
-        if (op == 3) {                                 // stepper/execute/param_sums.py's fold, after a reversed step
+        if (op == 3) {                                 // stepper/execute/param_sums.py's fold, after the steps it is due
             const int64_t count = ops[i++];
             for (int64_t q = 0; q < count; ++q, i += 3) {
                 float* g = (float*)ops[i];
