@@ -233,3 +233,36 @@ def test_a_global_index_guard_leaves_the_middle_of_every_block(block, offset, n,
     sp.launch(global_rows, block, inputs=[offset, n], outputs=[out])
     gi = np.arange(block) + offset
     np.testing.assert_array_equal(out.numpy(), (gi > 0) * 1 + (gi < n - 1) * 2 + ((gi >= 1) & (gi <= n - 2)) * 4)
+
+
+F3 = sp.array(dtype=float, ndim=3)
+
+
+@sp.kernel
+def guarded_stencil(u: F3, out: F3):
+    i, j, k = sp.tid()
+    v = 0.0
+    if i >= 2 and j >= 2 and k >= 2 and i < u.shape[0] - 2 and j < u.shape[1] - 2 and k < u.shape[2] - 2:
+        v = u[i, j, k - 2] + u[i, j, k + 2] + 2.0 * u[i - 1, j, k] + u[i, j + 1, k]
+    out[i, j, k] = v
+
+
+@pytest.mark.parametrize("array_shape, launch", [((9, 8, 13), (9, 8, 13)), ((9, 8, 13), (7, 6, 10)),
+                                                 ((6, 5, 3), (6, 5, 3)), ((5, 7, 4), (5, 7, 4))])
+def test_a_forwards_row_ends_run_settled_there(array_shape, launch, device):
+    """A forward's threads before its box along a row and after it run the body settled there
+    (Interior.row_ends): a stencil that writes 0 outside its guard loads nothing there. The values
+    are numpy's, bit for bit, also where the arrays are larger than the launch and where a row is
+    shorter than the stencil's margins."""
+    ends = guarded_stencil.compiled().interior.row_ends
+    assert ends is not None and all(v is not None for v in ends)
+    assert not any(isinstance(s, ir.Load) for v in ends for s in ir.walk(v.function.body))
+    u = np.random.default_rng(3).standard_normal(array_shape).astype(np.float32)
+    out = sp.zeros(array_shape, dtype=float, device=device)
+    sp.launch(guarded_stencil, launch, inputs=[sp.array(u, device=device)], outputs=[out])
+    expected = np.zeros(array_shape, np.float32)
+    n0, n1, n2 = array_shape
+    c = (slice(2, min(n0 - 2, launch[0])), slice(2, min(n1 - 2, launch[1])), slice(2, min(n2 - 2, launch[2])))
+    i, j, k = np.meshgrid(*(np.arange(s.start, max(s.start, s.stop)) for s in c), indexing="ij")
+    expected[i, j, k] = u[i, j, k - 2] + u[i, j, k + 2] + np.float32(2.0) * u[i - 1, j, k] + u[i, j + 1, k]
+    np.testing.assert_array_equal(out.numpy(), expected)

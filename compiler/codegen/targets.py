@@ -372,6 +372,11 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
     # (GatherAdjoint.row_sides) a row at a call: inlined, they slowed the nest's settled loop 2x
     row_side_runs = _row_side_runs(row_sides if row is not None else (), fn, debug, sites, target, adjoint, fast,
                                    grads, adjoint and entry_template is target.gather_entry, lines, side_variants)
+    # (a forward's Interior.row_ends: a row's ends run settled there, as the pointwise pass's do)
+    row_ends = (interior.row_ends or (None, None)) if target is CPU and interior is not None else (None, None)
+    for variant in row_ends:
+        if variant is not None:
+            lines += _thread_function(variant.function, debug, sites, target, adjoint, fn.name, hot=True)
     gather_entry = adjoint and entry_template is target.gather_entry
     if interior is not None:
         independent = gather_entry and _independent(grads, fn, interior.function, *((row.function,) if row else ()),
@@ -386,7 +391,8 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
                                    row_run=row is None and row_part is not None,
                                    row_end_sides=tuple(_called(v, call) for v in sides[0]),
                                    corner_sides=tuple(_called(v, call) for v in sides[1]),
-                                   row_sides=row_side_runs, bands=tuple(_called(v, call) for v in bands))
+                                   row_sides=row_side_runs, bands=tuple(_called(v, call) for v in bands),
+                                   edge_sides=tuple(_called(v, call) for v in row_ends))
         box = space["extents"] + "\n" + "\n".join(loops.interior_box(fn.tid_ndim, interior)) + "\n"
         inside = " && ".join(f"lo{k} <= i{k} && i{k} < hi{k}" for k in range(fn.tid_ndim))
         pick = f"if ({inside}) {interior.function.name}{call} else "

@@ -101,11 +101,14 @@ class Clamped:
 class Interior:
     """`function` is valid for the threads whose index k lies in [max(lower[k]), min(upper[k]))
     on every axis (an axis with no bounds: all of it). `row` (see `with_row`): the variant a CPU
-    entry runs in the rows outside that box."""
+    entry runs in the rows outside that box. `row_ends` (a forward's: near_faces.with_row_ends):
+    (first, last), each an Interior or None, the body settled over a row's threads before the
+    box and after it, which a CPU entry runs there."""
     function: ir.Function
     lower: tuple[tuple[Bound, ...], ...]
     upper: tuple[tuple[Bound, ...], ...]
     row: "Interior | None" = None
+    row_ends: tuple | None = None
 
 
 def interior_variant(fn: ir.Function, name: str, lower=None, upper=None, within=None,

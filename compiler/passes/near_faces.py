@@ -42,6 +42,25 @@ def sides_of(fn: ir.Function, interior: Interior, source: str, same, axis: int) 
     return _pair(first, last)
 
 
+def with_row_ends(interior: Interior | None, fn: ir.Function) -> Interior | None:
+    """`interior` (a forward's, of `fn`) with `row_ends`: `fn` settled along the innermost axis over
+    a row's threads below the box's largest constant margin and over those from the box's end to
+    the launch's. A stencil writes its rule's boundary value there (an FWI step a zero), where the
+    whole body ran a thread at a time: 5% of a 3-D FWI forward at 128^3 + its damping layer, 8th
+    order. Settled, its tests fold and the loads they guarded go (same statements otherwise: the
+    same bits)."""
+    if interior is None or fn.tid_ndim < 2:
+        return interior
+    inner = fn.tid_ndim - 1
+    margins = [b.const for b in interior.lower[inner] if not b.terms]
+    first = settled_over(fn, f"{fn.name}_first{inner}", {inner: ((Bound(0),), (Bound(max(margins)),))}) \
+        if margins else None
+    extent = Bound(0, ((1, ("extent", inner)),))
+    last = settled_over(fn, f"{fn.name}_last{inner}", {inner: (interior.upper[inner], (extent,))}) \
+        if interior.upper[inner] else None
+    return dataclasses.replace(interior, row_ends=_pair(first, last))
+
+
 def bands_of(interior: Interior, settled: Interior, source: str, same) -> tuple | None:
     """(first, last): `interior`'s function settled over the rows in `settled`'s box, along the
     innermost axis over the interior box's first threads up to `settled`'s box (the largest
@@ -77,4 +96,4 @@ def _pair(first: Interior | None, last: Interior | None) -> tuple | None:
     return (first, last) if first is not None or last is not None else None
 
 
-__all__ = ["bands_of", "sides_of", "without_dead_code"]
+__all__ = ["bands_of", "sides_of", "with_row_ends", "without_dead_code"]
