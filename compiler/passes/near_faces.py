@@ -1,4 +1,5 @@
-"""Variants of a gather form for the threads near a launch's faces (compiler/passes/gather.py).
+"""Variants of a gather form (compiler/passes/gather.py) and of a forward for the threads near a
+launch's faces.
 
 A thread within a stencil's radius of a face runs the form's general function: every pass of the
 stencil, each clamped into the launch and tested, where only the neighbours that reach it
@@ -6,7 +7,8 @@ contribute. Its variants here are the same functions settled (interior.settled_o
 along the faces: a row's first and last threads, the first and last rows along an outer axis, the
 bands between two boxes of a row. The tests that the box decides fold away, and dead code
 elimination drops what they discarded: of a radius-R stencil's passes R stay, and a pass that
-only runs inside the launch's interior (an FWI step's pointwise one) leaves nothing.
+only runs inside the launch's interior (an FWI step's pointwise one) leaves nothing. A forward's
+row ends (`with_row_ends`) likewise keep only what writes the stencil's boundary value.
 """
 from __future__ import annotations
 
