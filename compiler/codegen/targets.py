@@ -366,17 +366,14 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
     sides = [pair if base is not None and pair is not None else (None, None)
              for base, pair in zip((row_end, corner), sides)]
     bands = (bands or (None, None)) if settled is not None else (None, None)       # (GatherAdjoint.bands)
-    side_variants = [v for pair in (*sides, bands) for v in pair if v is not None]
+    # (a forward's Interior.row_ends: a row's ends run settled there, as the pointwise pass's do)
+    row_ends = (interior.row_ends or (None, None)) if target is CPU and interior is not None else (None, None)
+    side_variants = [v for pair in (*sides, bands, row_ends) for v in pair if v is not None]
     for variant in side_variants:
         lines += _thread_function(variant.function, debug, sites, target, adjoint, fn.name, hot=True)
     # (GatherAdjoint.row_sides) a row at a call: inlined, they slowed the nest's settled loop 2x
     row_side_runs = _row_side_runs(row_sides if row is not None else (), fn, debug, sites, target, adjoint, fast,
                                    grads, adjoint and entry_template is target.gather_entry, lines, side_variants)
-    # (a forward's Interior.row_ends: a row's ends run settled there, as the pointwise pass's do)
-    row_ends = (interior.row_ends or (None, None)) if target is CPU and interior is not None else (None, None)
-    for variant in row_ends:
-        if variant is not None:
-            lines += _thread_function(variant.function, debug, sites, target, adjoint, fn.name, hot=True)
     gather_entry = adjoint and entry_template is target.gather_entry
     if interior is not None:
         independent = gather_entry and _independent(grads, fn, interior.function, *((row.function,) if row else ()),

@@ -54,9 +54,9 @@ def with_row_ends(interior: Interior | None, fn: ir.Function) -> Interior | None
     if interior is None or fn.tid_ndim < 2:
         return interior
     inner = fn.tid_ndim - 1
-    margins = [b.const for b in interior.lower[inner] if not b.terms]
-    first = settled_over(fn, f"{fn.name}_first{inner}", {inner: ((Bound(0),), (Bound(max(margins)),))}) \
-        if margins else None
+    margin = _margin(interior, inner)
+    first = settled_over(fn, f"{fn.name}_first{inner}", {inner: ((Bound(0),), (margin,))}) \
+        if margin is not None else None
     extent = Bound(0, ((1, ("extent", inner)),))
     last = settled_over(fn, f"{fn.name}_last{inner}", {inner: (interior.upper[inner], (extent,))}) \
         if interior.upper[inner] else None
@@ -86,10 +86,14 @@ def _faces(box: Interior, axis: int, source: str, same) -> tuple:
     """(n, m, n - m') along `axis` of `box`: the extent of `source` (the launch's), its largest
     constant lower bound and its smallest upper bound of the form n - m' (None where it has none)."""
     extent = Bound(0, ((1, ("dim", source, axis)),))
-    margins = [b.const for b in box.lower[axis] if not b.terms]
     tails = [(same(b) - extent).const for b in box.upper[axis] if not (same(b) - extent).terms]
-    return (extent, Bound(max(margins)) if margins else None,
-            extent.shifted(min(tails)) if tails else None)
+    return extent, _margin(box, axis), extent.shifted(min(tails)) if tails else None
+
+
+def _margin(box: Interior, axis: int) -> Bound | None:
+    """The largest constant among `box`'s lower bounds along `axis` (None where it has none)."""
+    margins = [b.const for b in box.lower[axis] if not b.terms]
+    return Bound(max(margins)) if margins else None
 
 
 def _pair(first: Interior | None, last: Interior | None) -> tuple | None:
