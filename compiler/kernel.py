@@ -25,7 +25,7 @@ from .passes.dce import eliminate_dead_code
 from .passes.gather import GatherAdjoint, gather_adjoint
 from .passes.identity_stores import IdentityStores, identity_stores
 from .passes.interior import Interior, at_own_index, interior_variant, tid_offsets, with_row
-from .passes.near_faces import with_row_ends
+from .passes.near_faces import with_sides
 from .passes.tangent import TangentUnsupported, tangent_function
 from .passes.verify import verify
 from .types import ArrayType
@@ -115,9 +115,11 @@ def _overwrites_of_read_values(body) -> dict[str, ir.Loc]:
 
 
 def _and_rows(*interiors) -> list[Interior]:
-    """`interiors` (None left out), their row variants (`interior.with_row`) and row ends
-    (`near_faces.with_row_ends`)."""
-    return [v for i in interiors if i is not None for v in (i, i.row, *(i.row_ends or ())) if v is not None]
+    """`interiors` (None left out), their row variants (`interior.with_row`), row ends and face rows
+    (`near_faces.with_sides`)."""
+    return [v for i in interiors if i is not None
+            for v in (i, i.row, *(i.row_ends or ()), *(v for pair in i.face_rows if pair for v in pair))
+            if v is not None]
 
 
 @dataclass
@@ -187,7 +189,7 @@ class Kernel:
                 if gather.pointwise is not None:
                     verify(gather.pointwise, single_definition=False)
             interior = with_row(interior_variant(forward, forward.name + "_interior"), forward)
-            interior = with_row_ends(interior, forward)
+            interior = with_sides(interior, forward)
             uses = argument_uses(forward)
             identity = identity_stores(forward, uses)
             if identity is not None:

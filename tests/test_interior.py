@@ -236,6 +236,7 @@ def test_a_global_index_guard_leaves_the_middle_of_every_block(block, offset, n,
 
 
 F3 = sp.array(dtype=float, ndim=3)
+F2 = sp.array(dtype=float, ndim=2)
 
 
 @sp.kernel
@@ -254,9 +255,14 @@ def test_a_forwards_row_ends_run_settled_there(array_shape, launch, device):
     (Interior.row_ends): a stencil that writes 0 outside its guard loads nothing there. The values
     are numpy's, bit for bit, also where the arrays are larger than the launch and where a row is
     shorter than the stencil's margins."""
-    ends = guarded_stencil.compiled().interior.row_ends
+    interior = guarded_stencil.compiled().interior
+    ends = interior.row_ends
     assert ends is not None and all(v is not None for v in ends)
     assert not any(isinstance(s, ir.Load) for v in ends for s in ir.walk(v.function.body))
+    # the rows along the outer faces too (Interior.face_rows), each valid for a whole row
+    assert len(interior.face_rows) == 2 and all(v is not None for pair in interior.face_rows for v in pair)
+    assert not any(isinstance(s, ir.Load) for pair in interior.face_rows for v in pair
+                   for s in ir.walk(v.function.body))
     u = np.random.default_rng(3).standard_normal(array_shape).astype(np.float32)
     out = sp.zeros(array_shape, dtype=float, device=device)
     sp.launch(guarded_stencil, launch, inputs=[sp.array(u, device=device)], outputs=[out])
@@ -265,4 +271,34 @@ def test_a_forwards_row_ends_run_settled_there(array_shape, launch, device):
     c = (slice(2, min(n0 - 2, launch[0])), slice(2, min(n1 - 2, launch[1])), slice(2, min(n2 - 2, launch[2])))
     i, j, k = np.meshgrid(*(np.arange(s.start, max(s.start, s.stop)) for s in c), indexing="ij")
     expected[i, j, k] = u[i, j, k - 2] + u[i, j, k + 2] + np.float32(2.0) * u[i - 1, j, k] + u[i, j + 1, k]
+    np.testing.assert_array_equal(out.numpy(), expected)
+
+
+@sp.kernel
+def guarded_stencil_2d(u: F2, out: F2):
+    i, j = sp.tid()
+    v = -1.0
+    if i >= 2 and j >= 1 and i < u.shape[0] - 2 and j < u.shape[1] - 1:
+        v = u[i - 2, j] + u[i + 2, j] - u[i, j - 1] * u[i, j + 1]
+    out[i, j] = v
+
+
+@pytest.mark.parametrize("array_shape, launch", [((11, 9), (11, 9)), ((11, 9), (8, 7)), ((3, 5), (3, 5)),
+                                                 ((5, 2), (5, 2)), ((1, 4), (1, 4))])
+def test_a_forwards_first_and_last_rows_run_settled_in_loops_of_their_own(array_shape, launch, device):
+    """A forward's rows before its box along the first axis and after it run the body settled there
+    (Interior.face_rows), whole, outside the nest over the other rows: the values are numpy's, bit
+    for bit, where the launch is smaller than the arrays and where the first rows' box and the last
+    rows' overlap (3 rows, a margin of 2 at each end)."""
+    first, last = guarded_stencil_2d.compiled().interior.face_rows[0]
+    assert not any(isinstance(s, ir.Load) for v in (first, last) for s in ir.walk(v.function.body))
+    u = np.random.default_rng(4).standard_normal(array_shape).astype(np.float32)
+    out = sp.zeros(array_shape, dtype=float, device=device)
+    sp.launch(guarded_stencil_2d, launch, inputs=[sp.array(u, device=device)], outputs=[out])
+    expected = np.zeros(array_shape, np.float32)
+    expected[:launch[0], :launch[1]] = -1.0
+    n0, n1 = array_shape
+    for i in range(2, min(n0 - 2, launch[0])):
+        for j in range(1, min(n1 - 1, launch[1])):
+            expected[i, j] = u[i - 2, j] + u[i + 2, j] - u[i, j - 1] * u[i, j + 1]
     np.testing.assert_array_equal(out.numpy(), expected)

@@ -375,6 +375,12 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
     row_side_runs = _row_side_runs(row_sides if row is not None else (), fn, debug, sites, target, adjoint, fast,
                                    grads, adjoint and entry_template is target.gather_entry, lines, side_variants)
     gather_entry = adjoint and entry_template is target.gather_entry
+    # (a forward's Interior.face_rows: whole rows along its outer faces, a row at a call; those
+    # along the first axis in loops of their own, the others as the rows outside its box)
+    face_rows = _row_side_runs(interior.face_rows if target is CPU and interior is not None else (), fn, debug, sites,
+                               target, adjoint, None, grads, False, lines, side_variants)
+    if face_rows and row is None and row_part is not None:
+        row_side_runs = [(None, None), *face_rows[1:]]
     if interior is not None:
         independent = gather_entry and _independent(grads, fn, interior.function, *((row.function,) if row else ()),
                                                      *((row_end.function,) if row_end else ()),
@@ -389,7 +395,8 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
                                    row_end_sides=tuple(_called(v, call) for v in sides[0]),
                                    corner_sides=tuple(_called(v, call) for v in sides[1]),
                                    row_sides=row_side_runs, bands=tuple(_called(v, call) for v in bands),
-                                   edge_sides=tuple(_called(v, call) for v in row_ends))
+                                   edge_sides=tuple(_called(v, call) for v in row_ends),
+                                   face_rows=face_rows[0] if face_rows else None)
         box = space["extents"] + "\n" + "\n".join(loops.interior_box(fn.tid_ndim, interior)) + "\n"
         inside = " && ".join(f"lo{k} <= i{k} && i{k} < hi{k}" for k in range(fn.tid_ndim))
         pick = f"if ({inside}) {interior.function.name}{call} else "

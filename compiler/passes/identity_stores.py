@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from .. import ir
 from .dce import eliminate_dead_code
 from .interior import Interior, interior_variant, with_row
-from .near_faces import with_row_ends
+from .near_faces import with_sides
 
 __all__ = ["IdentityStores", "identity_stores"]
 
@@ -80,4 +80,4 @@ def identity_stores(fn: ir.Function, uses: dict) -> IdentityStores | None:
     body = tuple(s for s in fn.body if not (isinstance(s, ir.Store) and s.array.param.name in copies))
     function = eliminate_dead_code(dataclasses.replace(fn, name=fn.name + "_renamed", body=body))
     interior = with_row(interior_variant(function, function.name + "_interior"), function)
-    return IdentityStores(copies, function, with_row_ends(interior, function))
+    return IdentityStores(copies, function, with_sides(interior, function))

@@ -101,14 +101,17 @@ class Clamped:
 class Interior:
     """`function` is valid for the threads whose index k lies in [max(lower[k]), min(upper[k]))
     on every axis (an axis with no bounds: all of it). `row` (see `with_row`): the variant a CPU
-    entry runs in the rows outside that box. `row_ends` (a forward's: near_faces.with_row_ends):
+    entry runs in the rows outside that box. `row_ends` (a forward's: near_faces.with_sides):
     (first, last), each an Interior or None, the body settled over a row's threads before the
-    box and after it, which a CPU entry runs there."""
+    box and after it, which a CPU entry runs there. `face_rows` (a forward's too): per outer axis,
+    (first, last) or None, the body settled over the rows before the box along that axis and after
+    it, valid along the whole row, which a CPU entry runs a row at a call."""
     function: ir.Function
     lower: tuple[tuple[Bound, ...], ...]
     upper: tuple[tuple[Bound, ...], ...]
     row: "Interior | None" = None
     row_ends: tuple | None = None
+    face_rows: tuple = ()
 
 
 def interior_variant(fn: ir.Function, name: str, lower=None, upper=None, within=None,

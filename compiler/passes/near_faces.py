@@ -8,7 +8,8 @@ along the faces: a row's first and last threads, the first and last rows along a
 bands between two boxes of a row. The tests that the box decides fold away, and dead code
 elimination drops what they discarded: of a radius-R stencil's passes R stay, and a pass that
 only runs inside the launch's interior (an FWI step's pointwise one) leaves nothing. A forward's
-row ends (`with_row_ends`) likewise keep only what writes the stencil's boundary value.
+rows' ends and the rows along its faces (`with_sides`) likewise keep only what writes the stencil's
+boundary value.
 """
 from __future__ import annotations
 
@@ -44,23 +45,30 @@ def sides_of(fn: ir.Function, interior: Interior, source: str, same, axis: int) 
     return _pair(first, last)
 
 
-def with_row_ends(interior: Interior | None, fn: ir.Function) -> Interior | None:
-    """`interior` (a forward's, of `fn`) with `row_ends`: `fn` settled along the innermost axis over
-    a row's threads below the box's largest constant margin and over those from the box's end to
-    the launch's. A stencil writes its rule's boundary value there (an FWI step a zero), where the
-    whole body ran a thread at a time: 5% of a 3-D FWI forward at 128^3 + its damping layer, 8th
-    order. Settled, its tests fold and the loads they guarded go (same statements otherwise: the
-    same bits)."""
+def with_sides(interior: Interior | None, fn: ir.Function) -> Interior | None:
+    """`interior` (a forward's, of `fn`) with `row_ends` and `face_rows`: `fn` settled along each
+    axis over the threads below the box's largest constant margin there and over those from the
+    box's end to the launch's. A stencil writes its rule's boundary value there (an FWI step a
+    zero), where the whole body ran a thread at a time. Along the innermost axis those are a row's
+    ends (5% of a 3-D FWI forward at 128^3 + its damping layer, 8th order); along an outer one,
+    whole rows (7% of the 2-D 256^2 + 40 FWI forward at 8th order, in rows that store zeros).
+    Settled, their tests fold and the loads they guarded go (same statements otherwise: the same
+    bits)."""
     if interior is None or fn.tid_ndim < 2:
         return interior
-    inner = fn.tid_ndim - 1
-    margin = _margin(interior, inner)
-    first = settled_over(fn, f"{fn.name}_first{inner}", {inner: ((Bound(0),), (margin,))}) \
+    sides = tuple(_sides(interior, fn, axis) for axis in range(fn.tid_ndim))
+    return dataclasses.replace(interior, row_ends=sides[-1], face_rows=sides[:-1])
+
+
+def _sides(interior: Interior, fn: ir.Function, axis: int) -> tuple | None:
+    """(first, last): `fn` settled along `axis` over [0, margin) and over [box end, launch extent)."""
+    margin = _margin(interior, axis)
+    first = settled_over(fn, f"{fn.name}_first{axis}", {axis: ((Bound(0),), (margin,))}) \
         if margin is not None else None
-    extent = Bound(0, ((1, ("extent", inner)),))
-    last = settled_over(fn, f"{fn.name}_last{inner}", {inner: (interior.upper[inner], (extent,))}) \
-        if interior.upper[inner] else None
-    return dataclasses.replace(interior, row_ends=_pair(first, last))
+    extent = Bound(0, ((1, ("extent", axis)),))
+    last = settled_over(fn, f"{fn.name}_last{axis}", {axis: (interior.upper[axis], (extent,))}) \
+        if interior.upper[axis] else None
+    return _pair(first, last)
 
 
 def bands_of(interior: Interior, settled: Interior, source: str, same) -> tuple | None:
@@ -102,4 +110,4 @@ def _pair(first: Interior | None, last: Interior | None) -> tuple | None:
     return (first, last) if first is not None or last is not None else None
 
 
-__all__ = ["bands_of", "sides_of", "with_row_ends", "without_dead_code"]
+__all__ = ["bands_of", "sides_of", "with_sides", "without_dead_code"]
