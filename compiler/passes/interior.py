@@ -316,6 +316,20 @@ def at_own_index(indices, offsets: dict, ndim: int) -> bool:
         [(k, Bound()) for k in range(ndim)]
 
 
+def writes_own_elements(fn: ir.Function) -> bool:
+    """Whether each thread of `fn` writes only its own elements: no atomics, and every array it
+    stores to loaded and stored at the thread's own index alone. Where those arrays share no
+    memory with its other arguments, no thread touches memory another writes, so the CPU entry's
+    loops vectorise without the compiler's run-time alias tests (SP_INDEPENDENT in prelude.h),
+    which ran once a row over every pair of streams."""
+    if any(isinstance(s, ir.Atomic) for s in ir.walk(fn.body)):
+        return False
+    stored = {s.array.param.name for s in ir.walk(fn.body) if isinstance(s, ir.Store)}
+    offsets = tid_offsets(fn.body, fn.tid_ndim)
+    return all(at_own_index(s.indices, offsets, fn.tid_ndim) for s in ir.walk(fn.body)
+               if isinstance(s, (ir.Load, ir.Store)) and s.array.param.name in stored)
+
+
 def _bounds(body) -> dict[int, Bound]:
     return _track(body, _bound_rule)
 
@@ -500,5 +514,6 @@ def _fold(op: str, args: list):
     return None
 
 
-__all__ = ["Bound", "Clamped", "Interior", "Wrapped", "at_own_index", "interior_variant", "tid_offsets", "int_const",
+__all__ = ["Bound", "Clamped", "Interior", "Wrapped", "at_own_index", "interior_variant", "tid_offsets",
+           "writes_own_elements", "int_const",
            "with_row"]
