@@ -7,7 +7,7 @@ The kernels are built with no parallel threshold (every launch may fork), then e
 called back to back on the same buffers through ctypes (as a native step loop or a captured graph
 calls it), once with one OpenMP thread and once with two, interleaved over the rounds. Prints
 microseconds per call, median (min-max), the 2-thread / 1-thread ratio of the medians, and each
-entry's cost estimate (compiler/codegen/targets.py's `thread_cost`) times the threads, which is
+entry's cost estimate (compiler/codegen/threads.py's `thread_cost`) times the threads, which is
 what the parallel threshold compares with `PARALLEL_WORK`.
 """
 
@@ -22,9 +22,9 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from compiler.codegen import targets                                   # noqa: E402
+from compiler.codegen import threads                                   # noqa: E402
 
-targets.PARALLEL_WORK = 0          # every launch may fork: the OpenMP thread count decides
+threads.PARALLEL_WORK = 0          # every launch may fork: the OpenMP thread count decides
 import stepper as sp                                                   # noqa: E402
 from compiler.runtime.launch import packed_adjoint, packed_forward    # noqa: E402
 
@@ -81,8 +81,8 @@ class Entries:
         self.adjoint_entry = _ADJOINT(entry)
         self.arrays = arrays
         compiled = kernel.compiled()
-        self.cost = {"forward": targets.thread_cost(compiled.forward),
-                     "adjoint": targets.thread_cost(compiled.gather.function)}
+        self.cost = {"forward": threads.thread_cost(compiled.forward),
+                     "adjoint": threads.thread_cost(compiled.gather.function)}
 
     def run(self, which: str, calls: int) -> float:
         t0 = time.perf_counter()

@@ -293,7 +293,7 @@ print(json.dumps([a.tobytes().hex() for a in (out.numpy(), y.numpy(), u.grad.num
 
 
 def test_small_launches_that_fork_give_the_same_bits_on_1_and_2_threads():
-    from compiler.codegen.targets import parallel_threshold
+    from compiler.codegen.threads import parallel_threshold
     compiled = costly.compiled()
     # the launches below fork on two threads: their work reaches the bar
     assert parallel_threshold(compiled.forward) <= SMALL[0] * SMALL[1]

@@ -12,6 +12,7 @@ from __future__ import annotations
 from .. import ir
 from ..types import ArrayType
 from .emit import arg_name
+from .threads import parallel_threshold
 
 def index_space(ndim: int) -> dict:
     """Template pieces that walk a launch as `ndim` indices (what the kernel's tid() unpacks): the
@@ -234,24 +235,26 @@ def interior_nest(ndim: int, edge: str, middle: str, interior, private, prelude:
                 "    const int32_t m1 = " + ("(int32_t)(wllo < m0 ? m0 : wllo > r1 ? r1 : wllo);" if last_rows
                                             else "r1;")]
         if first_rows is not None:
-            box.append(_face_loop(k, first_rows, "r0", "m0", private, threshold))
+            box.append(_face_loop(k, first_rows, "r0", "m0", private, prelude))
         if last_rows is not None:
-            closing += _face_loop(k, last_rows, "m1", "r1", private, threshold)
+            closing += _face_loop(k, last_rows, "m1", "r1", private, prelude)
         outer = outer.replace("i0 = r0; i0 < r1;", "i0 = m0; i0 < m1;", 1)
     return ("\n".join(box) + "\n    " + _share(private, threshold).format(collapse=collapse) + outer
             + "\n".join(inner) + "\n" + closing)
 
 
-def _face_loop(k: int, run, lo: str, hi: str, private, threshold: int) -> str:
-    """The rows i0 in [lo, hi), whole, through face-row variant `run` (call, its Interior), shared
-    out among threads where they hold `threshold` threads or more."""
+def _face_loop(k: int, run, lo: str, hi: str, private, prelude: str) -> str:
+    """The rows i0 in [lo, hi), whole, through face-row variant `run` (call, its Interior), each
+    after `prelude`, shared out among threads where the variant's own work pays for it (a row of
+    an FWI step's face stores zeros: a fork for a few rows of those cost more than it split)."""
+    threshold = parallel_threshold(run[1].function)
     rows = " * ".join([f"(int64_t)({hi} - {lo})", *(f"e{a}" for a in range(1, k + 1))])
     loops = "".join(f"for (int32_t i{a} = {lo if a == 0 else 0}; i{a} < {hi if a == 0 else f'e{a}'}; ++i{a}) "
                     for a in range(k))
     collapse = f"collapse({k}) " if k > 1 else ""
     return (f"    #pragma omp parallel for {collapse}schedule(static) firstprivate({', '.join(private)}) "
             f"if ({rows} >= {threshold} && !serial)\n"
-            f"    {loops}{{ const int32_t a = 0, b = e{k}; {run[0]} }}\n")
+            f"    {loops}{{ {prelude + ' ' if prelude else ''}const int32_t a = 0, b = e{k}; {run[0]} }}\n")
 
 
 def _sided_run(k: int, hint: str, call: str, sides, tag: str, bound: str, first: bool) -> str:
