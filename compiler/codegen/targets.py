@@ -384,7 +384,7 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
                                    corner_sides=tuple(_called(v, call) for v in sides[1]),
                                    row_sides=row_side_runs, bands=tuple(_called(v, call) for v in bands),
                                    edge_sides=tuple(_called(v, call) for v in row_ends),
-                                   face_rows=face_rows[0] if face_rows else None)
+                                   face_rows=face_rows[0] if face_rows else None, short_edges=writes_own)
         box = space["extents"] + "\n" + "\n".join(loops.interior_box(fn.tid_ndim, interior)) + "\n"
         inside = " && ".join(f"lo{k} <= i{k} && i{k} < hi{k}" for k in range(fn.tid_ndim))
         pick = f"if ({inside}) {interior.function.name}{call} else "
