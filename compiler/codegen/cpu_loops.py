@@ -10,6 +10,7 @@ body (codegen/targets.py renders the bodies and the entries' fixed parts).
 from __future__ import annotations
 
 from .. import ir
+from ..passes.interior import stored_arrays
 from ..types import ArrayType
 from .emit import arg_name
 from .threads import parallel_threshold
@@ -306,7 +307,7 @@ def overlap_test(fn: ir.Function) -> str:
     """A C++ test of whether an array `fn` stores to shares memory with another of its arrays (a
     forward that `writes_own_elements` runs its loops without alias tests where none does)."""
     arrays = [p for p in fn.params if isinstance(p.type, ArrayType)]
-    stored = {s.array.param.name for s in ir.walk(fn.body) if isinstance(s, ir.Store)}
+    stored = stored_arrays(fn)
     tests = [f"sp::overlap(A.{arg_name(a.name)}, {a.type.ndim}, A.{arg_name(b.name)}, {b.type.ndim})"
              for a in arrays if a.name in stored for b in arrays if b is not a]
     return " || ".join(tests) or "false"

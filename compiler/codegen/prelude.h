@@ -349,7 +349,7 @@ template <typename T> SP_FUNC T* address(const array_t<T>& a, int64_t i, int64_t
     return a.data + (((i * a.shape[1] + j) * a.shape[2] + k) * a.shape[3] + l); }
 // Whether the elements of two arrays (`na` and `nb` axes) share memory: a forward whose threads
 // each write their own elements runs its loops without alias tests only where its written arrays
-// share none with another argument (targets.py, `_forward_independent`).
+// share none with another argument (passes/interior.py, `writes_own_elements`).
 template <typename T, typename U> SP_FUNC bool overlap(const array_t<T>& a, int na, const array_t<U>& b, int nb) {
     int64_t ca = 1, cb = 1;
     for (int d = 0; d < na; ++d) ca *= a.shape[d];

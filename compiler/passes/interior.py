@@ -324,10 +324,15 @@ def writes_own_elements(fn: ir.Function) -> bool:
     which ran once a row over every pair of streams."""
     if any(isinstance(s, ir.Atomic) for s in ir.walk(fn.body)):
         return False
-    stored = {s.array.param.name for s in ir.walk(fn.body) if isinstance(s, ir.Store)}
+    stored = stored_arrays(fn)
     offsets = tid_offsets(fn.body, fn.tid_ndim)
     return all(at_own_index(s.indices, offsets, fn.tid_ndim) for s in ir.walk(fn.body)
                if isinstance(s, (ir.Load, ir.Store)) and s.array.param.name in stored)
+
+
+def stored_arrays(fn: ir.Function) -> set[str]:
+    """The names of the arrays `fn` stores to."""
+    return {s.array.param.name for s in ir.walk(fn.body) if isinstance(s, ir.Store)}
 
 
 def _bounds(body) -> dict[int, Bound]:
@@ -515,5 +520,5 @@ def _fold(op: str, args: list):
 
 
 __all__ = ["Bound", "Clamped", "Interior", "Wrapped", "at_own_index", "interior_variant", "tid_offsets",
-           "writes_own_elements", "int_const",
+           "stored_arrays", "writes_own_elements", "int_const",
            "with_row"]
