@@ -8,6 +8,7 @@ count, and keep checkpointed gradients equal to store-all ones.
 """
 import dataclasses
 import os
+import re
 import sys
 
 import numpy as np
@@ -422,6 +423,24 @@ def test_only_loops_whose_threads_write_their_own_elements_vectorise_without_ali
     without_table = sum(1 << k for k, name in enumerate(params) if name != "coeffs")
     variant = render_grads_variant(functions, without_table, CPU).source
     assert any(pointwise_loop in line for line in variant.splitlines() if "SP_INDEPENDENT for" in line)
+
+
+def test_a_rows_ends_and_bands_run_in_vectors_of_eight_from_a_stencil_radius_of_four():
+    """SP_SHORT_RUN (prelude.h) vectorises a loop eight lanes wide, so that the four threads at an
+    8th-order stencil's row ends run in one vector; it asserts what SP_INDEPENDENT does, so it
+    stands only where that would. Shorter runs (4th order: two threads) keep SP_INDEPENDENT."""
+    from compiler.codegen.targets import render_cpu
+
+    def short_runs(kernel):
+        source = render_cpu([kernel.compiled().functions()], False).source
+        return re.findall(r"SP_SHORT_RUN for \([^)]*\) (\w+)<", source), source
+
+    eighth, source = short_runs(corpus(8, 3)["fwi"])
+    assert {name.split("_", 1)[1] for name in eighth} >= {"fwi_gather_interior_band_first_thread",
+                                                         "fwi_gather_row_end_first2_thread", "fwi_pointwise_first2_thread"}
+    assert not any(name.endswith(("_interior_thread", "_settled_thread")) for name in eighth)   # middles: widest
+    fourth, source = short_runs(corpus(4, 3)["fwi"])
+    assert not fourth and "SP_INDEPENDENT for" in source
 
 
 def test_a_constant_coefficient_table_leaves_a_deterministic_adjoint_parallel():

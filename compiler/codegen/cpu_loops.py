@@ -136,7 +136,8 @@ def interior_nest(ndim: int, edge: str, middle: str, interior, private, prelude:
     `settled` = (call, its Interior): a gather form's variant for a box inside the interior's (see
     GatherAdjoint.settled); a row inside it runs that in its part of the box, `middle` around it.
     `independent`: no thread writes memory another reads or writes (see SP_INDEPENDENT in
-    prelude.h); the middle runs vectorise without alias tests."""
+    prelude.h); the middle runs vectorise without alias tests, the runs at a row's ends and its
+    bands eight lanes a vector where they are at least SHORT_RUN_THREADS long (SP_SHORT_RUN)."""
     box = interior_box(ndim, interior)
     settled = settled if ndim > 1 else None
     if settled is not None:
@@ -149,6 +150,8 @@ def interior_nest(ndim: int, edge: str, middle: str, interior, private, prelude:
     k = ndim - 1
     pad = "    " * (k + 1)
     hint = "SP_INDEPENDENT " if independent and k > 0 else ""    # (one index: the middle run is OpenMP's loop)
+    # a row's ends and its bands run a stencil radius of threads: from four on, in vectors of eight
+    short = "SP_SHORT_RUN " if hint and _radius(interior, k) >= SHORT_RUN_THREADS else hint
     first_edge = f"for (int32_t i{k} = {_start(k)}; i{k} < a; ++i{k}) "
     last_edge = f"for (int32_t i{k} = b; i{k} < {_stop(k)}; ++i{k}) "
     runs = [f"{pad}{first_edge}{edge}",
@@ -158,13 +161,13 @@ def interior_nest(ndim: int, edge: str, middle: str, interior, private, prelude:
         for side, variant in zip("fl", edge_sides):
             if variant is not None:
                 box += _axis_box(k, variant[1], f"p{side}lo", f"p{side}hi")
-        edge_hint = "" if short_edges else hint
+        edge_hint = "" if short_edges else short
         runs[0], runs[2] = (f"{pad}{{ {_sided_run(k, edge_hint, edge, edge_sides, 'p', bound, first)} }}"
                             for bound, first in (("a", True), ("b", False)))
     if row_end is not None:
         # the row-end variant is branch-free and inlined: with `independent` its few threads a row
         # run as one vector loop (2-D and 3-D 8th-order adjoints 7-15% faster than one call a thread)
-        ends = (hint, corner) if corner is not None else ("", edge)
+        ends = (short, corner) if corner is not None else ("", edge)
         sides = [row_end_sides, corner_sides if corner is not None else None]
         for tag, pair in zip("rc", sides):
             for side, variant in zip("fl", pair or ()):
@@ -172,7 +175,7 @@ def interior_nest(ndim: int, edge: str, middle: str, interior, private, prelude:
                     box += _axis_box(k, variant[1], f"{tag}{side}lo", f"{tag}{side}hi")
         for at, (bound, first) in ((0, ("a", True)), (2, ("b", False))):
             inside, outside = (_sided_run(k, ends_hint, call, pair, tag, bound, first)
-                               for ends_hint, call, pair, tag in ((hint, row_end[0], sides[0], "r"),
+                               for ends_hint, call, pair, tag in ((short, row_end[0], sides[0], "r"),
                                                                   (*ends, sides[1], "c")))
             runs[at] = f"{pad}if (emid) {{ {inside} }} else {{ {outside} }}"
     if k == 0:
@@ -196,13 +199,13 @@ def interior_nest(ndim: int, edge: str, middle: str, interior, private, prelude:
         before = f"{hint}for (int32_t i{k} = a; i{k} < sa; ++i{k}) {middle} "
         if first_band is not None:
             before = (f"const int32_t bf = (int32_t)(bfhi < a ? a : bfhi > sa ? sa : bfhi); "
-                      f"{hint}for (int32_t i{k} = a; i{k} < bf; ++i{k}) {first_band[0]} "
+                      f"{short}for (int32_t i{k} = a; i{k} < bf; ++i{k}) {first_band[0]} "
                       f"{hint}for (int32_t i{k} = bf; i{k} < sa; ++i{k}) {middle} ")
         after = f"{hint}for (int32_t i{k} = sb; i{k} < b; ++i{k}) {middle}"
         if last_band is not None:
             after = (f"const int32_t bl = (int32_t)(bllo < sb ? sb : bllo > b ? b : bllo); "
                      f"{hint}for (int32_t i{k} = sb; i{k} < bl; ++i{k}) {middle} "
-                     f"{hint}for (int32_t i{k} = bl; i{k} < b; ++i{k}) {last_band[0]}")
+                     f"{short}for (int32_t i{k} = bl; i{k} < b; ++i{k}) {last_band[0]}")
         split = (f"const int32_t sa = (int32_t)(slo{k} < a ? a : slo{k} > b ? b : slo{k}), "
                  f"sb = (int32_t)(shi{k} < sa ? sa : shi{k} > b ? b : shi{k}); "
                  f"{before}{hint}for (int32_t i{k} = sa; i{k} < sb; ++i{k}) {settled[0]} {after}")
@@ -246,6 +249,17 @@ def interior_nest(ndim: int, edge: str, middle: str, interior, private, prelude:
         outer = outer.replace("i0 = r0; i0 < r1;", "i0 = m0; i0 < m1;", 1)
     return ("\n".join(box) + "\n    " + _share(private, threshold).format(collapse=collapse) + outer
             + "\n".join(inner) + "\n" + closing)
+
+
+# The fewest threads at a row's end (see SP_SHORT_RUN in prelude.h) that its loops run in vectors of
+# eight: an epilogue of four lanes runs four to seven of them. Shorter ones ran slower with the pragma
+# (2-D 512^2 4th-order FWI adjoint 285 -> 331 us), the loop set up for lanes it never fills.
+SHORT_RUN_THREADS = 4
+
+
+def _radius(interior, axis: int) -> int:
+    """The largest constant lower bound of `interior`'s box along `axis`: a stencil's radius there."""
+    return max((b.const for b in interior.lower[axis] if not b.terms), default=0)
 
 
 def _face_loop(k: int, run, lo: str, hi: str, private, prelude: str) -> str:
