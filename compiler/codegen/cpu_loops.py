@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from .. import ir
 from ..passes.interior import stored_arrays
+from ..passes.near_faces import margin
 from ..types import ArrayType
 from .emit import arg_name
 from .threads import parallel_threshold
@@ -151,7 +152,8 @@ def interior_nest(ndim: int, edge: str, middle: str, interior, private, prelude:
     pad = "    " * (k + 1)
     hint = "SP_INDEPENDENT " if independent and k > 0 else ""    # (one index: the middle run is OpenMP's loop)
     # a row's ends and its bands run a stencil radius of threads: from four on, in vectors of eight
-    short = "SP_SHORT_RUN " if hint and _radius(interior, k) >= SHORT_RUN_THREADS else hint
+    radius = margin(interior, k)
+    short = "SP_SHORT_RUN " if hint and radius is not None and radius.const >= SHORT_RUN_THREADS else hint
     first_edge = f"for (int32_t i{k} = {_start(k)}; i{k} < a; ++i{k}) "
     last_edge = f"for (int32_t i{k} = b; i{k} < {_stop(k)}; ++i{k}) "
     runs = [f"{pad}{first_edge}{edge}",
@@ -255,11 +257,6 @@ def interior_nest(ndim: int, edge: str, middle: str, interior, private, prelude:
 # eight: an epilogue of four lanes runs four to seven of them. Shorter ones ran slower with the pragma
 # (2-D 512^2 4th-order FWI adjoint 285 -> 331 us), the loop set up for lanes it never fills.
 SHORT_RUN_THREADS = 4
-
-
-def _radius(interior, axis: int) -> int:
-    """The largest constant lower bound of `interior`'s box along `axis`: a stencil's radius there."""
-    return max((b.const for b in interior.lower[axis] if not b.terms), default=0)
 
 
 def _face_loop(k: int, run, lo: str, hi: str, private, prelude: str) -> str:

@@ -62,9 +62,9 @@ def with_sides(interior: Interior | None, fn: ir.Function) -> Interior | None:
 
 def _sides(interior: Interior, fn: ir.Function, axis: int) -> tuple | None:
     """(first, last): `fn` settled along `axis` over [0, margin) and over [box end, launch extent)."""
-    margin = _margin(interior, axis)
-    first = settled_over(fn, f"{fn.name}_first{axis}", {axis: ((Bound(0),), (margin,))}) \
-        if margin is not None else None
+    start = margin(interior, axis)
+    first = settled_over(fn, f"{fn.name}_first{axis}", {axis: ((Bound(0),), (start,))}) \
+        if start is not None else None
     extent = Bound(0, ((1, ("extent", axis)),))
     last = settled_over(fn, f"{fn.name}_last{axis}", {axis: (interior.upper[axis], (extent,))}) \
         if interior.upper[axis] else None
@@ -95,11 +95,12 @@ def _faces(box: Interior, axis: int, source: str, same) -> tuple:
     constant lower bound and its smallest upper bound of the form n - m' (None where it has none)."""
     extent = Bound(0, ((1, ("dim", source, axis)),))
     tails = [(same(b) - extent).const for b in box.upper[axis] if not (same(b) - extent).terms]
-    return extent, _margin(box, axis), extent.shifted(min(tails)) if tails else None
+    return extent, margin(box, axis), extent.shifted(min(tails)) if tails else None
 
 
-def _margin(box: Interior, axis: int) -> Bound | None:
-    """The largest constant among `box`'s lower bounds along `axis` (None where it has none)."""
+def margin(box: Interior, axis: int) -> Bound | None:
+    """The largest constant among `box`'s lower bounds along `axis` (None where it has none): a
+    stencil's radius there, for a gather form's box."""
     margins = [b.const for b in box.lower[axis] if not b.terms]
     return Bound(max(margins)) if margins else None
 
@@ -110,4 +111,4 @@ def _pair(first: Interior | None, last: Interior | None) -> tuple | None:
     return (first, last) if first is not None or last is not None else None
 
 
-__all__ = ["bands_of", "sides_of", "with_sides", "without_dead_code"]
+__all__ = ["bands_of", "margin", "sides_of", "with_sides", "without_dead_code"]
