@@ -435,7 +435,7 @@ def test_a_rows_ends_and_bands_run_in_vectors_of_eight_from_a_stencil_radius_of_
         source = render_cpu([kernel.compiled().functions()], False).source
         return re.findall(r"SP_SHORT_RUN for \([^)]*\) (\w+)<", source), source
 
-    eighth, source = short_runs(corpus(8, 3)["fwi"])
+    eighth, _ = short_runs(corpus(8, 3)["fwi"])
     assert {name.split("_", 1)[1] for name in eighth} >= {"fwi_gather_interior_band_first_thread",
                                                          "fwi_gather_row_end_first2_thread", "fwi_pointwise_first2_thread"}
     assert not any(name.endswith(("_interior_thread", "_settled_thread")) for name in eighth)   # middles: widest

@@ -10,8 +10,8 @@ body (codegen/targets.py renders the bodies and the entries' fixed parts).
 from __future__ import annotations
 
 from .. import ir
-from ..passes.interior import stored_arrays
 from ..passes.near_faces import margin
+from ..passes.selects import written_arrays
 from ..types import ArrayType
 from .emit import arg_name
 from .threads import parallel_threshold
@@ -318,7 +318,7 @@ def overlap_test(fn: ir.Function) -> str:
     """A C++ test of whether an array `fn` stores to shares memory with another of its arrays (a
     forward that `writes_own_elements` runs its loops without alias tests where none does)."""
     arrays = [p for p in fn.params if isinstance(p.type, ArrayType)]
-    stored = stored_arrays(fn)
+    stored = written_arrays(fn.body)
     tests = [f"sp::overlap(A.{arg_name(a.name)}, {a.type.ndim}, A.{arg_name(b.name)}, {b.type.ndim})"
              for a in arrays if a.name in stored for b in arrays if b is not a]
     return " || ".join(tests) or "false"

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from .. import ir
 from ..types import bool_, int32
+from .selects import written_arrays
 
 # A bound is an integer the launch fixes: a constant plus signed terms, each one of
 # ("dim", array name, axis), ("scalar", parameter name) or ("extent", axis) (the launch's own).
@@ -324,15 +325,10 @@ def writes_own_elements(fn: ir.Function) -> bool:
     which ran once a row over every pair of streams."""
     if any(isinstance(s, ir.Atomic) for s in ir.walk(fn.body)):
         return False
-    stored = stored_arrays(fn)
+    stored = written_arrays(fn.body)
     offsets = tid_offsets(fn.body, fn.tid_ndim)
     return all(at_own_index(s.indices, offsets, fn.tid_ndim) for s in ir.walk(fn.body)
                if isinstance(s, (ir.Load, ir.Store)) and s.array.param.name in stored)
-
-
-def stored_arrays(fn: ir.Function) -> set[str]:
-    """The names of the arrays `fn` stores to."""
-    return {s.array.param.name for s in ir.walk(fn.body) if isinstance(s, ir.Store)}
 
 
 def _bounds(body) -> dict[int, Bound]:
@@ -520,5 +516,5 @@ def _fold(op: str, args: list):
 
 
 __all__ = ["Bound", "Clamped", "Interior", "Wrapped", "at_own_index", "interior_variant", "tid_offsets",
-           "stored_arrays", "writes_own_elements", "int_const",
+           "writes_own_elements", "int_const",
            "with_row"]
