@@ -361,10 +361,10 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
     side_variants = [v for pair in (*sides, bands, row_ends) for v in pair if v is not None]
     for variant in side_variants:
         lines += _thread_function(variant.function, debug, sites, target, adjoint, fn.name, hot=True)
+    gather_entry = adjoint and entry_template is target.gather_entry
     # (GatherAdjoint.row_sides) a row at a call: inlined, they slowed the nest's settled loop 2x
     row_side_runs = _row_side_runs(row_sides if row is not None else (), fn, debug, sites, target, adjoint, fast,
-                                   grads, adjoint and entry_template is target.gather_entry, lines, side_variants)
-    gather_entry = adjoint and entry_template is target.gather_entry
+                                   grads, gather_entry, lines, side_variants)
     # (a forward's Interior.face_rows, a row at a call: along axis 0 in loops of their own, else as rows)
     face_rows = _row_side_runs(interior.face_rows if target is CPU and interior is not None else (), fn, debug, sites,
                                target, adjoint, None, grads, writes_own, lines, side_variants)
