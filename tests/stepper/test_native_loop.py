@@ -112,9 +112,9 @@ def counting_model(n=12):
                    "hits": sp.array(np.zeros(n, np.int32), dtype=sp.int32)}
 
 
-def gradients(model, initial, schedule, native: bool, monkeypatch, **kw):
+def gradients(model, initial, schedule, native: bool, monkeypatch, steps=STEPS, **kw):
     monkeypatch.setattr(Sweep, "native_loops", native)
-    return model.gradient(initial, STEPS, **{"loss": loss, **kw}, schedule=schedule)
+    return model.gradient(initial, steps, **{"loss": loss, **kw}, schedule=schedule)
 
 
 SCHEDULES = [lambda: sp.Revolve(STEPS, 2), lambda: sp.Revolve(STEPS, 5), lambda: sp.MultiLevel(STEPS, 2, 3, write_cost=0, read_cost=0)]
@@ -181,9 +181,11 @@ def test_store_all_keeps_only_the_states_its_reversals_read(make, monkeypatch):
     """A recording kept for later keeps the part of its start state that its reversal reads
     (StepTrace.reversal_reads): the chain's adjoint reads x and v, the copying model's y (its
     smoothing is nonlinear; the copy of x reads nothing in its adjoint), and the wave's only u (``-up``'s derivative is a constant; ``next.up = u`` reads u).
-    The rest of each state takes turns in two versions: the wave's StoreAll holds (steps - 2)
-    fewer copies of `up` than with every state kept, with the same bits as the tape path, Revolve's
-    and a run keeping everything."""
+    The rest of each state takes turns in two versions: the chain's StoreAll holds (steps - 2)
+    fewer copies of `v`'s than with every state kept, with the same bits as the tape path, Revolve's
+    and a run keeping everything. A copied state whose source is kept costs nothing either way
+    (its copy is renamed: the source's kept array): the wave's up, and the copying model's y where
+    x is kept too."""
     model, initial = make()
     is_wave = "up" in model.states
     loss_of = wave_loss if is_wave else loss
@@ -206,7 +208,53 @@ def test_store_all_keeps_only_the_states_its_reversals_read(make, monkeypatch):
         same_bits(tape, other)
     assert native.stats.native_reversals == STEPS - 2
     unkept = sum(spec.nbytes for name, spec in model.states.items() if name not in expected)
-    assert everything.stats.peak_memory_bytes - native.stats.peak_memory_bytes >= (STEPS - 5) * unkept
+    if "v" in model.states:
+        assert everything.stats.renamed_copies == 0
+        assert everything.stats.peak_memory_bytes - native.stats.peak_memory_bytes >= (STEPS - 5) * unkept
+    else:
+        assert everything.stats.renamed_copies == STEPS - 2
+        assert native.stats.renamed_copies == (STEPS - 2 if is_wave else 0)    # (x is not kept)
+        assert everything.stats.peak_memory_bytes <= native.stats.peak_memory_bytes
+
+
+@sp.kernel
+def damped_smooth(x: F64, y: F64, x_next: F64):
+    i = sp.tid()                          # nonlinear in both: a reversal reads x and y
+    n = x.shape[0]
+    x_next[i] = 0.5 * x[i] + 0.25 * x[sp.max(i - 1, 0)] + 0.25 * x[sp.min(i + 1, n - 1)] - 0.1 * x[i] * y[i]
+
+
+def rotating_model(n=64):
+    """A state written by `sp.copy` from another that its reversal reads (an FWI step's
+    ``sp.copy(s.next.up, s.prev.u)``, both read by its adjoint)."""
+    model = sp.Model()
+    model.state("x", n, sp.float64)
+    model.state("y", n, sp.float64)
+
+    @model.step
+    def step(s):
+        sp.launch(damped_smooth, n, inputs=[s.prev.x, s.prev.y], outputs=[s.next.x])
+        sp.copy(s.next.y, s.prev.x)
+    return model, {"x": sp.array(np.linspace(0.5, 1.5, n), dtype=sp.float64),
+                   "y": sp.array(np.linspace(1.0, -1.0, n), dtype=sp.float64)}
+
+
+@pytest.mark.parametrize("steps", [3, 4, 5, STEPS])
+def test_store_all_keeps_a_copied_state_once(steps, monkeypatch):
+    """StoreAll's native recordings rename a whole-state copy whose source they keep: no copy runs,
+    and step k + 1's y is step k's x itself (one array kept a step, not two). The tape path's bits,
+    the copies counted as renamed, and (steps - 2) arrays less than the same run copying."""
+    model, initial = rotating_model()
+    tape = gradients(model, initial, sp.StoreAll(steps), False, monkeypatch, steps=steps)
+    native = gradients(model, initial, sp.StoreAll(steps), True, monkeypatch, steps=steps)
+    assert native.stats.renamed_copies == native.stats.native_steps == steps - 2
+    same_bits(tape, native)
+    monkeypatch.setattr(native_loop, "renamed_copies", lambda launches, nxt: [])
+    copying = gradients(model, initial, sp.StoreAll(steps), True, monkeypatch, steps=steps)
+    assert copying.stats.renamed_copies == 0
+    same_bits(tape, copying)
+    nbytes = model.states["y"].nbytes
+    assert copying.stats.peak_memory_bytes - native.stats.peak_memory_bytes >= (steps - 3) * nbytes
 
 
 @pytest.mark.parametrize("steps", [3, 4, 5])

@@ -21,8 +21,10 @@ A whole-state copy, ``sp.copy(s.next.up, s.prev.u)`` or a kernel's ``up_next[i, 
 (compiler/passes/identity_stores.py), is a buffer rename in such a run: every step but the last
 skips the copy (the copy launch, or the kernel's copying stores: it runs a variant without them)
 and the next step reads u's buffer itself as its prev.up (`renamed_copies`; u then turns over
-three buffers); the last step copies, so the state a run returns owns its buffers, as everywhere
-else. Recordings and native stretches copy.
+three buffers); the last step copies, so the state a run returns owns its buffers. Recordings
+kept for the reverse sweep rename on every step where the copy's source is kept (`advance_keeping`:
+the record of step k + 1 holds step k's source array itself, one array kept where the copy kept
+two), and so do a native stretch's one-step advances (native_sweep.py).
 
 What moves with the step index moves in the driver: a launch argument that is a row of a
 time-indexed input (``s.series.x``, `Model.series`) is a slot the driver points at row n before
@@ -32,7 +34,7 @@ out after each step (`advance`'s ``losses``); a recomputation runs the step's la
 
 A run of recordings kept for the reverse sweep (StoreAll's forward sweep) is one call too
 (`advance_keeping`): each step writes versions of its own of the states its reversal reads, which
-it keeps; the rest take turns in two versions.
+it keeps; the rest take turns in two versions, or are renamed copies of kept ones.
 """
 from __future__ import annotations
 
@@ -108,7 +110,7 @@ def _driver_functions():
         tables = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
                   ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64]
         # (the tables go in as addresses: plain ints convert fastest; then renames or None, the time)
-        for fn, extra in ((library.sp_advance, [ctypes.c_void_p] * 2), (library.sp_advance_each, [ctypes.c_void_p] * 2)):
+        for fn, extra in ((library.sp_advance, [ctypes.c_void_p] * 2), (library.sp_advance_each, [ctypes.c_void_p] * 3)):
             fn.argtypes = tables + extra
             fn.restype = None
         _driver = (library.sp_advance, library.sp_advance_each)
@@ -356,38 +358,68 @@ class NativeLoops:
         the last hold only the names in `keep` (what their reversal reads): the others take turns
         in two versions (what the run writes, nothing keeps). `prev` and its holds are left as they
         are. `losses` as in `advance`. Same launches, fills and order as `steps` calls of
-        `advance`: the same bits."""
+        `advance`: the same bits.
+
+        Where every whole-state copy's source is kept (`renamed_copies`), no copy runs: each step's
+        copy is the array its source kept the step before (one array kept where the copy kept two;
+        a state holds an array once per state that has it)."""
         functions = self._functions(trace, n + steps, losses)
         if functions is None:
             return None
         pool = self.pool
-        take = pool.take
-        last = [take(kind, False) for kind in self._kinds]
-        # (one version for a run of two steps, whose only intermediate state is the one in between)
-        turns = [[take(kind, False) for _ in range(min(2, steps - 1))] if name not in keep else []
-                 for name, kind in zip(self._names, self._kinds)]
-        versions = [[turns[s][k % len(turns[s])] if turns[s] else take(kind, False)
-                     for s, kind in enumerate(self._kinds)] for k in range(1, steps)] + [last]
-        taken = [*last, *(a for turn in turns for a in turn),
-                 *(a for version in versions[:-1] for a, turn in zip(version, turns) if not turn)]
+        take, names, kinds = pool.take, self._names, self._kinds
+        last = [take(kind, False) for kind in kinds]
         scratch = {}
+        taken = list(last)
         try:
             (_, plan, slots, args), scratch = self._ready(trace, prev, last, n)
-            states = len(self._names)
+            pairs = {names.index(to): names.index(src) for to, src in plan.rename_pairs}
+            if not all(names[src] in keep for src in pairs.values()):
+                pairs = {}
+            # (one version for a run of two steps, whose only intermediate state is the one in between)
+            turns = [[take(kind, False) for _ in range(min(2, steps - 1))] if name not in keep and s not in pairs
+                     else [] for s, (name, kind) in enumerate(zip(names, kinds))]
+            taken += [a for turn in turns for a in turn]
+            for to in pairs:                         # (a copy's array is its source's)
+                pool.release(last[to])
+                taken.remove(last[to])
+            versions = [[prev[name] for name in names]]
+            for k in range(1, steps + 1):
+                version = []
+                for s, kind in enumerate(kinds):
+                    if s in pairs:
+                        a = versions[-1][pairs[s]]
+                    elif k == steps or turns[s]:
+                        a = last[s] if k == steps else turns[s][k % len(turns[s])]
+                    else:
+                        a = take(kind, False)
+                        taken.append(a)
+                    version.append(a)
+                versions.append(version)
+            states = len(names)
             slots[2 * states:2 * states + len(scratch)] = list(map(_ptr, scratch.values()))    # the driver sets the rest
-            pointers = (ctypes.c_void_p * (states * (steps + 1)))(
-                *map(_ptr, (prev[name] for name in self._names)), *map(_ptr, (a for v in versions for a in v)))
+            pointers = (ctypes.c_void_p * (states * (steps + 1)))(*map(_ptr, (a for v in versions for a in v)))
             args = self._timed(plan, args, n, losses)
             settle()                                 # launches a Tape holds run first
-            functions[1](steps, *args, ctypes.addressof(pointers), ctypes.addressof(plan.time))
+            renames = ctypes.addressof(plan.renames) if pairs else None
+            functions[1](steps, *args, ctypes.addressof(pointers), renames, ctypes.addressof(plan.time))
         except BaseException:
             pool.release_all((*taken, *scratch.values()))
             raise
         for arr in (*taken, *scratch.values()):
             arr._storage.version += 1                # written, as launches mark what they write
-        pool.release_all((*scratch.values(), *(a for turn in turns for a in turn)))
+        kept = [State({name: a for name, a in zip(names, version) if name in keep}) for version in versions[1:-1]]
+        result = [*kept, State(dict(zip(names, versions[-1])))]
+        # each state holds its arrays once: an array taken here starts with one hold, one of prev's
+        # with none of ours (the caller's passes to the record of prev); what no state has goes back
+        holders: dict[int, list] = {}
+        for state in result:
+            for a in state.values():
+                holders.setdefault(id(a), [a, 0])[1] += 1
+        ours = {id(a) for a in taken}
+        pool.retain_all([a for a, count in holders.values() for _ in range(count - (id(a) in ours))])
+        pool.release_all((*scratch.values(), *(a for a in taken if id(a) not in holders)))
         self.steps += steps
         self.calls += 1
-        kept = [State({name: a for name, a, turn in zip(self._names, version, turns) if not turn})
-                for version in versions[:-1]]
-        return [*kept, State(dict(zip(self._names, last)))]
+        self.renamed_copies += steps * len(pairs)
+        return result
