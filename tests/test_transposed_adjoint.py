@@ -127,6 +127,68 @@ def test_the_interior_keeps_only_the_launch_margin_and_selects_the_neighbours_gu
     assert any(isinstance(s, ir.Op) and s.op == "where" for s in body)
 
 
+@sp.kernel
+def divided_by_m(u: F1, m: F1, out: F1):
+    """A root computed by dividing by a field that is zero where the guard fails."""
+    i = sp.tid()
+    n = u.shape[0]
+    v = sp.float64(0.0)
+    if i >= 1 and i < n - 1:
+        v = (u[i - 1] - 2.0 * u[i] + u[i + 1]) / m[i]
+    out[i] = v
+
+
+@sp.kernel
+def divided_and_shifted(u: F1, s: F1, m: F1, out: F1):
+    """divided_by_m plus s[i - 1]: that neighbour's branch also adds the incoming gradient itself
+    (read again at p - c, not zero where the guard fails), so it keeps its guard."""
+    i = sp.tid()
+    n = u.shape[0]
+    v = sp.float64(0.0)
+    if i >= 1 and i < n - 1:
+        v = (u[i - 1] - 2.0 * u[i] + u[i + 1]) / m[i] + s[i - 1]
+    out[i] = v
+
+
+@pytest.mark.parametrize("kernel", [corpus(8, 3)["fwi"], corpus(4, 2)["fwi_array"], divided_by_m])
+def test_the_interior_runs_the_neighbours_guarded_branches_unconditionally(kernel):
+    """What a neighbour's guarded branch adds in the transposed pass is a root times free factors
+    (constant weights, a coefficient table's entries, scalar arguments); the pointwise pass stores a
+    zero root first, so where the branch is not taken that is +-0 (transpose.unguarded). The
+    interior runs it unconditionally: no selects left, so no settled variant or bands."""
+    gather = kernel.compiled().gather
+    body = list(ir.walk(gather.interior.function.body))
+    assert any(isinstance(s, ir.ScratchLoad) for s in body)
+    assert not any(isinstance(s, ir.If) or isinstance(s, ir.Op) and s.op == "where" for s in body)
+    assert gather.settled is None and gather.bands is None
+    zeros = [s for s in gather.pointwise.body if isinstance(s, ir.ScratchStore)]
+    assert zeros and isinstance(zeros[0].value, ir.Const) and zeros[0].value.value == 0
+
+
+@pytest.mark.parametrize("kernel, guarded", [(divided_by_m, False), (divided_and_shifted, True)])
+def test_a_zero_root_stands_where_the_guard_fails(kernel, guarded, device):
+    """m is zero where the forward's guard fails, so a root computed there would be infinite (and
+    what is left in scratch there anything): the pointwise pass stores zero roots there. A branch
+    that also adds what is not a root keeps its guard. Finite gradients, the one-pass form's values."""
+    n = 17
+    rng = np.random.default_rng(3)
+    m = 1.0 + rng.random(n)
+    m[[0, -1]] = 0.0
+    values = [rng.standard_normal(n), m] if kernel is divided_by_m else [rng.standard_normal(n), rng.random(n), m]
+    gather = kernel.compiled().gather
+    assert gather.pointwise is not None and gather.pointwise_interior is not None
+    assert any(isinstance(s, ir.Op) and s.op == "where" for s in ir.walk(gather.interior.function.body)) == guarded
+    w = rng.standard_normal(n)
+    # a wider launch first leaves roots in the scratch memory (kept between launches) where this
+    # launch's guard fails
+    gradients(kernel, (2 * n,), [np.tile(v, 2) + 1.0 for v in values], np.tile(w, 2), device)
+    _, grads = gradients(kernel, (n,), values, w, device)
+    _, expected = gradients(one_pass_copy(kernel), (n,), values, w, device)
+    for a, b in zip(grads, expected):
+        assert np.isfinite(a).all()
+        np.testing.assert_array_equal(a, b)
+
+
 def test_what_only_the_pointwise_pass_reads_counts_as_read_by_the_adjoint():
     """A recording kept for later keeps the arrays its reversal reads (stepper/execute/fast/native_reverse.py)."""
     compiled = corpus(8, 2)["fwi"].compiled()
@@ -436,8 +498,9 @@ def test_a_rows_ends_and_bands_run_in_vectors_of_eight_from_a_stencil_radius_of_
         return re.findall(r"SP_SHORT_RUN for \([^)]*\) (\w+)<", source), source
 
     eighth, _ = short_runs(corpus(8, 3)["fwi"])
-    assert {name.split("_", 1)[1] for name in eighth} >= {"fwi_gather_interior_band_first_thread",
-                                                         "fwi_gather_row_end_first2_thread", "fwi_pointwise_first2_thread"}
+    assert {name.split("_", 1)[1] for name in eighth} >= {"fwi_gather_row_end_first2_thread", "fwi_pointwise_first2_thread"}
+    bands, _ = short_runs(corpus(8, 3)["unrolled"])        # (the FWI stencil's interior has no bands)
+    assert "unrolled_gather_interior_band_first_thread" in {name.split("_", 1)[1] for name in bands}
     assert not any(name.endswith(("_interior_thread", "_settled_thread")) for name in eighth)   # middles: widest
     fourth, source = short_runs(corpus(4, 3)["fwi"])
     assert not fourth and "SP_INDEPENDENT for" in source
@@ -508,7 +571,7 @@ def test_the_threads_near_a_face_run_variants_settled_there_with_the_same_bits(o
     assert_bits_without(kernel, shape, row_end_sides=None, corner_sides=None, row_sides=())
 
 
-@pytest.mark.parametrize("order, ndim, name, shape", [(8, 3, "unrolled", (21, 19, 22)), (8, 2, "fwi", (31, 29)),
+@pytest.mark.parametrize("order, ndim, name, shape", [(8, 3, "unrolled", (21, 19, 22)), (8, 2, "helper", (31, 29)),
                                                        (4, 3, "neighbours", (13, 12, 17)), (2, 2, "table", (9, 11))])
 def test_the_settled_rows_run_bands_between_the_interiors_box_and_the_settled_one_with_the_same_bits(order, ndim, name,
                                                                                                      shape):
@@ -521,14 +584,14 @@ def test_the_settled_rows_run_bands_between_the_interiors_box_and_the_settled_on
     def selects(fn):
         return sum(1 for s in ir.walk(fn.body) if isinstance(s, ir.Op) and s.op == "where")
 
-    arrays = 2 if name != "fwi" else 1          # gathered in the (transposed) pass: up and u, or u
+    arrays = 2                                  # gathered in the pass: up and u
     assert selects(gather.interior.function) > arrays * (order // 2 - 1)
     assert [selects(band.function) for band in gather.bands] == [arrays * (order // 2 - 1)] * 2
     assert_bits_without(kernel, shape, bands=None)
 
 
-@pytest.mark.parametrize("kernel, shape", [(corpus(8, 2)["fwi"], (31, 29)), (corpus(8, 3)["table"], (21, 19, 22)),
-                                           (corpus(4, 2)["neighbours"], (17, 16)), (corpus(2, 3)["fwi"], (9, 8, 10))])
+@pytest.mark.parametrize("kernel, shape", [(corpus(8, 2)["helper"], (31, 29)), (corpus(8, 3)["table"], (21, 19, 22)),
+                                           (corpus(4, 2)["neighbours"], (17, 16)), (corpus(2, 3)["unrolled"], (9, 8, 10))])
 def test_the_settled_variant_drops_the_interiors_selects_and_keeps_its_bits(kernel, shape):
     """Threads a stencil radius inside the interior's box run `GatherAdjoint.settled`: every
     neighbour's guard decided, no selects left; the same bits as the interior with its selects."""
@@ -570,15 +633,16 @@ def test_the_pointwise_pass_runs_its_threads_near_a_face_settled_there_with_the_
     """The pointwise pass's threads within the stencil's radius of a face (a row's first and last
     threads: GatherAdjoint.pointwise_sides; in 3-D the first and last rows along each outer axis:
     pointwise_row_sides) run the pass settled there. The FWI step writes 0 outside its box, so the
-    pass has nothing to do there: no load of `u` and no scratch store stay. The same bits as the
-    pass's body a thread at a time, serial or not, also where the boxes overlap."""
+    pass has nothing to do there but store zero roots: no load of `u` and no other scratch store
+    stay. The same bits as the pass's body a thread at a time, serial or not, also where the boxes
+    overlap."""
     gather = corpus(order, ndim)[name].compiled().gather
     settled = [side for side in gather.pointwise_sides if side is not None]
     settled += [side for pair in gather.pointwise_row_sides for side in pair if side is not None]
     assert len(settled) == 2 + (2 * (ndim - 1) if ndim > 2 else 0)
 
     def work(fn):
-        return [s for s in ir.walk(fn.body) if isinstance(s, ir.ScratchStore)
+        return [s for s in ir.walk(fn.body) if isinstance(s, ir.ScratchStore) and not isinstance(s.value, ir.Const)
                 or isinstance(s, ir.Load) and s.array.param.name == "u"]
     assert work(gather.pointwise) and not any(work(side.function) for side in settled)
     assert_bits_without(corpus(order, ndim)[name], shape, pointwise_sides=None, pointwise_row_sides=())

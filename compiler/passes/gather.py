@@ -42,7 +42,7 @@ from .. import ir
 from ..types import bool_, int32
 from .adjoint import is_reverse_mark
 from .dce import eliminate_dead_code
-from .selects import has_branches, select_branches, table_loads
+from .selects import has_branches, select_branches, table_loads, written_arrays
 from .interior import (Bound, Clamped, Interior, Wrapped, at_own_index, interior_variant, tid_offsets,
                        with_row)
 from .near_faces import bands_of, sides_of, without_dead_code
@@ -182,6 +182,13 @@ def gather_adjoint(adjoint: ir.Function, two_pass: bool = True) -> GatherAdjoint
     build = lambda clamp: eliminate_dead_code(_build(adjoint, body, eligible, source, widens, site_offset,  # noqa: E731
                                                      site_clamps, passes, clamp, offsets, skip))
     unclamped = build(False)
+    # In the interior the neighbours' guarded branches run unconditionally where the pointwise pass
+    # can store a zero root where a root's branch is not taken (transpose.unguarded): no selects, one
+    # loop over the interior's rows. (Near the faces the same made the 3-D 64^3 8th-order FWI
+    # adjoint 10% slower: its rows' variants grew.)
+    unguarded = transpose.unguarded(unclamped, written_arrays(body)) if found else None
+    if unguarded is not None:
+        unclamped = eliminate_dead_code(unguarded)
     # Where p - c is inside the launch for every c, the interior needs no wider margin: a test of
     # thread p - c's boundary guard that would narrow the box stays, its branch turned into selects
     # (a thread near the edge runs the form's slowest code). Where a branch stays (it loads), the
@@ -235,7 +242,8 @@ def gather_adjoint(adjoint: ir.Function, two_pass: bool = True) -> GatherAdjoint
         base = adjoint.name.replace("_adjoint", "")
         bits = {param.name: k for k, param in enumerate(adjoint.params) if k < 63 and param.name in local}
         pointwise = eliminate_dead_code(transpose.pointwise_function(adjoint, body, set(eligible), bits, found,
-                                                                     offsets, eligible[source], base + "_pointwise"))
+                                                                     offsets, eligible[source], base + "_pointwise",
+                                                                     zero_roots=unguarded is not None))
         # the rows outside the box, a quarter of a 3-D 64^3 8th-order launch's, a row at a call
         # (interior.with_row, 3-D and up): that FWI adjoint 4-9% faster
         pointwise_interior = without_dead_code(with_row(interior_variant(pointwise, base + "_pointwise_interior"),

@@ -25,8 +25,15 @@ accumulations at a nonzero offset are stored: the zero-offset pass runs at threa
 computes what it needs there, and an array accumulated at the thread's own index alone gets its
 gradient written by the pointwise pass (one write per element, as the one-pass form makes it).
 
+A neighbour's copy runs under that neighbour's guard (``if i >= R and ...`` at p - c), which near the
+interior's edges switches from thread to thread: selects, and variants settled further in (bands,
+rows). Where all the guarded branch does is add the root times free factors, the pointwise pass
+stores a zero root where the branch is not taken (it stores zeros first) and the interior runs the
+branch unconditionally: w * 0 is +-0 (`unguarded`). The sums are then the same but for the sign of
+a zero: where nothing else is added, -0.0 + 0.0 gives 0.0.
+
 Every accumulation is computed by the same operations from the same values as in the one-pass form,
-and summed in the same order, so the two forms give the same bits. Roots defined in a branch are
+and summed in the same order, so the two forms give the same bits (up to that sign of zero). Roots defined in a branch are
 stored under it, and read under the same branch of the copy, whose condition is computed the same way
 at the same thread; the copy's thread p - c is a thread of the launch (clamped or wrapped into it),
 whose roots the pointwise pass stored. Accumulations that still scatter (into a coefficient table
@@ -132,6 +139,146 @@ class _Labels:
         self.vars = merged
 
 
+# Where a branch of the transposed pass may run unconditionally (`unguarded`): the ops through which a
+# root's zero stays zero with free factors, and those that combine two such values.
+_VANISHING = {"mul": 1, "div": 1, "neg": 0, "add": 2, "sub": 2, "where": 2}
+_ZERO, _FREE, _THREAD = "zero", "free", "thread"     # _THREAD: free, but not the same at every thread
+
+
+def unguarded(fn: ir.Function, written: set[str]) -> ir.Function | None:
+    """The transposed pass `fn` with every branch run unconditionally whose work vanishes where its
+    test fails, or None where no branch does. Such a branch reads roots stored under the same
+    branch of the pointwise pass (the copy reads a root where the adjoint computed it), which stores
+    a zero root where the branch is not taken (`pointwise_function`, `zero_roots`): what the branch
+    computes from them is then +-0 (sums and differences of such values, products with free
+    values), and what it adds to a local is that local's value plus +-0. So the branch's test (a
+    neighbour's boundary guard, say) goes: no selects near the faces, one loop over the interior.
+    The sums come out the same but for the sign of a zero (-0.0 + 0.0 is 0.0). A free factor is a
+    constant, a scalar argument or a table entry (`written`: the arrays the kernel stores into,
+    which are not tables); were one of them infinite, 0 * inf would put a NaN where the branch
+    added nothing, but the forward multiplied by it at every thread that took the branch, so its
+    result is not finite there already."""
+    body, changed = _unguard(fn.body, set(), {}, written)
+    return ir.Function(fn.name, fn.params, tuple(body), fn.loc, fn.tid_ndim) if changed else None
+
+
+def _unguard(block, zeros: set, free: dict, written) -> tuple[list, bool]:
+    """`block` with its qualifying branches (`unguarded`) inlined; `zeros`: the ids of the Vars
+    holding +-0 before it (updated to after it); `free`: the Temps known free (Temp id -> _FREE)."""
+    out, changed = [], False
+    for s in block:
+        if isinstance(s, ir.If) and not s.orelse:
+            inlined = _vanishing(s.then, zeros, free, written)
+            if inlined is not None:
+                out += inlined
+                changed = True
+                free.update((x.out.id, _FREE) for x in inlined if _kind(x, free, written) == _FREE)
+                continue
+        out.append(s)
+        if _kind(s, free, written) in (_FREE, _THREAD):
+            free[s.out.id] = _kind(s, free, written)
+        if isinstance(s, ir.Assign):
+            if isinstance(s.value, ir.Const) and s.value.value == 0:
+                zeros.add(s.var.id)
+            else:
+                zeros.discard(s.var.id)
+        else:
+            zeros.difference_update(v.id for v in ir.assigned_vars((s,)))
+    return out, changed
+
+
+def _vanishing(then, zeros: set, free: dict, written) -> list | None:
+    """`then`'s statements, nested branches inlined, where all it does is add to locals values that
+    are +-0 when the roots it reads are (and set locals that held +-0 to +-0); else None. (The
+    locals that held +-0 still do after it: `zeros` stands.)"""
+    temps = dict(free)
+    state: dict[int, object] = {}           # Var id -> _ZERO, or ("var", id): its value before plus +-0
+    out: list = []
+    for s in _flattened(then):
+        if s is None:
+            return None
+        out.append(s)
+        if isinstance(s, ir.ReadVar):
+            temps[s.out.id] = state.get(s.var.id, _ZERO if s.var.id in zeros else ("var", s.var.id))
+        elif isinstance(s, ir.Assign):
+            state[s.var.id] = _operand(s.value, temps)
+        elif isinstance(s, (ir.ScratchLoad, ir.Op, ir.Load, ir.ReadParam, ir.ArrayDim, ir.ThreadIndex)):
+            temps[s.out.id] = _kind(s, temps, written)
+            if temps[s.out.id] is None and isinstance(s, ir.Load):
+                return None                 # (a load that may fail where the branch is not taken)
+        else:
+            return None
+    for var, value in state.items():
+        if value != ("var", var) and not (value == _ZERO and var in zeros):
+            return None
+    return out
+
+
+def _kind(s, temps: dict, written):
+    """What statement `s` defines, given its operands' kinds in `temps`: _ZERO (+-0 where the roots
+    are), _FREE, a local's value plus +-0, or None (not known)."""
+    if isinstance(s, ir.ScratchLoad):
+        return _ZERO
+    if isinstance(s, (ir.ReadParam, ir.ArrayDim)):
+        return _FREE
+    if isinstance(s, ir.ThreadIndex):
+        return _THREAD
+    if isinstance(s, ir.Load):
+        # a table entry (the same element at every thread) is free; anything else may not be
+        uniform = all(isinstance(i, ir.Const) or temps.get(i.id) == _FREE for i in s.indices)
+        return _FREE if uniform and s.array.param.name not in written else None
+    if isinstance(s, ir.Op):
+        return _combined(s.op, [_operand(a, temps) for a in s.args])
+    return None
+
+
+def _operand(x, temps: dict):
+    if isinstance(x, ir.Const):
+        return _ZERO if x.value == 0 else _FREE if abs(float(x.value)) != float("inf") else None
+    return temps.get(x.id)
+
+
+def _flattened(block):
+    """`block`'s statements with the bodies of branches without an else in their place (None for
+    any other compound statement)."""
+    for s in block:
+        if isinstance(s, ir.If) and not s.orelse:
+            yield from _flattened(s.then)
+        elif isinstance(s, (ir.If, ir.Loop, ir.ReverseLoop, ir.CustomAdjoint, ir.CustomReplay)):
+            yield None
+        else:
+            yield s
+
+
+def _combined(op: str, kinds: list):
+    """What `op` makes of operands of `kinds`: free from free ones; +-0 where it keeps a root's
+    zero (`_VANISHING`: 1, a product or quotient of one such value by free ones; 0, its negation;
+    2, a sum, difference or select of such values); a local's value plus +-0 from that and +-0;
+    else None (not known)."""
+    if all(k == _FREE for k in kinds):
+        return _FREE
+    if all(k in (_FREE, _THREAD) for k in kinds):
+        return _THREAD
+    rule = _VANISHING.get(op)
+    free = (_FREE, _THREAD)
+    zeros = sum(k == _ZERO for k in kinds)
+    if rule == 1 and kinds[0] == _ZERO and (kinds[1] in free or op == "mul" and kinds[1] == _ZERO):
+        return _ZERO
+    if op == "mul" and kinds[1] == _ZERO and kinds[0] in free:
+        return _ZERO
+    if (rule == 0 or op.startswith("cast")) and kinds == [_ZERO]:
+        return _ZERO
+    if rule == 2:
+        values = kinds[1:] if op == "where" else kinds
+        if all(k == _ZERO for k in values):
+            return _ZERO
+        if op == "add" and zeros == 1 and any(isinstance(k, tuple) for k in values):
+            return next(k for k in values if isinstance(k, tuple))
+        if op == "sub" and values[1] == _ZERO and isinstance(values[0], tuple):
+            return values[0]
+    return None
+
+
 def flat_index(thread, extent, loc) -> tuple[list, ir.Temp]:
     """Statements computing thread `thread`'s flat index in the launch (int64, row-major over
     `extent`), and the Temp holding it."""
@@ -191,12 +338,13 @@ def _alignment(t) -> int:
 
 
 def pointwise_function(adjoint: ir.Function, body, gathered: set[str], local: dict[str, int], found, offsets,
-                       source: ir.Param, name: str) -> ir.Function:
+                       source: ir.Param, name: str, zero_roots: bool = False) -> ir.Function:
     """The pointwise pass: the adjoint `body` without the accumulations into the `gathered` arrays,
     each root in `found` stored in scratch at `offsets` (bytes per thread) right where it is
-    computed. The arrays in `local` (name -> the bit of the launch's fresh mask), gathered at the
-    thread's own index alone, get their one write per element here: the same bits as the transposed
-    pass would give them (it adds each to -0.0 twice, which changes no value)."""
+    computed, and with `zero_roots` a zero stored first (for `unguarded`). The arrays in `local`
+    (name -> the bit of the launch's fresh mask), gathered at the thread's own index alone, get
+    their one write per element here: the same bits as the transposed pass would give them (it adds
+    each to -0.0 twice, which changes no value)."""
     loc = adjoint.loc
     ndim = adjoint.tid_ndim
     q = [ir.Temp(int32) for _ in range(ndim)]
@@ -204,6 +352,8 @@ def pointwise_function(adjoint: ir.Function, body, gathered: set[str], local: di
     head = [ir.ThreadIndex(q[k], k, loc) for k in range(ndim)]
     head += [ir.ArrayDim(extent[k], ir.ArrayRef(source), k, loc) for k in range(ndim)]
     ops, flat = flat_index(q, extent, loc)
+    if zero_roots:
+        ops += [ir.ScratchStore(offsets[t.id], flat, ir.Const(0, t.type), loc) for t in found.values()]
     store = _Store(gathered, local, found, offsets, flat, loc)
     body = store.block(body)
     # the sum of each local array's accumulations, written once (in the order the one-pass form sums)
@@ -240,4 +390,4 @@ class _Store(ir.Rewriter):
         return out
 
 
-__all__ = ["roots", "pointwise_function", "scratch_layout", "flat_index", "shifted_index", "MAX_ROOTS"]
+__all__ = ["roots", "unguarded", "pointwise_function", "scratch_layout", "flat_index", "shifted_index", "MAX_ROOTS"]
