@@ -164,7 +164,8 @@ def unguarded(fn: ir.Function, written: set[str]) -> ir.Function | None:
 
 def _unguard(block, zeros: set, free: dict, written) -> tuple[list, bool]:
     """`block` with its qualifying branches (`unguarded`) inlined; `zeros`: the ids of the Vars
-    holding +-0 before it (updated to after it); `free`: the Temps known free (Temp id -> _FREE)."""
+    holding +-0 before it (updated to after it); `free`: the Temps known free (Temp id -> _FREE or
+    _THREAD)."""
     out, changed = [], False
     for s in block:
         if isinstance(s, ir.If) and not s.orelse:
@@ -172,11 +173,12 @@ def _unguard(block, zeros: set, free: dict, written) -> tuple[list, bool]:
             if inlined is not None:
                 out += inlined
                 changed = True
-                free.update((x.out.id, _FREE) for x in inlined if _kind(x, free, written) == _FREE)
+                free.update((x.out.id, kind) for x in inlined
+                            if (kind := _kind(x, free, written)) in (_FREE, _THREAD))
                 continue
         out.append(s)
-        if _kind(s, free, written) in (_FREE, _THREAD):
-            free[s.out.id] = _kind(s, free, written)
+        if (kind := _kind(s, free, written)) in (_FREE, _THREAD):
+            free[s.out.id] = kind
         if isinstance(s, ir.Assign):
             if isinstance(s.value, ir.Const) and s.value.value == 0:
                 zeros.add(s.var.id)
@@ -188,15 +190,15 @@ def _unguard(block, zeros: set, free: dict, written) -> tuple[list, bool]:
 
 
 def _vanishing(then, zeros: set, free: dict, written) -> list | None:
-    """`then`'s statements, nested branches inlined, where all it does is add to locals values that
-    are +-0 when the roots it reads are (and set locals that held +-0 to +-0); else None. (The
-    locals that held +-0 still do after it: `zeros` stands.)"""
+    """`then`'s statements where all it does is add to locals values that are +-0 when the roots it
+    reads are (and set locals that held +-0 to +-0); else None. (The locals that held +-0 still do
+    after it: `zeros` stands.)"""
     temps = dict(free)
     state: dict[int, object] = {}           # Var id -> _ZERO, or ("var", id): its value before plus +-0
     out: list = []
-    for s in _flattened(then):
-        if s is None:
-            return None
+    for s in then:
+        if isinstance(s, (ir.If, ir.Loop, ir.ReverseLoop, ir.CustomAdjoint, ir.CustomReplay)):
+            return None                     # (a nested test may fail where the roots are not zero)
         out.append(s)
         if isinstance(s, ir.ReadVar):
             temps[s.out.id] = state.get(s.var.id, _ZERO if s.var.id in zeros else ("var", s.var.id))
@@ -216,7 +218,7 @@ def _vanishing(then, zeros: set, free: dict, written) -> list | None:
 
 def _kind(s, temps: dict, written):
     """What statement `s` defines, given its operands' kinds in `temps`: _ZERO (+-0 where the roots
-    are), _FREE, a local's value plus +-0, or None (not known)."""
+    are), _FREE, _THREAD, a local's value plus +-0, or None (not known)."""
     if isinstance(s, ir.ScratchLoad):
         return _ZERO
     if isinstance(s, (ir.ReadParam, ir.ArrayDim)):
@@ -236,18 +238,6 @@ def _operand(x, temps: dict):
     if isinstance(x, ir.Const):
         return _ZERO if x.value == 0 else _FREE if abs(float(x.value)) != float("inf") else None
     return temps.get(x.id)
-
-
-def _flattened(block):
-    """`block`'s statements with the bodies of branches without an else in their place (None for
-    any other compound statement)."""
-    for s in block:
-        if isinstance(s, ir.If) and not s.orelse:
-            yield from _flattened(s.then)
-        elif isinstance(s, (ir.If, ir.Loop, ir.ReverseLoop, ir.CustomAdjoint, ir.CustomReplay)):
-            yield None
-        else:
-            yield s
 
 
 def _combined(op: str, kinds: list):
