@@ -226,9 +226,11 @@ def _kind(s, temps: dict, written):
     if isinstance(s, ir.ThreadIndex):
         return _THREAD
     if isinstance(s, ir.Load):
-        # a table entry (the same element at every thread) is free; anything else may not be
-        uniform = all(isinstance(i, ir.Const) or temps.get(i.id) == _FREE for i in s.indices)
-        return _FREE if uniform and s.array.param.name not in written else None
+        # a table entry (the same element at every thread) is free; anything else may not be. Only
+        # at constant indices: the variants' boxes are empty unless the table holds those
+        # (gather._empty_unless_inside), so running it unguarded reads no element the forward did not
+        constant = all(isinstance(i, ir.Const) for i in s.indices)
+        return _FREE if constant and s.array.param.name not in written else None
     if isinstance(s, ir.Op):
         return _combined(s.op, [_operand(a, temps) for a in s.args])
     return None
