@@ -1,7 +1,7 @@
 """The field's standard workload against its reference tool: the FWI gradient of Devito's 2-D
 acoustic example (examples.seismic, 'layers-isotropic', a Ricker source, a receiver per grid
 column, damping layer of 20 points), Devito 4.8 + pyrevolve against ours written the README way
-(peer_impls/fwi_ours.py, the same discretisation term for term).
+(peer_impls/fwi_ours.py, the same discretisation term for term; Devito's side: peer_impls/devito_peer.py).
 
     python benchmarks/fwi.py                                  # 256^2, orders 2 and 8, 3 rounds
     python benchmarks/fwi.py --n 64 --orders 2 --rounds 1     # a quick look
@@ -44,127 +44,19 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 RESULTS = os.path.join(HERE, "results")
-NBL = 20
-SPACING = 10.0
-TN = 1000.0                         # ms, Devito's 2-D example
-TN3 = 300.0                         # ms, its 3-D one
+from peer_impls.devito_peer import NBL, build_problem   # noqa: E402  (Devito itself loads on first use)
 MODES = ("forward", "revolve", "storeall")
-
-
-# -- the problem, built with Devito ------------------------------------------------------------------
-def _devito_solver(n: int, order: int, dtype, ndim: int = 2):
-    os.environ.setdefault("DEVITO_LOGGING", "ERROR")
-    from examples.seismic.acoustic.acoustic_example import acoustic_setup
-    return acoustic_setup(shape=(n,) * ndim, spacing=(SPACING,) * ndim, nbl=NBL, tn=TN if ndim == 2 else TN3,
-                          space_order=order, preset="layers-isotropic", dtype=dtype)
-
-
-def _smooth(vp: np.ndarray) -> np.ndarray:
-    """The starting model: the true one blurred (a 21-point box filter along each axis)."""
-    out = vp.astype(np.float64)
-    k = np.ones(21) / 21
-    for axis in range(out.ndim):
-        out = np.apply_along_axis(lambda v: np.convolve(np.pad(v, 10, mode="edge"), k, mode="valid"), axis, out)
-    return out
-
-
-def build_problem(n: int, order: int, dtype, path: str, ndim: int = 2) -> None:
-    """Write the problem's arrays to `path` (.npz), in `dtype`."""
-    solver = _devito_solver(n, order, dtype, ndim)
-    model, geometry = solver.model, solver.geometry
-    rec_true, _, _ = solver.forward(save=False)
-    vp_true = np.array(model.vp.data)                                   # the padded grid, no halo
-    vp0 = _smooth(vp_true)
-    origin = np.array(model.origin, np.float64) - NBL * SPACING          # the padded grid's corner
-    src = (geometry.src_positions[0] - origin) / SPACING
-    corner = np.floor(src).astype(int)
-    p = src - corner
-    corners = np.stack(np.meshgrid(*([[0, 1]] * ndim), indexing="ij"), -1).reshape(-1, ndim)
-    weights = np.prod(np.where(corners == 1, p, 1 - p), axis=1)        # multilinear, Devito's order
-    rec = np.rint((geometry.rec_positions - origin) / SPACING).astype(int)
-    nt = geometry.nt
-    np.savez(path, m0=(1.0 / vp0**2).astype(dtype), vp0=vp0.astype(dtype), damp=np.array(model.damp.data),
-             dt=geometry.dt, spacing=SPACING, nt=nt, order=order, n=n,
-             wavelet=np.array(geometry.src.data[1:nt - 1, 0]),          # step k injects Devito's time k + 1
-             observed=np.array(rec_true.data[1:nt - 1]), observed_full=np.array(rec_true.data),
-             src_index=corner, src_weights=weights, rec_index=rec)
-
-
-# -- the workers -----------------------------------------------------------------------------------
-def devito_runner(problem: dict, mode: str, snapshots: int | None):
-    from devito import Function, TimeFunction
-    from devito.checkpointing import CheckpointOperator, DevitoCheckpoint
-    from pyrevolve import Revolver
-    n, order = int(problem["n"]), int(problem["order"])
-    dtype = problem["m0"].dtype.type
-    solver = _devito_solver(n, order, dtype, problem["m0"].ndim)
-    vp0 = Function(name="vp0", grid=solver.model.grid, space_order=order)
-    vp0.data[:] = problem["vp0"]
-    observed = problem["observed_full"]
-    geometry = solver.geometry
-    residual = geometry.rec
-    info = {}
-
-    def forward():
-        rec, _, _ = solver.forward(save=False, vp=vp0)
-        return float(0.5 * np.sum((rec.data[1:-1] - observed[1:-1]) ** 2))
-
-    def storeall():
-        rec, u, _ = solver.forward(save=True, vp=vp0)
-        residual.data[:] = rec.data - observed
-        grad, _ = solver.jacobian_adjoint(residual, u, vp=vp0)
-        return np.array(grad.data)
-
-    def revolve():
-        grad = Function(name="grad", grid=solver.model.grid)
-        u = TimeFunction(name="u", grid=solver.model.grid, time_order=2, space_order=order)
-        v = TimeFunction(name="v", grid=solver.model.grid, time_order=2, space_order=order)
-        rec = geometry.new_rec(name="rec_pred")
-        cp = DevitoCheckpoint([u])
-        fw = CheckpointOperator(solver.op_fwd(save=False), src=geometry.src, u=u, rec=rec, vp=vp0, dt=solver.dt)
-        rv = CheckpointOperator(solver.op_grad(save=False), u=u, v=v, rec=residual, grad=grad, vp=vp0,
-                                dt=solver.dt)
-        wrp = Revolver(cp, fw, rv, snapshots, residual.data.shape[0] - 2)
-        info["snapshots"] = int(wrp.n_checkpoints) if hasattr(wrp, "n_checkpoints") else snapshots
-        wrp.apply_forward()
-        residual.data[:] = rec.data - observed
-        wrp.apply_reverse()
-        return np.array(grad.data)
-
-    return {"forward": forward, "storeall": storeall, "revolve": revolve}[mode], info
-
-
-def ours_runner(problem: dict, mode: str, snapshots: int | None):
-    from peer_impls.fwi_ours import make_model, unpadded
-    import stepper as sp
-    order = int(problem["order"])
-    dtype = sp.float64 if problem["m0"].dtype == np.float64 else sp.float32
-    model, initial, misfit = make_model(problem, order, dtype)
-    steps = int(problem["nt"]) - 2
-    info = {}
-
-    def forward():
-        return model.evaluate(initial, steps, running_loss=misfit)
-
-    def gradient(schedule):
-        result = model.gradient(initial, steps, running_loss=misfit, schedule=schedule)
-        info["stats"] = {"forward_steps": result.stats.forward_steps,
-                         "native_steps": getattr(result.stats, "native_steps", None),
-                         "native_reversals": getattr(result.stats, "native_reversals", None)}
-        return unpadded(result.grads["m"].numpy(), order)
-
-    if mode == "forward":
-        return forward, info
-    if mode == "storeall":
-        return (lambda: gradient(sp.StoreAll(steps))), info
-    return (lambda: gradient(sp.Revolve(steps, snapshots))), info
 
 
 def worker(args) -> dict:
     if args.threads == "one":
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     problem = dict(np.load(args.problem))
-    run, info = (devito_runner if args.tool == "devito" else ours_runner)(problem, args.mode, args.snapshots)
+    if args.tool == "devito":
+        from peer_impls.devito_peer import runner
+    else:
+        from peer_impls.fwi_ours import runner
+    run, info = runner(problem, args.mode, args.snapshots)
     from stepper.bench import rss
     # Peak memory from before the first run: a tool whose buffers outlive a call (ours did until
     # 10e1e09: a store-all gradient's ~490 MiB at 256^2, 8th order, lived until Python's cycle

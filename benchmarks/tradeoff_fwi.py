@@ -20,7 +20,7 @@ ORDER = 2
 
 
 def make(n: int = 64):
-    from fwi import build_problem
+    from peer_impls.devito_peer import build_problem
     from peer_impls.fwi_ours import make_model
     from stepper.bench import Problem
 

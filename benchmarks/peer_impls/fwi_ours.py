@@ -161,3 +161,28 @@ def make_model(problem: dict, order: int, dtype=sp.float32):
 def unpadded(grad: np.ndarray, order: int) -> np.ndarray:
     R = order // 2
     return grad[(slice(R, -R),) * grad.ndim]
+
+
+def runner(problem: dict, mode: str, snapshots: int | None):
+    """(a function running `mode` once, what it reports), as devito_peer.runner."""
+    order = int(problem["order"])
+    dtype = sp.float64 if problem["m0"].dtype == np.float64 else sp.float32
+    model, initial, misfit = make_model(problem, order, dtype)
+    steps = int(problem["nt"]) - 2
+    info = {}
+
+    def forward():
+        return model.evaluate(initial, steps, running_loss=misfit)
+
+    def gradient(schedule):
+        result = model.gradient(initial, steps, running_loss=misfit, schedule=schedule)
+        info["stats"] = {"forward_steps": result.stats.forward_steps,
+                         "native_steps": getattr(result.stats, "native_steps", None),
+                         "native_reversals": getattr(result.stats, "native_reversals", None)}
+        return unpadded(result.grads["m"].numpy(), order)
+
+    if mode == "forward":
+        return forward, info
+    if mode == "storeall":
+        return (lambda: gradient(sp.StoreAll(steps))), info
+    return (lambda: gradient(sp.Revolve(steps, snapshots))), info
