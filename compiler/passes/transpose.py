@@ -33,9 +33,9 @@ branch unconditionally: w * 0 is +-0 (`unguarded`). The sums are then the same b
 a zero: where nothing else is added, -0.0 + 0.0 gives 0.0.
 
 Every accumulation is computed by the same operations from the same values as in the one-pass form,
-and summed in the same order, so the two forms give the same bits (up to that sign of zero). Roots defined in a branch are
-stored under it, and read under the same branch of the copy, whose condition is computed the same way
-at the same thread; the copy's thread p - c is a thread of the launch (clamped or wrapped into it),
+and summed in the same order, so the two forms give the same bits (up to that sign of zero). Roots
+defined in a branch are stored under it, and read under the same branch of the copy, whose
+condition is computed the same way at the same thread; the copy's thread p - c is a thread of the launch (clamped or wrapped into it),
 whose roots the pointwise pass stored. Accumulations that still scatter (into a coefficient table
 read at constant indices, say) run in the pointwise pass, once per thread in thread order, where the
 one-pass form runs them in its zero-offset pass. The form applies where the one-pass form does not
@@ -139,9 +139,7 @@ class _Labels:
         self.vars = merged
 
 
-# Where a branch of the transposed pass may run unconditionally (`unguarded`): the ops through which a
-# root's zero stays zero with free factors, and those that combine two such values.
-_VANISHING = {"mul": 1, "div": 1, "neg": 0, "add": 2, "sub": 2, "where": 2}
+# The kinds of value `unguarded` tells apart.
 _ZERO, _FREE, _THREAD = "zero", "free", "thread"     # _THREAD: free, but not the same at every thread
 
 
@@ -158,41 +156,32 @@ def unguarded(fn: ir.Function, written: set[str]) -> ir.Function | None:
     which are not tables); were one of them infinite, 0 * inf would put a NaN where the branch
     added nothing, but the forward multiplied by it at every thread that took the branch, so its
     result is not finite there already."""
-    body, changed = _unguard(fn.body, set(), {}, written)
-    return ir.Function(fn.name, fn.params, tuple(body), fn.loc, fn.tid_ndim) if changed else None
-
-
-def _unguard(block, zeros: set, free: dict, written) -> tuple[list, bool]:
-    """`block` with its qualifying branches (`unguarded`) inlined; `zeros`: the ids of the Vars
-    holding +-0 before it (updated to after it); `free`: the Temps known free (Temp id -> _FREE or
-    _THREAD)."""
-    out, changed = [], False
-    for s in block:
+    zeros: set[int] = set()                 # Vars holding +-0 here
+    free: dict[int, str] = {}               # Temp id -> _FREE or _THREAD
+    body, changed = [], False
+    for s in fn.body:
         if isinstance(s, ir.If) and not s.orelse:
             inlined = _vanishing(s.then, zeros, free, written)
             if inlined is not None:
-                out += inlined
+                statements, kinds = inlined
+                body += statements
                 changed = True
-                free.update((x.out.id, kind) for x in inlined
-                            if (kind := _kind(x, free, written)) in (_FREE, _THREAD))
-                continue
-        out.append(s)
+                free.update((t, kind) for t, kind in kinds.items() if kind in (_FREE, _THREAD))
+                continue             # (the locals that held +-0 still do: `zeros` stands)
+        body.append(s)
         if (kind := _kind(s, free, written)) in (_FREE, _THREAD):
             free[s.out.id] = kind
-        if isinstance(s, ir.Assign):
-            if isinstance(s.value, ir.Const) and s.value.value == 0:
-                zeros.add(s.var.id)
-            else:
-                zeros.discard(s.var.id)
+        if isinstance(s, ir.Assign) and isinstance(s.value, ir.Const) and s.value.value == 0:
+            zeros.add(s.var.id)
         else:
             zeros.difference_update(v.id for v in ir.assigned_vars((s,)))
-    return out, changed
+    return ir.Function(fn.name, fn.params, tuple(body), fn.loc, fn.tid_ndim) if changed else None
 
 
-def _vanishing(then, zeros: set, free: dict, written) -> list | None:
-    """`then`'s statements where all it does is add to locals values that are +-0 when the roots it
-    reads are (and set locals that held +-0 to +-0); else None. (The locals that held +-0 still do
-    after it: `zeros` stands.)"""
+def _vanishing(then, zeros: set, free: dict, written) -> tuple[list, dict] | None:
+    """(`then`'s statements, the kinds of the Temps they define) where all it does is add to locals
+    values that are +-0 when the roots it reads are (and set locals that held +-0, `zeros`, to
+    +-0); else None. `free`: the kinds of the Temps defined before it."""
     temps = dict(free)
     state: dict[int, object] = {}           # Var id -> _ZERO, or ("var", id): its value before plus +-0
     out: list = []
@@ -213,7 +202,7 @@ def _vanishing(then, zeros: set, free: dict, written) -> list | None:
     for var, value in state.items():
         if value != ("var", var) and not (value == _ZERO and var in zeros):
             return None
-    return out
+    return out, temps
 
 
 def _kind(s, temps: dict, written):
@@ -243,31 +232,28 @@ def _operand(x, temps: dict):
 
 
 def _combined(op: str, kinds: list):
-    """What `op` makes of operands of `kinds`: free from free ones; +-0 where it keeps a root's
-    zero (`_VANISHING`: 1, a product or quotient of one such value by free ones; 0, its negation;
-    2, a sum, difference or select of such values); a local's value plus +-0 from that and +-0;
+    """What `op` makes of operands of `kinds`: free from free ones; +-0 from a product of +-0 and a
+    free value or +-0, a quotient of +-0 by a free value, a negation or cast of +-0, a sum,
+    difference or select of +-0s; a local's value plus +-0 from that value plus or minus +-0;
     else None (not known)."""
+    free = (_FREE, _THREAD)
     if all(k == _FREE for k in kinds):
         return _FREE
-    if all(k in (_FREE, _THREAD) for k in kinds):
+    if all(k in free for k in kinds):
         return _THREAD
-    rule = _VANISHING.get(op)
-    free = (_FREE, _THREAD)
-    zeros = sum(k == _ZERO for k in kinds)
-    if rule == 1 and kinds[0] == _ZERO and (kinds[1] in free or op == "mul" and kinds[1] == _ZERO):
+    if op == "mul" and _ZERO in kinds and all(k == _ZERO or k in free for k in kinds):
         return _ZERO
-    if op == "mul" and kinds[1] == _ZERO and kinds[0] in free:
+    if op == "div" and kinds[0] == _ZERO and kinds[1] in free:
         return _ZERO
-    if (rule == 0 or op.startswith("cast")) and kinds == [_ZERO]:
+    if (op == "neg" or op.startswith("cast")) and kinds == [_ZERO]:
         return _ZERO
-    if rule == 2:
+    if op in ("add", "sub", "where"):
         values = kinds[1:] if op == "where" else kinds
         if all(k == _ZERO for k in values):
             return _ZERO
-        if op == "add" and zeros == 1 and any(isinstance(k, tuple) for k in values):
-            return next(k for k in values if isinstance(k, tuple))
-        if op == "sub" and values[1] == _ZERO and isinstance(values[0], tuple):
-            return values[0]
+        local = next((k for k in values if isinstance(k, tuple)), None)
+        if local is not None and (op == "add" and _ZERO in values or op == "sub" and values == [local, _ZERO]):
+            return local
     return None
 
 

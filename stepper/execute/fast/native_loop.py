@@ -389,8 +389,10 @@ class NativeLoops:
                 for s, kind in enumerate(kinds):
                     if s in pairs:
                         a = versions[-1][pairs[s]]
-                    elif k == steps or turns[s]:
-                        a = last[s] if k == steps else turns[s][k % len(turns[s])]
+                    elif k == steps:
+                        a = last[s]
+                    elif turns[s]:
+                        a = turns[s][k % len(turns[s])]
                     else:
                         a = take(kind, False)
                         taken.append(a)
