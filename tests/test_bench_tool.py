@@ -144,6 +144,7 @@ import numpy as np  # noqa: E402
 import stepper as sp  # noqa: E402
 from stepper.bench import problems  # noqa: E402
 from stepper.bench.paths import PathCosts, Paths, fit, plan  # noqa: E402
+from stepper.bench import tradeoff  # noqa: E402
 from stepper.bench.tradeoff import ALL, calibrate  # noqa: E402
 
 sys.path.insert(0, str(REPO / "tests" / "stepper"))
@@ -269,3 +270,22 @@ def test_an_unmeasured_budget_is_predicted_from_the_paths_its_schedule_takes():
     assert expected > 1.2
     advice = advise([s2, s8, s32, store], 4 * 2**20, 2**17, costs, steps=100)
     assert f"not measured: Revolve s=24 should fit too (about 4.00 MiB), predicted {expected:.2f} s" in advice.text
+
+
+def test_probes_span_the_sweeps_length_and_budgets():
+    made = [make() for make in tradeoff.probes(10, 60, (2, 8), disk=True)]
+    assert sorted(s.max_n for s in made if isinstance(s, sp.StoreAll)) == [10, 60]
+    revolves = sorted((s.max_n, s.snapshots) for s in made if isinstance(s, sp.Revolve))
+    assert revolves == [(10, 1), (10, 2), (60, 2), (60, 8)]
+    assert sum(isinstance(s, sp.MultiLevel) for s in made) == 2
+
+
+def test_the_sweep_prices_its_rows_with_costs_refitted_on_probes_in_its_own_rounds():
+    p = problems.make("wave", 16)
+    costs = calibrate(p, 10, repeats=1, max_steps=30, budgets=(2, 4))
+    assert costs.probe_steps == (10, 30) and costs.probe_budgets == (2, 4)
+    rows, refitted = tradeoff.sweep(p, 30, tradeoff.configurations(30, [2, 4]), costs, repeats=2)
+    assert refitted.wall != costs.wall           # fitted again, on the runs of the sweep's rounds
+    for row, config in zip(rows, tradeoff.configurations(30, [2, 4])):
+        assert row.theory_s == refitted.price(refitted.paths(config.schedule(30, refitted)))
+        assert row.wall_s <= row.wall_median_s

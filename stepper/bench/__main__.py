@@ -57,10 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--nondeterministic", action="store_true",
                    help="multithreaded adjoints (atomics in any order) instead of model.gradient's default")
     t.add_argument("--threads", type=int, help="OpenMP threads (sets OMP_NUM_THREADS before any kernel loads)")
-    t.add_argument("--repeats", type=int, default=1, help="interleaved rounds of runs (every configuration once "
-                   "a round); a row keeps the fastest run and the medians (default 1)")
+    t.add_argument("--repeats", type=int, default=1, help="interleaved rounds of runs (every configuration and "
+                   "the calibration probes once a round); a row keeps the fastest run and the medians (default 1)")
     t.add_argument("--probe", type=int, default=50, help="steps of the short timing probes of the per-path costs "
-                   "(the long ones: 8x, at most --steps)")
+                   "(the long ones run over --steps)")
     t.add_argument("--out", help="output folder (default: tradeoff-<example>)")
     return parser
 
@@ -73,6 +73,14 @@ def _how(costs) -> str:
     if costs.python_first >= ALL:
         return "first runs on the Python path, reruns native (the trace is never trusted)"
     return f"native after the first {costs.python_first} steps"
+
+
+def _per_path(costs) -> str:
+    """Each path's unit cost in us, wall / CPU, and how the model's steps run."""
+    return ", ".join(f"{f.name[:-2].replace('_', ' ')} {getattr(costs.wall, f.name) * 1e6:.1f} / "
+                     f"{getattr(costs.cpu, f.name) * 1e6:.1f}"
+                     for f in fields(costs.wall) if getattr(costs.wall, f.name) or getattr(costs.cpu, f.name)) + (
+        f" (us, wall / CPU); {_how(costs)}")
 
 
 def tradeoff_main(args) -> int:
@@ -99,33 +107,33 @@ def tradeoff_main(args) -> int:
     threads = os.environ.get("OMP_NUM_THREADS", f"{os.cpu_count()} CPUs")
     title = (f"{problem.description}, {steps:,} steps; one state {state_mib * 1024:.0f} KiB; "
              f"deterministic={deterministic}, OMP threads {threads}, "
-             + (f"{args.repeats} interleaved rounds (fastest; theory/measured of the medians)" if args.repeats > 1
+             + (f"{args.repeats} interleaved rounds (fastest; theory fitted on probes run in the same rounds)"
+                if args.repeats > 1
                 else "one run each"))
     print(title, flush=True)
 
+    revolve = [b for b in budgets if 1 <= b < steps] or [3]
     costs = calibrate(problem, min(args.probe, steps), deterministic=deterministic,
-                      directory=(args.disk_dir or out) if disk else None, max_steps=steps)
+                      directory=(args.disk_dir or out) if disk else None, max_steps=steps,
+                      budgets=(min(revolve), max(revolve)))
     if disk:
         costs = measure_disk(problem, costs, args.disk_dir or out)
     print(f"per step: forward {costs.forward_s * 1e3:.3f} ms, adjoint {costs.adjoint_s * 1e3:.3f} ms, "
           f"store-all's recorded forward {costs.storeall_step_s * 1e3:.3f} ms"
           + (f"; HDF5 snapshot write {costs.write_s * 1e3:.3f} ms, read {costs.read_s * 1e3:.3f} ms" if disk else ""),
           flush=True)
-    print("per path (us, wall / CPU): " + ", ".join(
-        f"{f.name[:-2].replace('_', ' ')} {getattr(costs.wall, f.name) * 1e6:.1f} / "
-        f"{getattr(costs.cpu, f.name) * 1e6:.1f}"
-        for f in fields(costs.wall) if getattr(costs.wall, f.name) or getattr(costs.cpu, f.name))
-        + "; " + _how(costs), flush=True)
+    print("per path, calibrated: " + _per_path(costs), flush=True)
     configs = configurations(steps, budgets, disk, storeall=not args.no_storeall)
     started = time.perf_counter()
 
     def log(row):
         print(f"  {row.config:<22} {row.forward_steps:>9,} forward steps  peak {row.peak_mib:8.2f} MiB  "
-              f"{row.wall_s:7.2f} s (theory {row.theory_s:.2f} s), "
+              f"{row.wall_s:7.2f} s (theory {row.theory_s:.2f} s, median {row.wall_median_s:.2f} s), "
               f"CPU {row.cpu_s:.2f} s (theory {row.theory_cpu_s:.2f} s)"
               + ("" if row.paths_exact else "  (paths differ from the plan)"), flush=True)
-    rows = sweep(problem, steps, configs, costs, deterministic=deterministic, directory=args.disk_dir,
-                 repeats=args.repeats, log=log)
+    rows, costs = sweep(problem, steps, configs, costs, deterministic=deterministic, directory=args.disk_dir,
+                        repeats=args.repeats, log=log)
+    print("per path, refitted on the probes run in the sweep's rounds: " + _per_path(costs))
     print(f"sweep took {time.perf_counter() - started:.1f} s\n")
 
     table = report.markdown(rows, f"**{title}**")

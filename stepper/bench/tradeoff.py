@@ -5,13 +5,14 @@ MultiLevel RAM + HDF5 splits with measured disk costs, and store-all) and return
 the measured wall and CPU time and peak memory next to the theory: the paths the schedule's run
 takes (native advances, native reversals, steps kept natively, Python steps, disk snapshots:
 `paths.plan`, a dry plan of its actions) priced with unit costs fitted on probe gradients that
-take the same paths (`Costs.wall`, `Costs.cpu`; `calibrate`). `advise` picks, for a memory
-limit, the fastest configuration that fits and the slowdown to expect against store-all.
+take the same paths, run in the sweep's own rounds (`Costs.wall`, `Costs.cpu`; `calibrate`,
+`probes`). `advise` picks, for a memory limit, the fastest configuration that fits and the
+slowdown to expect against store-all.
 
     from stepper.bench import problems, tradeoff
     p = problems.make("wave", 64)
     costs = tradeoff.calibrate(p)
-    rows = tradeoff.sweep(p, 2000, tradeoff.configurations(2000, [4, 8, 16]), costs)
+    rows, costs = tradeoff.sweep(p, 2000, tradeoff.configurations(2000, [4, 8, 16]), costs)
     print(tradeoff.advise(rows, 8 * 2**20, p.model.state_bytes, costs).text)
 """
 from __future__ import annotations
@@ -31,7 +32,7 @@ from . import rss
 from .paths import PathCosts, Paths, fit, plan
 from .problems import Problem
 
-__all__ = ["Config", "Costs", "Row", "Advice", "calibrate", "measure_disk", "configurations", "sweep", "advise"]
+__all__ = ["Config", "Costs", "Row", "Advice", "probes", "calibrate", "measure_disk", "configurations", "sweep", "advise"]
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,9 @@ class Costs:
     store-all (which touches fresh memory every step), and one disk snapshot write/read (these
     price MultiLevel's disk snapshots). ``wall`` and ``cpu``: each path's unit cost in wall and
     process CPU seconds (`paths.PathCosts`, None: priced per step by `predict`); ``native`` and
-    ``python_first``: how the model's steps run (`paths.plan`), as its probes ran."""
+    ``python_first``: how the model's steps run (`paths.plan`), as its probes ran;
+    ``probe_steps``, ``probe_budgets``, ``disk_probes``: the `probes` calibrated on, which `sweep`
+    reruns."""
     forward_s: float
     adjoint_s: float
     storeall_step_s: float
@@ -73,6 +76,9 @@ class Costs:
     cpu: PathCosts | None = None
     native: bool = True
     python_first: int = 2
+    probe_steps: tuple[int, int] = (0, 0)
+    probe_budgets: tuple[int, int] = (3, 0)
+    disk_probes: bool = False
 
     def paths(self, schedule) -> Paths:
         """The paths a run of `schedule` (a fresh one: it is consumed) takes with this model."""
@@ -131,42 +137,72 @@ class Row:
     paths_exact: bool | None = None
 
 
-def calibrate(problem: Problem, probe: int = 50, *, deterministic: bool = True, repeats: int = 5,
-              directory: str | None = None, max_steps: int | None = None) -> Costs:
-    """Per-step and per-path costs of `problem`, each the best of `repeats` interleaved rounds of
-    probe gradients over `probe` steps (and 8x `probe`, at most `max_steps`): forward and adjoint
-    per step from Revolve(probe, 2) (mostly recomputation), store-all's recorded step from
-    StoreAll(probe); per path (`Costs.wall`, `Costs.cpu`) fitted on Revolve and store-all probes
-    whose paths are counted by `paths.plan` (with `directory`, MultiLevel probes writing HDF5
-    snapshots there too). How the model's steps run (native or not, after how many Python steps)
-    is the plan that reproduces the probes' statistics."""
-    model, initial = problem.model, problem.initial
-    model.rollout(initial, 2, deterministic=deterministic, progress=False)      # compile, warm up
-    long = max(probe, min(8 * probe, max_steps or 8 * probe))
-    probes = [lambda: sp.Revolve(probe, 2) if probe > 2 else sp.StoreAll(probe), lambda: sp.StoreAll(probe)]
-    probes += [lambda: sp.StoreAll(long)]
+def probes(probe: int, long: int, budgets: tuple[int, int] = (3, 0), disk: bool = False) -> list:
+    """The probe gradients the unit costs are fitted on, as schedule makers: Revolve and store-all
+    over `probe` steps (they fix a run's own cost), and over `long` steps, the sweep's length,
+    store-all and Revolve with the fewest and the most RAM snapshots of `budgets` (0: long // 8).
+    A step's cost depends on how much memory the run touches (store-all's kept states; snapshots
+    that outgrow a cache), which the paths do not count: probes as long as the sweep, spanning its
+    budgets, touch what its runs touch. With `disk`, MultiLevel probes writing HDF5 snapshots too.
+    The first two give `Costs`' per-step estimates."""
+    fewest, most = min(budgets[0], long - 1), min(budgets[1] or max(2, long // 8), long - 1)
+    made = [lambda: sp.Revolve(probe, 2) if probe > 2 else sp.StoreAll(probe), lambda: sp.StoreAll(probe),
+            lambda: sp.StoreAll(long)]
     if probe > 2:
-        probes += [lambda: sp.Revolve(probe, 1), lambda: sp.Revolve(long, min(4, long - 1)),
-                   lambda: sp.Revolve(long, max(2, long // 8))]
-    if directory is not None and long > 4:
-        probes += [lambda: sp.MultiLevel(long, 2, max(2, long // 8), write_cost=1.0, read_cost=1.0),
-                   lambda: sp.MultiLevel(long, 4, max(2, long // 4), write_cost=0.5, read_cost=0.5)]
+        made += [lambda: sp.Revolve(probe, 1), lambda: sp.Revolve(long, fewest), lambda: sp.Revolve(long, most)]
+    if disk and long > 4:
+        made += [lambda: sp.MultiLevel(long, 2, max(2, long // 8), write_cost=1.0, read_cost=1.0),
+                 lambda: sp.MultiLevel(long, 4, max(2, long // 4), write_cost=0.5, read_cost=0.5)]
+    return made
+
+
+def calibrate(problem: Problem, probe: int = 50, *, deterministic: bool = True, repeats: int = 5,
+              directory: str | None = None, max_steps: int | None = None,
+              budgets: tuple[int, int] = (3, 0)) -> Costs:
+    """Per-step and per-path costs of `problem` from `repeats` interleaved rounds of the `probes`
+    (the long ones over `max_steps`, default 8x `probe`, with the fewest and most RAM snapshots
+    of `budgets`): forward and adjoint per step from
+    Revolve(probe, 2) (mostly recomputation), store-all's recorded step from StoreAll(probe); per
+    path (`Costs.wall`, `Costs.cpu`) fitted on all probes, whose paths are counted by `paths.plan` (with `directory`, MultiLevel probes write HDF5
+    snapshots there). How the model's steps run (native or not, after how many Python steps) is
+    the plan that reproduces the probes' statistics. `sweep` refits the paths' costs on the same
+    probes run in its own rounds."""
+    model = problem.model
+    model.rollout(problem.initial, 2, deterministic=deterministic, progress=False)      # compile, warm up
+    long = max(probe, max_steps or 8 * probe)
+    made = probes(probe, long, budgets, disk=directory is not None)
     path = None if directory is None else os.path.join(directory, "calibrate.h5")
-    on_disk = [path if plan(make()).disk_writes else None for make in probes]
-    runs = [[] for _ in probes]
-    for _ in range(repeats):
-        for k, make in enumerate(probes):
-            schedule = make()
-            runs[k].append(_gradient(problem, schedule.max_n, schedule, on_disk[k], deterministic))
+    runs = _probe_runs(problem, made, path, deterministic, repeats)
     forward = min(r.stats.forward_seconds / r.stats.forward_steps for r, _, _ in runs[0])
     adjoint = min(r.stats.adjoint_seconds / r.stats.steps for r, _, _ in runs[0])
     storeall = min(r.stats.forward_seconds / r.stats.steps for r, _, _ in runs[1])
-    native, python_first = _how_steps_run([(make, rs[0][0].stats) for make, rs in zip(probes, runs)])
-    paths = [plan(make(), native=native, python_first=python_first) for make in probes]
-    python = not native or python_first > 2
+    native, python_first = _how_steps_run([(make, rs[0][0].stats) for make, rs in zip(made, runs)])
+    costs = Costs(forward, adjoint, storeall, native=native, python_first=python_first,
+                  probe_steps=(probe, long), probe_budgets=budgets, disk_probes=directory is not None)
+    return _fitted(costs, made, runs)
+
+
+def _probe_runs(problem: Problem, made, path, deterministic: bool, repeats: int = 1, runs=None) -> list:
+    """`repeats` rounds of the probes `made`, appended to `runs` (one list per probe)."""
+    runs = runs if runs is not None else [[] for _ in made]
+    for _ in range(repeats):
+        for k, make in enumerate(made):
+            schedule = make()
+            disk = path if path is not None and plan(make()).disk_writes else None
+            runs[k].append(_gradient(problem, schedule.max_n, schedule, disk, deterministic))
+    return runs
+
+
+def _fitted(costs: Costs, made, runs) -> Costs:
+    """`costs` with the unit cost of each path fitted on the fastest of each probe's `runs`: a
+    shared machine's load only adds time, so the fastest of interleaved runs is what repeats (two
+    runs of one schedule in the same rounds agree within a few percent by it, and by up to a third
+    by their medians, on our 2-core VM), and it is what the rows' theory is compared with."""
+    paths = [plan(make(), native=costs.native, python_first=costs.python_first) for make in made]
+    python = not costs.native or costs.python_first > 2
     wall = fit([(p, min(r.stats.total_seconds for r, _, _ in rs)) for p, rs in zip(paths, runs)], python)
     cpu = fit([(p, min(c for _, c, _ in rs)) for p, rs in zip(paths, runs)], python)
-    return Costs(forward, adjoint, storeall, wall=wall, cpu=cpu, native=native, python_first=python_first)
+    return replace(costs, wall=wall, cpu=cpu)
 
 
 ALL = 2**62     # python_first of a step whose trace is never trusted: every first run on Python
@@ -248,25 +284,32 @@ def _row(config: Config, steps: int, costs: Costs, runs) -> Row:
 
 
 def sweep(problem: Problem, steps: int, configs, costs: Costs, *, deterministic: bool = True,
-          directory: str | None = None, repeats: int = 1, log=None) -> list[Row]:
+          directory: str | None = None, repeats: int = 1, log=None) -> tuple[list[Row], Costs]:
     """Run the gradient of `problem` over `steps` steps for each configuration, in `repeats`
     interleaved rounds (each configuration once per round: a shared machine's load falls on all
-    alike); a Row keeps the fastest run and the medians. HDF5 snapshots go to `directory`
-    (default: a temporary one). `log(row)` is called after each configuration's last run."""
+    alike); a Row keeps the fastest run and the medians. Each round runs `costs`' calibration
+    probes too, and the theory prices the rows with unit costs refitted on them: a shared
+    machine's speed drifts between a calibration and a sweep that follows it, not within a round. Returns the
+    rows and the refitted costs. HDF5 snapshots go to `directory` (default: a temporary one).
+    `log(row)` is called for each row once all rounds ran."""
     configs = list(configs)
     runs = [[] for _ in configs]
-    rows = []
+    recalibrate = costs.wall is not None and costs.probe_steps[0] > 0
+    made = probes(*costs.probe_steps, costs.probe_budgets, costs.disk_probes) if recalibrate else []
+    probe_runs = [[] for _ in made]
     with tempfile.TemporaryDirectory(dir=directory) as tmp:
         path = os.path.join(tmp, "snapshots.h5")
-        for round_ in range(repeats):
+        for _ in range(repeats):
+            _probe_runs(problem, made, os.path.join(tmp, "probe.h5"), deterministic, runs=probe_runs)
             for k, config in enumerate(configs):
                 runs[k].append(_gradient(problem, steps, config.schedule(steps, costs),
                                          path if config.kind == "multilevel" else None, deterministic))
-                if round_ == repeats - 1:
-                    rows.append(_row(config, steps, costs, runs[k]))
-                    if log:
-                        log(rows[-1])
-    return relative_to_storeall(rows, steps, costs)
+    if recalibrate:
+        costs = _fitted(costs, made, probe_runs)
+    rows = [_row(config, steps, costs, runs[k]) for k, config in enumerate(configs)]
+    for row in rows if log else ():
+        log(row)
+    return relative_to_storeall(rows, steps, costs), costs
 
 
 def relative_to_storeall(rows: list[Row], steps: int, costs: Costs) -> list[Row]:
