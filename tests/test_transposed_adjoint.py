@@ -107,9 +107,10 @@ def test_every_spelling_has_a_gather_form_over_all_its_arrays_and_no_loop_tape(o
         table = name == "fwi_array"      # its weights, read at constant indices: their gradient scatters
         assert gather is not None and bool(gather.scatters) == table, name
         assert set(gather.arrays) == {p.name for p in compiled.forward.params[:-1]} - ({"w"} if table else set()), name
-        # the wave's partials reach its neighbours as the incoming gradient times constants, which
-        # the one-pass form loads again; Devito's update divides by a local denominator first
-        assert (gather.pointwise is not None) == name.startswith("fwi"), name
+        # the wave's partials reach its neighbours as the incoming gradient times constants under
+        # the neighbour's guard: stored with a zero where the guard fails, the interior runs
+        # unguarded; Devito's update divides by a local denominator first
+        assert gather.pointwise is not None, name
         if gather.pointwise is not None:
             verify(gather.pointwise, single_definition=False)
             assert any(isinstance(s, ir.ScratchStore) for s in ir.walk(gather.pointwise.body))
@@ -118,8 +119,9 @@ def test_every_spelling_has_a_gather_form_over_all_its_arrays_and_no_loop_tape(o
 
 def test_the_interior_keeps_only_the_launch_margin_and_selects_the_neighbours_guards():
     """A neighbour's boundary guard, tested at p - c, would narrow the interior by the stencil's
-    radius once more (8 of 64 points per side in 3-D at 8th order); it is a select there instead."""
-    gather = corpus(8, 3)["table"].compiled().gather
+    radius once more (8 of 64 points per side in 3-D at 8th order); it is a select there instead
+    (in the one-pass form, whose copies read the incoming gradient at p - c)."""
+    gather = one_pass_copy(corpus(8, 3)["table"]).compiled().gather
     for axis in range(3):
         assert max(b.const for b in gather.interior.lower[axis]) == 4
     body = list(ir.walk(gather.interior.function.body))
@@ -140,13 +142,27 @@ def divided_by_m(u: F1, m: F1, out: F1):
 
 @sp.kernel
 def divided_and_shifted(u: F1, s: F1, m: F1, out: F1):
-    """divided_by_m plus s[i - 1]: that neighbour's branch also adds the incoming gradient itself
-    (read again at p - c, not zero where the guard fails), so it keeps its guard."""
+    """divided_by_m plus s[i - 1]: that neighbour's branch also adds the incoming gradient itself,
+    a root read under the guard: a zero root where it fails, so the branch runs unguarded too."""
     i = sp.tid()
     n = u.shape[0]
     v = sp.float64(0.0)
     if i >= 1 and i < n - 1:
         v = (u[i - 1] - 2.0 * u[i] + u[i + 1]) / m[i] + s[i - 1]
+    out[i] = v
+
+
+@sp.kernel
+def divided_and_shifted_where_positive(u: F1, s: F1, m: F1, out: F1):
+    """divided_and_shifted, adding s[i - 1] only where it is positive: that neighbour's branch
+    tests s at p - c, a test that may pass where the guard fails, so it keeps its guard."""
+    i = sp.tid()
+    n = u.shape[0]
+    v = sp.float64(0.0)
+    if i >= 1 and i < n - 1:
+        v = (u[i - 1] - 2.0 * u[i] + u[i + 1]) / m[i]
+        if s[i - 1] > 0.0:
+            v = v + s[i - 1]
     out[i] = v
 
 
@@ -165,7 +181,8 @@ def test_the_interior_runs_the_neighbours_guarded_branches_unconditionally(kerne
     assert zeros and isinstance(zeros[0].value, ir.Const) and zeros[0].value.value == 0
 
 
-@pytest.mark.parametrize("kernel, guarded", [(divided_by_m, False), (divided_and_shifted, True)])
+@pytest.mark.parametrize("kernel, guarded", [(divided_by_m, False), (divided_and_shifted, False),
+                                             (divided_and_shifted_where_positive, True)])
 def test_a_zero_root_stands_where_the_guard_fails(kernel, guarded, device):
     """m is zero where the forward's guard fails, so a root computed there would be infinite (and
     what is left in scratch there anything): the pointwise pass stores zero roots there. A branch
@@ -174,7 +191,7 @@ def test_a_zero_root_stands_where_the_guard_fails(kernel, guarded, device):
     rng = np.random.default_rng(3)
     m = 1.0 + rng.random(n)
     m[[0, -1]] = 0.0
-    values = [rng.standard_normal(n), m] if kernel is divided_by_m else [rng.standard_normal(n), rng.random(n), m]
+    values = [rng.standard_normal(n), m] if kernel is divided_by_m else [rng.standard_normal(n), rng.random(n) - 0.5, m]
     gather = kernel.compiled().gather
     assert gather.pointwise is not None and gather.pointwise_interior is not None
     assert any(isinstance(s, ir.Op) and s.op == "where" for s in ir.walk(gather.interior.function.body)) == guarded
@@ -270,8 +287,7 @@ def without(kernel, **fields) -> Kernel:
     module = KernelModule(f"without_{'_'.join(fields)}_{kernel.__name__}_{id(kernel)}")
     copy = Kernel(kernel.fn, module)
     module.add(copy)
-    compiled = copy.compiled()
-    compiled.gather = dataclasses.replace(compiled.gather, **fields)
+    copy.compiled().gather = dataclasses.replace(kernel.compiled().gather, **fields)
     return copy
 
 
@@ -499,7 +515,7 @@ def test_a_rows_ends_and_bands_run_in_vectors_of_eight_from_a_stencil_radius_of_
 
     eighth, _ = short_runs(corpus(8, 3)["fwi"])
     assert {name.split("_", 1)[1] for name in eighth} >= {"fwi_gather_row_end_first2_thread", "fwi_pointwise_first2_thread"}
-    bands, _ = short_runs(corpus(8, 3)["unrolled"])        # (the FWI stencil's interior has no bands)
+    bands, _ = short_runs(one_pass_copy(corpus(8, 3)["unrolled"]))   # (unguarded interiors have no bands)
     assert "unrolled_gather_interior_band_first_thread" in {name.split("_", 1)[1] for name in bands}
     assert not any(name.endswith(("_interior_thread", "_settled_thread")) for name in eighth)   # middles: widest
     fourth, source = short_runs(corpus(4, 3)["fwi"])
@@ -577,8 +593,9 @@ def test_the_settled_rows_run_bands_between_the_interiors_box_and_the_settled_on
                                                                                                      shape):
     """In the rows of `GatherAdjoint.settled`'s box, the threads between its box and the interior's
     (a stencil radius at each end) run `bands`: the interior settled there, so that of its selects
-    only those of the R - 1 neighbours whose guard switches inside the band stay; the same bits."""
-    kernel = corpus(order, ndim)[name]
+    only those of the R - 1 neighbours whose guard switches inside the band stay; the same bits.
+    (The one-pass form: the two-pass form runs these guards unconditionally.)"""
+    kernel = one_pass_copy(corpus(order, ndim)[name])
     gather = kernel.compiled().gather
 
     def selects(fn):
@@ -594,7 +611,9 @@ def test_the_settled_rows_run_bands_between_the_interiors_box_and_the_settled_on
                                            (corpus(4, 2)["neighbours"], (17, 16)), (corpus(2, 3)["unrolled"], (9, 8, 10))])
 def test_the_settled_variant_drops_the_interiors_selects_and_keeps_its_bits(kernel, shape):
     """Threads a stencil radius inside the interior's box run `GatherAdjoint.settled`: every
-    neighbour's guard decided, no selects left; the same bits as the interior with its selects."""
+    neighbour's guard decided, no selects left; the same bits as the interior with its selects.
+    (The one-pass form: the two-pass form runs these guards unconditionally.)"""
+    kernel = one_pass_copy(kernel)
     gather = kernel.compiled().gather
     assert any(isinstance(s, ir.Op) and s.op == "where" for s in ir.walk(gather.interior.function.body))
     body = list(ir.walk(gather.settled.function.body))

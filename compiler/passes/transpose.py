@@ -83,6 +83,7 @@ class _Labels:
         self.defs: dict[int, object] = {}          # root id -> its defining statement
         self.uniform: set[int] = set()             # free Temps with one value for every thread
         self.written = written                     # arrays the kernel stores into
+        self.depth = 0                             # how many branches the statement is under
 
     def _is_uniform(self, x) -> bool:
         return isinstance(x, ir.Const) or (isinstance(x, ir.Temp) and x.id in self.uniform)
@@ -105,7 +106,11 @@ class _Labels:
             self.vars[s.var.id] = self.of(s.value)
         elif isinstance(s, ir.ReadVar):
             label = self.vars.get(s.var.id)
-            self.temps[s.out.id] = self.root(s) if label is OTHER else label
+            # a value loaded outside a branch and read in it (the incoming gradient, under a
+            # neighbour's guard) is a root there: stored under the branch, it stores a zero where
+            # the branch is not taken, and the interior runs the branch unconditionally (`unguarded`)
+            loaded = label is not None and label is not OTHER and isinstance(self.defs[label], _MEMORY)
+            self.temps[s.out.id] = self.root(s) if label is OTHER or (loaded and self.depth) else label
         elif isinstance(s, ir.Op):
             sources = {self.of(a) for a in s.args} - {None}
             self.temps[s.out.id] = sources.pop() if len(sources) == 1 else self.root(s) if sources else None
@@ -127,9 +132,11 @@ class _Labels:
     def _branch(self, s: ir.If) -> None:
         """After a branch, a local it assigns depends on the condition's root and each side's."""
         before = dict(self.vars)
+        self.depth += 1
         self.block(s.then)
         then, self.vars = self.vars, dict(before)
         self.block(s.orelse)
+        self.depth -= 1
         orelse = self.vars
         merged = dict(before)
         cond = self.of(s.cond)
