@@ -19,7 +19,10 @@ these alone, and loads at the same indices for every thread from arrays the kern
 coefficient table's w[r]; the copy recomputes those at its own thread): the value is then a function of that
 operand, and so on, up to an operation that combines two such values (its result is the root), a
 load (a root kept in memory already: the copy loads it again, no scratch), or a read of a local that
-branches on a value other than its root assign (the read is the root). A Laplacian's accumulations
+branches on a value other than its root assign (the read is the root). A loaded value read in a
+branch (the incoming gradient under a neighbour's guard, in a wave whose neighbours receive it
+times constants) is a root there, stored under the branch: so a zero stands where the guard
+fails, and the interior runs the branch unguarded (below). A Laplacian's accumulations
 share one root (the adjoint of the Laplacian, say), whatever the stencil's width. Only the roots of
 accumulations at a nonzero offset are stored: the zero-offset pass runs at thread p itself and
 computes what it needs there, and an array accumulated at the thread's own index alone gets its
