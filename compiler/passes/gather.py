@@ -176,7 +176,7 @@ def gather_adjoint(adjoint: ir.Function, two_pass: bool = True) -> GatherAdjoint
     if two_pass and not any(widens) and local != set(eligible):
         # (the zero-offset pass runs at thread p itself, so it recomputes what only it needs)
         found = transpose.roots(body, [s for s in gathered if s.array.param.name not in local
-                                       and site_offset[id(s)] != zero])
+                                       and site_offset[id(s)] != zero], loaded=ndim >= 3)
     offsets, scratch_bytes = transpose.scratch_layout(found) if found else (None, 0)
     skip = local if found else set()
     build = lambda clamp: eliminate_dead_code(_build(adjoint, body, eligible, source, widens, site_offset,  # noqa: E731
