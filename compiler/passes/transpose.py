@@ -27,11 +27,11 @@ and saves the selects of the threads within two stencil radii of a face, where t
 tests every neighbour's guard: a large share of a 3-D grid (58% of 64^3 at 8th order) and a small
 one of a 2-D grid (6% of 512^2). Measured on an AVX2 machine, the 3-D 64^3 wave adjoint went from
 2.1-6.0x its forward to 1.8-3.4x; in 2-D at 512^2 it would have gone from 1.8-2.1x to 2.4-2.8x at
-2nd and 4th order. A Laplacian's accumulations
-share one root (the adjoint of the Laplacian, say), whatever the stencil's width. Only the roots of
-accumulations at a nonzero offset are stored: the zero-offset pass runs at thread p itself and
-computes what it needs there, and an array accumulated at the thread's own index alone gets its
-gradient written by the pointwise pass (one write per element, as the one-pass form makes it).
+2nd and 4th order. A Laplacian's accumulations share one root (the adjoint of the Laplacian, say),
+whatever the stencil's width. Only the roots of accumulations at a nonzero offset are stored: the
+zero-offset pass runs at thread p itself and computes what it needs there, and an array
+accumulated at the thread's own index alone gets its gradient written by the pointwise pass (one
+write per element, as the one-pass form makes it).
 
 A neighbour's copy runs under that neighbour's guard (``if i >= R and ...`` at p - c), which near the
 interior's edges switches from thread to thread: selects, and variants settled further in (bands,
@@ -43,11 +43,12 @@ a zero: where nothing else is added, -0.0 + 0.0 gives 0.0.
 Every accumulation is computed by the same operations from the same values as in the one-pass form,
 and summed in the same order, so the two forms give the same bits (up to that sign of zero). Roots
 defined in a branch are stored under it, and read under the same branch of the copy, whose
-condition is computed the same way at the same thread; the copy's thread p - c is a thread of the launch (clamped or wrapped into it),
-whose roots the pointwise pass stored. Accumulations that still scatter (into a coefficient table
-read at constant indices, say) run in the pointwise pass, once per thread in thread order, where the
-one-pass form runs them in its zero-offset pass. The form applies where the one-pass form does not
-widen, has no loops (a loop's temps take many values) and needs at least one root computed.
+condition is computed the same way at the same thread; the copy's thread p - c is a thread of the
+launch (clamped or wrapped into it), whose roots the pointwise pass stored. Accumulations that
+still scatter (into a coefficient table read at constant indices, say) run in the pointwise pass,
+once per thread in thread order, where the one-pass form runs them in its zero-offset pass. The
+form applies where the one-pass form does not widen, has no loops (a loop's temps take many
+values) and needs at least one root computed.
 """
 from __future__ import annotations
 

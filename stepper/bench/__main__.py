@@ -112,7 +112,8 @@ def tradeoff_main(args) -> int:
                 else "one run each"))
     print(title, flush=True)
 
-    revolve = [b for b in budgets if 1 <= b < steps] or [3]
+    configs = configurations(steps, budgets, disk, storeall=not args.no_storeall)
+    revolve = [c.ram for c in configs if c.kind == "revolve"] or [3]
     costs = calibrate(problem, min(args.probe, steps), deterministic=deterministic,
                       directory=(args.disk_dir or out) if disk else None, max_steps=steps,
                       budgets=(min(revolve), max(revolve)))
@@ -123,7 +124,6 @@ def tradeoff_main(args) -> int:
           + (f"; HDF5 snapshot write {costs.write_s * 1e3:.3f} ms, read {costs.read_s * 1e3:.3f} ms" if disk else ""),
           flush=True)
     print("per path, calibrated: " + _per_path(costs), flush=True)
-    configs = configurations(steps, budgets, disk, storeall=not args.no_storeall)
     started = time.perf_counter()
 
     def log(row):

@@ -32,7 +32,8 @@ from . import rss
 from .paths import PathCosts, Paths, fit, plan
 from .problems import Problem
 
-__all__ = ["Config", "Costs", "Row", "Advice", "probes", "calibrate", "measure_disk", "configurations", "sweep", "advise"]
+__all__ = ["Config", "Costs", "Row", "Advice", "probes", "calibrate", "measure_disk", "configurations", "sweep",
+           "advise"]
 
 
 @dataclass(frozen=True)
@@ -161,18 +162,18 @@ def calibrate(problem: Problem, probe: int = 50, *, deterministic: bool = True, 
               budgets: tuple[int, int] = (3, 0)) -> Costs:
     """Per-step and per-path costs of `problem` from `repeats` interleaved rounds of the `probes`
     (the long ones over `max_steps`, default 8x `probe`, with the fewest and most RAM snapshots
-    of `budgets`): forward and adjoint per step from
-    Revolve(probe, 2) (mostly recomputation), store-all's recorded step from StoreAll(probe); per
-    path (`Costs.wall`, `Costs.cpu`) fitted on all probes, whose paths are counted by `paths.plan` (with `directory`, MultiLevel probes write HDF5
-    snapshots there). How the model's steps run (native or not, after how many Python steps) is
-    the plan that reproduces the probes' statistics. `sweep` refits the paths' costs on the same
-    probes run in its own rounds."""
+    of `budgets`): forward and adjoint per step from Revolve(probe, 2) (mostly recomputation),
+    store-all's recorded step from StoreAll(probe); per path (`Costs.wall`, `Costs.cpu`) fitted on
+    all probes, whose paths are counted by `paths.plan` (with `directory`, MultiLevel probes write
+    HDF5 snapshots there). How the model's steps run (native or not, after how many Python steps)
+    is the plan that reproduces the probes' statistics. `sweep` refits the paths' costs on the
+    same probes run in its own rounds."""
     model = problem.model
     model.rollout(problem.initial, 2, deterministic=deterministic, progress=False)      # compile, warm up
     long = max(probe, max_steps or 8 * probe)
     made = probes(probe, long, budgets, disk=directory is not None)
-    path = None if directory is None else os.path.join(directory, "calibrate.h5")
-    runs = _probe_runs(problem, made, path, deterministic, repeats)
+    on_disk = _disk_paths(made, None if directory is None else os.path.join(directory, "calibrate.h5"))
+    runs = _probe_runs(problem, made, on_disk, deterministic, repeats)
     forward = min(r.stats.forward_seconds / r.stats.forward_steps for r, _, _ in runs[0])
     adjoint = min(r.stats.adjoint_seconds / r.stats.steps for r, _, _ in runs[0])
     storeall = min(r.stats.forward_seconds / r.stats.steps for r, _, _ in runs[1])
@@ -182,14 +183,19 @@ def calibrate(problem: Problem, probe: int = 50, *, deterministic: bool = True, 
     return _fitted(costs, made, runs)
 
 
-def _probe_runs(problem: Problem, made, path, deterministic: bool, repeats: int = 1, runs=None) -> list:
-    """`repeats` rounds of the probes `made`, appended to `runs` (one list per probe)."""
+def _disk_paths(made, path) -> list:
+    """Per probe of `made`, the HDF5 file its snapshots go to (`path`) if its schedule writes any."""
+    return [path if path is not None and plan(make()).disk_writes else None for make in made]
+
+
+def _probe_runs(problem: Problem, made, on_disk, deterministic: bool, repeats: int = 1, runs=None) -> list:
+    """`repeats` rounds of the probes `made` (snapshots to `on_disk`, `_disk_paths`), appended to
+    `runs` (one list per probe)."""
     runs = runs if runs is not None else [[] for _ in made]
     for _ in range(repeats):
         for k, make in enumerate(made):
             schedule = make()
-            disk = path if path is not None and plan(make()).disk_writes else None
-            runs[k].append(_gradient(problem, schedule.max_n, schedule, disk, deterministic))
+            runs[k].append(_gradient(problem, schedule.max_n, schedule, on_disk[k], deterministic))
     return runs
 
 
@@ -289,9 +295,9 @@ def sweep(problem: Problem, steps: int, configs, costs: Costs, *, deterministic:
     interleaved rounds (each configuration once per round: a shared machine's load falls on all
     alike); a Row keeps the fastest run and the medians. Each round runs `costs`' calibration
     probes too, and the theory prices the rows with unit costs refitted on them: a shared
-    machine's speed drifts between a calibration and a sweep that follows it, not within a round. Returns the
-    rows and the refitted costs. HDF5 snapshots go to `directory` (default: a temporary one).
-    `log(row)` is called for each row once all rounds ran."""
+    machine's speed drifts between a calibration and a sweep that follows it, not within a round.
+    Returns the rows and the refitted costs. HDF5 snapshots go to `directory` (default: a
+    temporary one). `log(row)` is called for each row once all rounds ran."""
     configs = list(configs)
     runs = [[] for _ in configs]
     recalibrate = costs.wall is not None and costs.probe_steps[0] > 0
@@ -299,8 +305,9 @@ def sweep(problem: Problem, steps: int, configs, costs: Costs, *, deterministic:
     probe_runs = [[] for _ in made]
     with tempfile.TemporaryDirectory(dir=directory) as tmp:
         path = os.path.join(tmp, "snapshots.h5")
+        on_disk = _disk_paths(made, os.path.join(tmp, "probe.h5"))
         for _ in range(repeats):
-            _probe_runs(problem, made, os.path.join(tmp, "probe.h5"), deterministic, runs=probe_runs)
+            _probe_runs(problem, made, on_disk, deterministic, runs=probe_runs)
             for k, config in enumerate(configs):
                 runs[k].append(_gradient(problem, steps, config.schedule(steps, costs),
                                          path if config.kind == "multilevel" else None, deterministic))
