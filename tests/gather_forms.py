@@ -1,0 +1,57 @@
+"""What the gather-form tests share: the stencil corpus (benchmarks/stencil_spellings.py), a
+kernel's copy in the one-pass form or with variants of its form replaced, and its gradients."""
+import dataclasses
+import os
+import sys
+
+import numpy as np
+
+import compiler as sp
+from compiler.kernel import Kernel, KernelModule
+from compiler.passes.adjoint import adjoint_function
+from compiler.passes.gather import gather_adjoint
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+import stencil_spellings  # noqa: E402
+
+
+def corpus(order, ndim, dtype=sp.float64):
+    return stencil_spellings.kernels(order, ndim, dtype)
+
+
+def one_pass_copy(kernel) -> Kernel:
+    """`kernel` in a module of its own, with the one-pass gather form (one adjoint copy per offset)."""
+    module = KernelModule(f"one_pass_{kernel.__name__}_{id(kernel)}")
+    copy = Kernel(kernel.fn, module)
+    module.add(copy)
+    compiled = copy.compiled()
+    compiled.gather = gather_adjoint(adjoint_function(compiled.forward), two_pass=False)
+    assert compiled.gather is not None and compiled.gather.pointwise is None
+    return copy
+
+
+def inputs(kernel, shape, seed):
+    rng = np.random.default_rng(seed)
+    count = len(kernel.compiled().forward.params) - 1
+    scales = [1.0, 1.0, 0.1, 0.05][:count]
+    return [rng.standard_normal(shape) * s for s in scales], rng.standard_normal(shape)
+
+
+def gradients(kernel, shape, values, w, device="cpu", deterministic=False, dtype=sp.float64):
+    arrays = [sp.array(v.astype(dtype.np_dtype), requires_grad=True, device=device) for v in values]
+    out = sp.zeros(shape, dtype=dtype, requires_grad=True, device=device)
+    tape = sp.Tape(deterministic=deterministic)
+    with tape:
+        sp.launch(kernel, shape, inputs=arrays, outputs=[out])
+    tape.backward(grads={out: w.astype(dtype.np_dtype)})
+    return out.numpy(), [a.grad.numpy() for a in arrays]
+
+
+def without(kernel, **fields) -> Kernel:
+    """`kernel` in a module of its own whose gather form has `fields` replaced (a variant set to
+    None runs what ran before it)."""
+    module = KernelModule(f"without_{'_'.join(fields)}_{kernel.__name__}_{id(kernel)}")
+    copy = Kernel(kernel.fn, module)
+    module.add(copy)
+    copy.compiled().gather = dataclasses.replace(kernel.compiled().gather, **fields)
+    return copy
