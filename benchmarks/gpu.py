@@ -297,7 +297,7 @@ def kernel_spellings(quick: bool, rounds: int, failed: list) -> list[str]:
     from kernel_spellings import kernel_table
     try:
         return kernel_table([2] if quick else [2, 4, 8], [2, 3], ["float32"], 24 if quick else 4096,
-                            8 if quick else 256, rounds, False, "cuda")
+                            8 if quick else 256, rounds, None, "cuda")
     except Exception:
         traceback.print_exc()
         failed.append("kernel_spellings")

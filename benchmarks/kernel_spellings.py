@@ -34,9 +34,10 @@ _ADJOINT = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p, ctyp
                             ctypes.c_int, ctypes.c_void_p, ctypes.c_int)
 
 
-def _copies(group: dict, label: str, before: bool) -> dict:
-    """The group's kernels rebuilt in a module of their own (so that a group compiles alone)."""
-    module = KernelModule(f"kernel_spellings_{label}{'_before' if before else ''}")
+def _copies(group: dict, label: str, before: str | None) -> dict:
+    """The group's kernels rebuilt in a module of their own (so that a group compiles alone), with
+    `before` ("one-pass" or "no-halo", see kernel_table) their adjoints in that form."""
+    module = KernelModule(f"kernel_spellings_{label}{'_' + before.replace('-', '_') if before else ''}")
     out = {}
     for name, k in group.items():
         copy = Kernel(k.fn, module)
@@ -44,7 +45,8 @@ def _copies(group: dict, label: str, before: bool) -> dict:
         if before:
             compiled = copy.compiled()
             if compiled.gather is not None:
-                compiled.gather = gather_adjoint(adjoint_function(compiled.forward), two_pass=False)
+                compiled.gather = gather_adjoint(adjoint_function(compiled.forward), two_pass=before != "one-pass",
+                                                 halo=False)
         out[name] = copy
     return out
 
@@ -122,12 +124,15 @@ def _seconds(call, budget: float = 0.02, device: str = "cpu") -> float:
 CONSTANT_DAMPING = "fwi, damping constant"
 
 
-def kernel_table(orders, ndims, dtypes, n2: int, n3: int, rounds: int, before: bool, device: str = "cpu") -> list[str]:
+def kernel_table(orders, ndims, dtypes, n2: int, n3: int, rounds: int, before: str | None,
+                 device: str = "cpu") -> list[str]:
     """Markdown rows, one per (ndim, order, dtype, spelling), and one for `fwi` as the FWI gradient
-    launches it (CONSTANT_DAMPING), timed on `device`."""
+    launches it (CONSTANT_DAMPING), timed on `device`. `before`: the last column's form, "one-pass"
+    (one adjoint copy per offset) or "no-halo" (two passes, scratch the launch's size: the forms
+    before GatherAdjoint.halo), or None for no such column."""
     rng = np.random.default_rng(0)
     lines = ["| dims | order | dtype | spelling | forward us | adjoint us | adjoint/forward (min-max) | "
-             "forward / fastest | adjoint / fastest |" + (" before: adjoint/forward |" if before else ""),
+             "forward / fastest | adjoint / fastest |" + (f" {before}: adjoint/forward |" if before else ""),
              "|---|---:|---|---|---:|---:|---:|---:|---:|" + ("---:|" if before else "")]
     for ndim in ndims:
         shape = (n2,) * 2 if ndim == 2 else (n3,) * 3
@@ -136,9 +141,9 @@ def kernel_table(orders, ndims, dtypes, n2: int, n3: int, rounds: int, before: b
                 dtype = DTYPES[dname]
                 group = stencil_spellings.kernels(order, ndim, dtype)
                 label = f"{ndim}d_{order}_{dname}"
-                variants = {"after": _copies(group, label, False)}
+                variants = {"after": _copies(group, label, None)}
                 if before:
-                    variants["before"] = _copies(group, label, True)
+                    variants["before"] = _copies(group, label, before)
                 calls = {}
                 shared = _shared_arguments(shape, dtype, rng, order, device)
                 for variant, kernels in variants.items():

@@ -247,21 +247,25 @@ class ReadGrad:
 class ScratchStore:
     """Two-pass gather forms only (compiler/passes/transpose.py): store `value` as element `index`
     (the thread's flat index in the launch) of a scratch array of one value per thread of the
-    launch, which starts `offset` bytes per thread into the launch's scratch memory."""
+    launch, which starts `offset` bytes per thread into the launch's scratch memory. `count`: the
+    array's elements where that is not the launch's thread count (a halo form's launch grown by a
+    halo: its int64 Temp)."""
     offset: int
     index: Operand
     value: Operand
     loc: Loc
+    count: Operand | None = None
 
 
 @dataclass(frozen=True)
 class ScratchLoad:
     """Two-pass gather forms only: `out` = element `index` of the scratch array at `offset`, which
-    the launch's first pass stored."""
+    the launch's first pass stored (`count` as for ScratchStore)."""
     out: Temp
     offset: int
     index: Operand
     loc: Loc
+    count: Operand | None = None
 
 
 @dataclass(frozen=True)
@@ -330,9 +334,9 @@ def used_operands(s) -> tuple:
     if isinstance(s, (Store, Atomic, AccumGrad)):
         return (*s.indices, s.value)
     if isinstance(s, ScratchStore):
-        return (s.index, s.value)
+        return (s.index, s.value) + ((s.count,) if s.count is not None else ())
     if isinstance(s, ScratchLoad):
-        return (s.index,)
+        return (s.index,) + ((s.count,) if s.count is not None else ())
     if isinstance(s, Assign):
         return (s.value,)
     if isinstance(s, (Print, Push)):

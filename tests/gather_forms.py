@@ -21,12 +21,32 @@ def corpus(order, ndim, dtype=sp.float64):
 
 def one_pass_copy(kernel) -> Kernel:
     """`kernel` in a module of its own, with the one-pass gather form (one adjoint copy per offset)."""
-    module = KernelModule(f"one_pass_{kernel.__name__}_{id(kernel)}")
+    copy = _copy(kernel, "one_pass", two_pass=False)
+    assert copy.compiled().gather.pointwise is None
+    return copy
+
+
+def no_halo_copy(kernel) -> Kernel:
+    """`kernel` in a module of its own, its two-pass form's scratch the launch's size (not the halo
+    form): the form whose threads near a face run variants settled there."""
+    copy = _copy(kernel, "no_halo", halo=False)
+    assert copy.compiled().gather.pointwise is not None and not copy.compiled().gather.halo
+    return copy
+
+
+def with_faces(kernel) -> Kernel:
+    """`kernel`, or where it takes the halo form (which runs one variant everywhere) its
+    `no_halo_copy`: the form whose variants near the faces a test looks at."""
+    return no_halo_copy(kernel) if kernel.compiled().gather.halo else kernel
+
+
+def _copy(kernel, name: str, **options) -> Kernel:
+    module = KernelModule(f"{name}_{kernel.__name__}_{id(kernel)}")
     copy = Kernel(kernel.fn, module)
     module.add(copy)
     compiled = copy.compiled()
-    compiled.gather = gather_adjoint(adjoint_function(compiled.forward), two_pass=False)
-    assert compiled.gather is not None and compiled.gather.pointwise is None
+    compiled.gather = gather_adjoint(adjoint_function(compiled.forward), **options)
+    assert compiled.gather is not None
     return copy
 
 

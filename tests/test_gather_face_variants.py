@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from compiler import ir
-from gather_forms import corpus, gradients, inputs, one_pass_copy, without
+from gather_forms import corpus, gradients, inputs, one_pass_copy, with_faces, without
 
 
 def assert_bits_without(kernel, shape, **fields):
@@ -27,6 +27,7 @@ def test_the_rows_ends_variant_gives_the_fully_clamped_functions_bits(kernel, sh
     """A row's first and last threads (within the stencil's radius of the innermost faces) whose
     outer indices are inside run `GatherAdjoint.row_end`: clamped along the innermost axis alone,
     branch-free; the same bits as the fully clamped function, serial or not."""
+    kernel = with_faces(kernel)
     assert kernel.compiled().gather.row_end is not None
     assert_bits_without(kernel, shape, row_end=None)
 
@@ -42,7 +43,7 @@ def test_the_threads_near_a_face_run_variants_settled_there_with_the_same_bits(o
     neighbours too), so of a radius-R stencil's passes the R that contribute stay; the same bits
     as the functions they come from, serial or not, also where an extent is below the stencil's
     width (the boxes overlap)."""
-    kernel = corpus(order, ndim)[name]
+    kernel = with_faces(corpus(order, ndim)[name])
     gather = kernel.compiled().gather
     radius = order // 2
 
@@ -101,6 +102,7 @@ def test_the_corner_variant_is_the_fully_clamped_function_without_branches_and_k
     """The ends of the rows near an outer face run `GatherAdjoint.corner`: the fully clamped
     function with its branches turned into selects, in vector loops; the same bits as the function
     a thread at a time, serial or not."""
+    kernel = with_faces(kernel)
     gather = kernel.compiled().gather
     assert gather.corner is not None and corpus(8, 2)["table"].compiled().gather.corner is None    # 3-D only
     assert not any(isinstance(s, ir.If) for s in ir.walk(gather.corner.body))

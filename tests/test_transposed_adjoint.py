@@ -16,7 +16,7 @@ import stepper
 from compiler import ir
 from compiler.errors import CompileError
 from compiler.passes.verify import verify
-from gather_forms import corpus, gradients, inputs, one_pass_copy, stencil_spellings, without
+from gather_forms import corpus, gradients, inputs, one_pass_copy, stencil_spellings, with_faces, without
 
 F1 = sp.array(dtype=sp.float64)
 F2 = sp.array(dtype=sp.float64, ndim=2)
@@ -119,11 +119,13 @@ def test_the_interior_runs_the_neighbours_guarded_branches_unconditionally(kerne
     """What a neighbour's guarded branch adds in the transposed pass is a root times free factors
     (constant weights, a coefficient table's entries, scalar arguments); the pointwise pass stores a
     zero root first, so where the branch is not taken that is +-0 (transpose.unguarded). The
-    interior runs it unconditionally: no selects left, so no settled variant or bands."""
+    interior runs it unconditionally: no selects left, so no settled variant or bands (a halo form's
+    keeps the selects of the thread's own guard, at its own point: it runs at every thread)."""
     gather = kernel.compiled().gather
     body = list(ir.walk(gather.interior.function.body))
     assert any(isinstance(s, ir.ScratchLoad) for s in body)
-    assert not any(isinstance(s, ir.If) or isinstance(s, ir.Op) and s.op == "where" for s in body)
+    assert not any(isinstance(s, ir.If) for s in body)
+    assert gather.halo or not any(isinstance(s, ir.Op) and s.op == "where" for s in body)
     assert gather.settled is None and gather.bands is None
     zeros = [s for s in gather.pointwise.body if isinstance(s, ir.ScratchStore)]
     assert zeros and isinstance(zeros[0].value, ir.Const) and zeros[0].value.value == 0
@@ -232,6 +234,7 @@ def test_two_pass_float32_gives_the_one_pass_bits(device):
 @pytest.mark.parametrize("kernel, shape", [(corpus(8, 2)["fwi"], (21, 26)), (corpus(4, 3)["table"], (9, 8, 13)),
                                            (fwi_clamped, (12, 15)), (fwi_periodic, (11, 14))])
 def test_rows_near_a_face_give_the_clamped_copys_bits(kernel, shape, device):
+    kernel = with_faces(kernel)
     assert kernel.compiled().gather.row is not None
     values, w = inputs(kernel, shape, seed=13)
     _, rows = gradients(kernel, shape, values, w, device)
@@ -397,11 +400,12 @@ def test_weights_passed_as_an_array_reach_the_branch_free_form_and_the_tuple_spe
     and the gradients are the tuple spelling's (the same operations on the same values)."""
     kernel, tuple_kernel = corpus(order, ndim)["fwi_array"], corpus(order, ndim)["fwi"]
     gather = kernel.compiled().gather
-    assert gather.row is not None or ndim == 1
-    for fn in (gather.interior.function, gather.row.function):
+    assert gather.row is not None or gather.halo        # (a halo form's interior is every thread)
+    variants = [v for v in (gather.interior, gather.row) if v is not None]
+    for fn in (v.function for v in variants):
         assert not any(isinstance(s, ir.If) for s in ir.walk(fn.body)), fn.name
         assert not any(isinstance(s, ir.Load) and s.or_zero for s in ir.walk(fn.body)), fn.name
-    for variant in (gather.interior, gather.row):
+    for variant in variants:
         assert any(("dim", "w", 0) in [t for _, t in b.terms] for bounds in variant.upper for b in bounds)
     assert len({s.offset for s in ir.walk(gather.pointwise.body) if isinstance(s, ir.ScratchStore)}) == 1
     values, w = inputs(tuple_kernel, shape, seed=order)
@@ -451,7 +455,7 @@ def test_a_rows_ends_and_bands_run_in_vectors_of_eight_from_a_stencil_radius_of_
         source = render_cpu([kernel.compiled().functions()], False).source
         return re.findall(r"SP_SHORT_RUN for \([^)]*\) (\w+)<", source), source
 
-    eighth, _ = short_runs(corpus(8, 3)["fwi"])
+    eighth, _ = short_runs(with_faces(corpus(8, 3)["fwi"]))
     assert {name.split("_", 1)[1] for name in eighth} >= {"fwi_gather_row_end_first2_thread", "fwi_pointwise_first2_thread"}
     bands, _ = short_runs(one_pass_copy(corpus(8, 3)["unrolled"]))   # (unguarded interiors have no bands)
     assert "unrolled_gather_interior_band_first_thread" in {name.split("_", 1)[1] for name in bands}

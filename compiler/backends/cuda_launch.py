@@ -196,11 +196,12 @@ def _scratch_memory(ordinal: int, nbytes: int, kernel) -> DeviceBuffer:
 
 
 def adjoint(kernel, compiled, function, buffer: bytes, adj_buffer: bytes, n: int, debug: bool, serial: int,
-            device: str, add_slots: int = 0, grads: int | None = None) -> None:
+            device: str, add_slots: int = 0, grads: int | None = None, dims: tuple = ()) -> None:
     """Run the adjoint entry `function` (the adjoint or its gather form) of `kernel`: gradients
     accumulate into the arrays in `adj_buffer`. `serial` and `add_slots` as for `forward`; `grads`:
     the gradient mask of the gather form's specialised entry to run instead (except in debug mode,
-    whose checks the module's entries make; see grads_variants.py)."""
+    whose checks the module's entries make; see grads_variants.py). `dims`: the launch's (what a
+    halo form's scratch arrays span, grown by the halo)."""
     dev = get_device(device)
     cuda_driver.primary_context(dev.ordinal)
     loaded = cuda_module(kernel.module, debug, dev)
@@ -230,7 +231,10 @@ def adjoint(kernel, compiled, function, buffer: bytes, adj_buffer: bytes, n: int
     if gather is not None and function is gather.function and gather.pointwise is not None:
         # a two-pass gather form (compiler/passes/transpose.py): its pointwise pass first, into
         # scratch memory that the transposed pass reads (the stream orders the two launches)
-        tape = _scratch_memory(dev.ordinal, n * gather.scratch_bytes, kernel).ptr
+        count = gather.scratch_elements(dims) if gather.halo else n
+        tape = _scratch_memory(dev.ordinal, count * gather.scratch_bytes, kernel).ptr
+        if gather.halo:         # zeros beyond the launch (GatherAdjoint.halo); the pass stores the rest
+            zero_async(tape, count * gather.scratch_bytes, None)
         first = loaded.function(gather.pointwise.name, adjoint=True)
         _run(kernel, first, grid, block, [args, adj, ctypes.c_void_p(tape), ctypes.c_int64(0), ctypes.c_int(0),
                                           ctypes.c_void_p(0)], dev.ordinal)

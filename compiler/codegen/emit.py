@@ -208,10 +208,15 @@ class FunctionEmitter:
 
     def s_ScratchStore(self, s):
         t = s.value.type.ctype
-        self.line(f"sp::scratch<{t}>(tp, L, {s.offset}, {self.x(s.index)}) = {self.x(s.value)};")
+        self.line(f"sp::scratch<{t}>(tp, {self._count(s)}, {s.offset}, {self.x(s.index)}) = {self.x(s.value)};")
 
     def s_ScratchLoad(self, s):
-        self.line(f"{s.out.name} = sp::scratch<{s.out.type.ctype}>(tp, L, {s.offset}, {self.x(s.index)});")
+        self.line(f"{s.out.name} = sp::scratch<{s.out.type.ctype}>(tp, {self._count(s)}, {s.offset}, "
+                  f"{self.x(s.index)});")
+
+    def _count(self, s) -> str:
+        """A scratch array's elements: the launch's threads, or a halo form's own count."""
+        return "L.n" if s.count is None else self.x(s.count)
 
     def s_Print(self, s):
         values = [v for a in s.args for v in _printf(self.x(a), a.type)[1]]

@@ -524,10 +524,11 @@ struct tape_t {
     int64_t fresh;     // gather forms: bit k set = parameter k's gradient is new memory standing for zeros
 };
 // A two-pass gather form's scratch memory (compiler/passes/transpose.py): the launch's first pass
-// stores per-thread values that its second pass reads at neighbouring threads. An array of one T
-// per thread of the launch starts at L.n * offset bytes (offsets are multiples of T's alignment).
-template <typename T> SP_FUNC T& scratch(const tape_t& tp, const launch_t& L, int64_t offset, int64_t i) {
-    return ((T*)((char*)tp.base + L.n * offset))[i]; }
+// stores per-thread values that its second pass reads at neighbouring threads. An array of `n` T
+// (one per thread of the launch, or of a halo form's launch grown by its halo) starts at
+// n * offset bytes (offsets are multiples of T's alignment).
+template <typename T> SP_FUNC T& scratch(const tape_t& tp, int64_t n, int64_t offset, int64_t i) {
+    return ((T*)((char*)tp.base + n * offset))[i]; }
 #ifndef SP_CUDA
 // On the CPU a two-pass form's entry runs both passes; its scratch memory is kept per calling thread
 // between launches (no allocation per launch; nothing in it outlives the launch that filled it).
@@ -536,6 +537,27 @@ static inline uint64_t* scratch_memory(int64_t bytes) {
     static thread_local std::vector<uint64_t> memory;
     if ((int64_t)memory.size() * 8 < bytes) memory.resize((size_t)((bytes + 7) / 8));
     return memory.data();
+}
+// A halo form's scratch array (compiler/passes/transpose.py) of `size`-byte values over the launch's
+// extents e grown by pad[k] at each end of axis k: zero its elements outside the launch, the roots
+// of threads that do not exist, which the transposed pass reads near the faces. Row by row of the
+// innermost axis: a row outside the launch whole, the others at their two ends.
+static inline void zero_halo(char* array, int64_t size, int ndim, const int64_t* e, const int64_t* pad) {
+    int64_t rows = 1;
+    for (int k = 0; k < ndim - 1; ++k) rows *= e[k] + 2 * pad[k];
+    const int64_t inner = e[ndim - 1] + 2 * pad[ndim - 1], end = pad[ndim - 1];
+    for (int64_t r = 0; r < rows; ++r) {
+        bool outside = false;
+        for (int64_t k = ndim - 2, rest = r; k >= 0; --k) {
+            const int64_t i = rest % (e[k] + 2 * pad[k]);
+            rest /= e[k] + 2 * pad[k];
+            outside = outside || i < pad[k] || i >= pad[k] + e[k];
+        }
+        char* row = array + r * inner * size;
+        if (outside) { memset(row, 0, (size_t)(inner * size)); continue; }
+        memset(row, 0, (size_t)(end * size));
+        memset(row + (inner - end) * size, 0, (size_t)(end * size));
+    }
 }
 #endif
 // Adjoints scatter into gradient arrays: atomically, or with a plain add when threads run serially

@@ -312,7 +312,9 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
     lines = [FunctionEmitter(fn, debug=debug, sites=sites).args_struct(f"{fn.name}_args_t")]
     lines += _thread_function(fn, debug, sites, target, adjoint, fn.name)
     if interior is not None:
-        lines += _thread_function(interior.function, debug, sites, target, adjoint, fn.name, hot=True)
+        # (a halo form's runs at every thread: its own guard's selects as blends, as the row variant's)
+        halo = gather is not None and bool(gather.halo) and target is CPU
+        lines += _thread_function(interior.function, debug, sites, target, adjoint, fn.name, hot=True, blend=halo)
     if grads is None:
         fast, checked = "sp::ALL_GRADS, sp::ALL_GRADS", "0, 0"
         passes = (fn, *((interior.function,) if interior is not None else ()),
@@ -434,6 +436,15 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
         nest = "    {\n" + first_nest + "    }\n    {\n" + nest + "    }\n"     # scopes: each its own box
         plain_nest = first_plain + plain_nest
         scratch = f"    uint64_t* const scratch = sp::scratch_memory(L.n * {two_pass.scratch_bytes});\n"
+        if two_pass.halo:       # (GatherAdjoint.halo) arrays over the launch grown by the halo, zeros there
+            ndim = fn.tid_ndim
+            count = " * ".join(f"(int64_t)(e{k} + {2 * pad})" for k, pad in enumerate(two_pass.halo))
+            extents = ", ".join(f"(int64_t)e{k}" for k in range(ndim))
+            scratch = (f"    const int64_t scratch_n = {count};\n"
+                       f"    uint64_t* const scratch = sp::scratch_memory(scratch_n * {two_pass.scratch_bytes});\n"
+                       f"    {{ const int64_t e_[] = {{{extents}}}, pad_[] = {{{', '.join(map(str, two_pass.halo))}}};\n"
+                       + "".join(f"      sp::zero_halo((char*)scratch + scratch_n * {offset}, {size}, {ndim}, e_, pad_);\n"
+                                 for offset, size in two_pass.scratch_arrays) + "    }\n")
     logged = ""
     if target is CPU and _adds_into_memory(fn):
         if not adjoint:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from dataclasses import dataclass
 
 from .. import ir
@@ -112,13 +113,30 @@ class GatherAdjoint:
     # and last rows (CPU entries; an FWI step's pass does nothing there)
     pointwise_sides: tuple | None = None
     pointwise_row_sides: tuple = ()
+    # a halo form's (two-pass forms only): per axis, how far the scratch arrays reach beyond the
+    # launch at each end, where they hold zeros (the roots of threads that do not exist), so that
+    # `function` reads thread p - c's roots without a test and runs the same at every thread: no
+    # variants near the faces. () for the other forms, whose arrays span the launch.
+    halo: tuple = ()
+    # (byte offset per element of the arrays, bytes per element) of each scratch array: what a
+    # launch of a halo form zeroes beyond the launch
+    scratch_arrays: tuple = ()
+
+    def scratch_elements(self, dims) -> int:
+        """The elements of each scratch array for a launch of `dims` (the first of the kernel's
+        indices spans the launch's dimensions beyond the kernel's, as in the entries)."""
+        ndim = self.function.tid_ndim
+        dims = (*dims, *(1,) * (ndim - len(dims)))
+        extents = (math.prod(dims) // max(1, math.prod(dims[1:ndim])), *dims[1:ndim])
+        return math.prod(e + 2 * pad for e, pad in itertools.zip_longest(extents, self.halo, fillvalue=0))
 
 
-def gather_adjoint(adjoint: ir.Function, two_pass: bool = True) -> GatherAdjoint | None:
+def gather_adjoint(adjoint: ir.Function, two_pass: bool = True, halo: bool = True) -> GatherAdjoint | None:
     """The gather form of `adjoint` (the output of `adjoint.adjoint_function`), or None where no
     array's accumulations qualify or the adjoint keeps a loop tape: in two passes where that applies
-    (compiler/passes/transpose.py) unless `two_pass` is False. Expects verified adjoint IR; the
-    result verifies with ``single_definition=False`` and has the same parameters."""
+    (compiler/passes/transpose.py) unless `two_pass` is False, and then in the halo form where that
+    applies (GatherAdjoint.halo) unless `halo` is False. Expects verified adjoint IR; the result
+    verifies with ``single_definition=False`` and has the same parameters."""
     body = tuple(s for s in adjoint.body if not is_reverse_mark(s))
     if any(isinstance(s, ir.Push) for s in ir.walk(body)):
         return None
@@ -179,6 +197,21 @@ def gather_adjoint(adjoint: ir.Function, two_pass: bool = True) -> GatherAdjoint
                                        and site_offset[id(s)] != zero], loaded=ndim >= 3)
     offsets, scratch_bytes = transpose.scratch_layout(found) if found else (None, 0)
     skip = local if found else set()
+    same = _same_extents(set(eligible) if not any(widens) else (), source)
+    halo = _halo_form(adjoint, body, eligible, source, site_offset, site_clamps, gathered, passes, offsets, skip,
+                      tables) if found and halo else None
+    if halo is not None:
+        # every thread runs the halo form's pass, unless a table is too short for its reads (then
+        # the box is empty, and the form's clamped function, reading the same scratch, runs)
+        fn, pad, zero_roots = halo
+        pointwise = _pointwise_passes(adjoint, body, eligible, local, found, offsets, source, same, zero_roots, pad)
+        whole = Interior(fn, ((),) * ndim, tuple(bounds[1:] for bounds in upper))
+        arrays = tuple((offsets[t.id], t.type.size) for t in found.values())
+        clamped = eliminate_dead_code(_build(adjoint, body, eligible, source, widens, site_offset, site_clamps, passes,
+                                             True, offsets, skip, pad))
+        return GatherAdjoint(clamped, whole, tuple(eligible), scatters, source, widens, extent_bounds, *pointwise[:2],
+                             scratch_bytes, pointwise_sides=pointwise[2], pointwise_row_sides=pointwise[3], halo=pad,
+                             scratch_arrays=arrays)
     build = lambda clamp: eliminate_dead_code(_build(adjoint, body, eligible, source, widens, site_offset,  # noqa: E731
                                                      site_clamps, passes, clamp, offsets, skip))
     unclamped = build(False)
@@ -193,7 +226,6 @@ def gather_adjoint(adjoint: ir.Function, two_pass: bool = True) -> GatherAdjoint
     # thread p - c's boundary guard that would narrow the box stays, its branch turned into selects
     # (a thread near the edge runs the form's slowest code). Where a branch stays (it loads), the
     # box narrows until every test is settled, which vectorises.
-    same = _same_extents(set(eligible) if not any(widens) else (), source)
     within = ([b[0] for b in lower], [b[0] for b in upper], same)
     interior = interior_variant(unclamped, unclamped.name, lower, upper, within)
     selected = select_branches(interior.function, _own_loads(interior.function, eligible, widens, tables))
@@ -237,27 +269,61 @@ def gather_adjoint(adjoint: ir.Function, two_pass: bool = True) -> GatherAdjoint
     corner_sides = sides(corner)
     row_sides = tuple(sides(row.function, k) for k in range(inner)) if row is not None else ()
     bands = bands_of(interior, settled, source, same) if settled is not None else None
-    pointwise = pointwise_interior = None
-    if found:
-        base = adjoint.name.replace("_adjoint", "")
-        bits = {param.name: k for k, param in enumerate(adjoint.params) if k < 63 and param.name in local}
-        pointwise = eliminate_dead_code(transpose.pointwise_function(adjoint, body, set(eligible), bits, found,
-                                                                     offsets, eligible[source], base + "_pointwise",
-                                                                     zero_roots=unguarded is not None))
-        # the rows outside the box, a quarter of a 3-D 64^3 8th-order launch's, a row at a call
-        # (interior.with_row, 3-D and up): that FWI adjoint 4-9% faster
-        pointwise_interior = without_dead_code(with_row(interior_variant(pointwise, base + "_pointwise_interior"),
-                                                         pointwise))
-    # its threads near a face ran a third of a 3-D 64^3 8th-order FWI pass's 369 us, doing nothing there
-    pointwise_sides, pointwise_row_sides = None, ()
-    if pointwise_interior is not None and ndim > 1:
-        pointwise_sides = sides_of(pointwise, pointwise_interior, source, same, inner)
-        row_of = pointwise_interior.row
-        pointwise_row_sides = tuple(sides_of(row_of.function, pointwise_interior, source, same, k)
-                                    for k in range(inner)) if row_of is not None else ()
+    pointwise = (_pointwise_passes(adjoint, body, eligible, local, found, offsets, source, same, unguarded is not None)
+                 if found else (None, None, None, ()))
     return GatherAdjoint(build(True), interior, tuple(eligible), scatters, source, widens, extent_bounds,
-                         pointwise, pointwise_interior, scratch_bytes, row, row_end, settled, corner, row_end_sides,
-                         corner_sides, row_sides, bands, pointwise_sides, pointwise_row_sides)
+                         *pointwise[:2], scratch_bytes, row, row_end, settled, corner, row_end_sides,
+                         corner_sides, row_sides, bands, *pointwise[2:])
+
+
+def _halo_form(adjoint: ir.Function, body, eligible, source: str, site_offset, site_clamps, gathered, passes,
+               offsets, skip, tables):
+    """(the transposed pass, the halo per axis, whether the pointwise pass stores zero roots first)
+    of the halo form (GatherAdjoint.halo), or None where it does not apply: where an accumulation
+    is clamped or wraps, or the pass, its guards run unconditionally (transpose.unguarded), keeps a
+    branch or reads anything at thread p - c but the roots (a load, a test of p - c's index).
+    Thread p - c then matters only through its roots, which are zeros beyond the launch."""
+    ndim = adjoint.tid_ndim
+    if any(clamp for s in gathered for clamp in site_clamps[id(s)]) or any(w for c in passes for _, w in c):
+        return None
+    pad = tuple(max(abs(c[k][0]) for c in passes) for k in range(ndim))
+    shifted: set[int] = set()
+    fn = eliminate_dead_code(_build(adjoint, body, eligible, source, (False,) * ndim, site_offset, site_clamps,
+                                    passes, False, offsets, skip, pad, shifted))
+    unguarded = transpose.unguarded(fn, written_arrays(body))
+    if unguarded is not None:
+        fn = eliminate_dead_code(unguarded)
+    # (what stays guarded runs at thread p itself: the zero-offset pass, its loads at p in bounds)
+    fn = eliminate_dead_code(select_branches(fn, _own_loads(fn, eligible, (False,) * ndim, tables)))
+    used = {x.id for s in ir.walk(fn.body) for x in ir.used_operands(s) if isinstance(x, ir.Temp)}
+    if used & shifted or has_branches(fn):
+        return None
+    return fn, pad, unguarded is not None
+
+
+def _pointwise_passes(adjoint: ir.Function, body, eligible, local, found, offsets, source: str, same,
+                      zero_roots: bool, halo=None) -> tuple:
+    """A two-pass form's pointwise pass and its variants: GatherAdjoint's `pointwise`,
+    `pointwise_interior`, `pointwise_sides` and `pointwise_row_sides`."""
+    ndim = adjoint.tid_ndim
+    base = adjoint.name.replace("_adjoint", "")
+    bits = {param.name: k for k, param in enumerate(adjoint.params) if k < 63 and param.name in local}
+    pointwise = eliminate_dead_code(transpose.pointwise_function(adjoint, body, set(eligible), bits, found, offsets,
+                                                                 eligible[source], base + "_pointwise",
+                                                                 zero_roots=zero_roots, pad=halo))
+    # the rows outside the box, a quarter of a 3-D 64^3 8th-order launch's, a row at a call
+    # (interior.with_row, 3-D and up): that FWI adjoint 4-9% faster
+    pointwise_interior = without_dead_code(with_row(interior_variant(pointwise, base + "_pointwise_interior"),
+                                                     pointwise))
+    # its threads near a face ran a third of a 3-D 64^3 8th-order FWI pass's 369 us, doing nothing there
+    sides, row_sides = None, ()
+    if pointwise_interior is not None and ndim > 1:
+        inner = ndim - 1
+        sides = sides_of(pointwise, pointwise_interior, source, same, inner)
+        row_of = pointwise_interior.row
+        row_sides = tuple(sides_of(row_of.function, pointwise_interior, source, same, k)
+                          for k in range(inner)) if row_of is not None else ()
+    return pointwise, pointwise_interior, sides, row_sides
 
 
 def _settled_variant(build, lower, upper, within, eligible, widens, tables, settled: set,
@@ -363,7 +429,9 @@ def _site_passes(offset, clamps) -> list:
 
 # ---- building the gather function ----------------------------------------------------------------
 def _build(adjoint: ir.Function, body, eligible: dict[str, ir.Param], source: str, widens, site_offset,
-           site_clamps, passes, clamp, scratch=None, skip=frozenset()) -> ir.Function:
+           site_clamps, passes, clamp, scratch=None, skip=frozenset(), halo=None, shifted=None) -> ir.Function:
+    """The gather function (see `_pass`); `halo`: a halo form's scratch layout (see GatherAdjoint.halo);
+    `shifted`, a set given, gets the ids of the Temps holding thread p - c's indices."""
     loc = adjoint.loc
     ndim = adjoint.tid_ndim
     out: list = []
@@ -387,16 +455,19 @@ def _build(adjoint: ir.Function, body, eligible: dict[str, ir.Param], source: st
         out += [ir.Op(last, "sub", (extent[k], ir.Const(1, int32)), loc), ir.Op(pk, "min", (p[k], last), loc),
                 ir.Op(ok, "lt", (p[k], extent[k]), loc)]
         own.append((pk, ok))
-    flat = None
+    flat = count = None
     if scratch:
-        ops, flat = transpose.flat_index(p, extent, loc)
+        ops, flat = transpose.flat_index(p, extent, loc, halo)
         out += ops
+        if halo:
+            ops, count = transpose.halo_count(extent, halo, loc)
+            out += ops
     for c in passes:
         # what still scatters runs once per thread: in the zero-offset pass, or in a two-pass form's
         # pointwise pass (the thread's own adjoint, in the same thread order)
         out += _pass(body, c, p, extent, own, totals, site_offset, site_clamps, keep_scatter=c == zero and not scratch,
-                     clamp=clamp,
-                     loc=loc, scratch=scratch, flat=flat, skip=skip)
+                     clamp=clamp, loc=loc, scratch=scratch, flat=flat, skip=skip, halo=halo, count=count,
+                     shifted=shifted)
     # One write per element of each gathered gradient: where the launch says the gradient is new
     # memory (its bit of the fresh mask, bit k for parameter k), it stores instead of adding.
     # Only where the array has element p: a wider index space (see GatherAdjoint) runs threads
@@ -419,15 +490,16 @@ def _build(adjoint: ir.Function, body, eligible: dict[str, ir.Param], source: st
 
 
 def _pass(body, c, p, extent, own, totals, site_offset, site_clamps, keep_scatter: bool, clamp: tuple, loc,
-          scratch=None, flat=None, skip=frozenset()) -> list:
+          scratch=None, flat=None, skip=frozenset(), halo=None, count=None, shifted=None) -> list:
     """Thread p's share of the pass at offset c (per axis: the offset, and whether it wraps around
     the axis): the adjoint of thread p - c (clamped into the launch, or wrapped around a periodic
     axis), its accumulations at offset c summed into fresh locals, added to `totals` only when
     p - c is a thread of the launch. Along an axis without `clamp`, p - c is known to be inside.
     `scratch` (root Temp id -> byte offset, two-pass forms): the roots are read, at p - c's flat
-    index (`flat` is p's), from what the pointwise pass stored."""
+    index (`flat` is p's), from what the pointwise pass stored (`halo`, `count`: a halo form's
+    layout and its arrays' elements). `shifted` (a set, or None) gets the ids of p - c's indices."""
     out: list = []
-    t, inside = [], None
+    t, inside, shifted_ids = [], None, shifted
     for k, (pk, (ck, periodic)) in enumerate(zip(p, c)):
         if ck == 0 and own[k] is None:
             t.append(pk)
@@ -438,6 +510,8 @@ def _pass(body, c, p, extent, own, totals, site_offset, site_clamps, keep_scatte
             if periodic and clamp[k]:
                 out.append(ir.Op(tk, "mod", (shifted, extent[k]), loc))    # Python's %: never negative
             t.append(tk)
+            if shifted_ids is not None:
+                shifted_ids.add(tk.id)
             continue
         if ck == 0:
             # thread p itself, which a wider index space (see GatherAdjoint) may run beyond the
@@ -460,10 +534,10 @@ def _pass(body, c, p, extent, own, totals, site_offset, site_clamps, keep_scatte
     at = None
     if scratch:
         # inside the launch p - c is p shifted by a constant: unit-stride loads of the roots
-        ops, at = (transpose.shifted_index(flat, [ck for ck, _ in c], extent, loc) if not any(clamp)
-                   else transpose.flat_index(t, extent, loc))
+        ops, at = (transpose.shifted_index(flat, [ck for ck, _ in c], extent, loc, halo) if not any(clamp)
+                   else transpose.flat_index(t, extent, loc, halo))
         out += ops
-    copier = _Copier(t, c, partial, site_offset, keep_scatter, site_clamps, p, extent, scratch, at, skip)
+    copier = _Copier(t, c, partial, site_offset, keep_scatter, site_clamps, p, extent, scratch, at, skip, count)
     out += copier.block(body)
     for name, total in totals.items():
         part, cur, kept, new = ir.Temp(total.type), ir.Temp(total.type), ir.Temp(total.type), ir.Temp(total.type)
@@ -494,11 +568,11 @@ class _Copier(ir.Rewriter):
     gathered accumulations dropped, scattered ones kept only in the zero-offset pass."""
 
     def __init__(self, thread, offset, partial, site_offset, keep_scatter, site_clamps, p, extent, scratch=None,
-                 at=None, skip=frozenset()):
+                 at=None, skip=frozenset(), count=None):
         self.thread, self.offset, self.partial = thread, offset, partial
         self.site_offset, self.keep_scatter = site_offset, keep_scatter
         self.site_clamps, self.p, self.extent = site_clamps, p, extent
-        self.scratch, self.at, self.skip = scratch or {}, at, skip
+        self.scratch, self.at, self.skip, self.count = scratch or {}, at, skip, count
         self.names: dict[int, object] = {}
 
     def _edge_test(self, s) -> tuple[list, ir.Temp | None] | None:
@@ -529,7 +603,7 @@ class _Copier(ir.Rewriter):
             return []
         out = getattr(s, "out", None)
         if isinstance(out, ir.Temp) and out.id in self.scratch:
-            return [ir.ScratchLoad(self.operand(out), self.scratch[out.id], self.at, s.loc)]
+            return [ir.ScratchLoad(self.operand(out), self.scratch[out.id], self.at, s.loc, self.count)]
         if isinstance(s, ir.AccumGrad):
             name = s.array.param.name
             if name in self.skip:

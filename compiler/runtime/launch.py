@@ -346,7 +346,7 @@ def packed_adjoint(kernel: Kernel, dims: tuple, args: list, deterministic: bool,
 
         def run(buffer: bytes, adj: bytes) -> None:
             cuda_launch.adjoint(kernel, compiled, function, buffer, adj, threads, False, serial, device, add_slots,
-                                grads)
+                                grads, dims)
         return run, adj_buffer, serial
     entry = grads_variants.cpu_adjoint_entry(kernel, compiled, function, grads, False)
     return ctypes.cast(entry, ctypes.c_void_p).value, adj_buffer, serial
@@ -359,7 +359,7 @@ def _run_adjoint(kernel, compiled, sig, args, dims, buffer, debug, serial, fresh
     adjoint, adj_buffer, serial, threads, grads = _adjoint_setup(compiled, sig, args, dims, serial, fresh)
     if device != "cpu":
         cuda_launch.adjoint(kernel, compiled, adjoint, buffer, adj_buffer, threads, debug, serial, device,
-                            _add_slots(serial, args), grads)
+                            _add_slots(serial, args), grads, dims)
         return
     module = kernel.entry(debug)
     fn = grads_variants.cpu_adjoint_entry(kernel, compiled, adjoint, grads, debug)

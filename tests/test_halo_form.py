@@ -1,0 +1,78 @@
+"""The halo form of a two-pass stencil adjoint (GatherAdjoint.halo in compiler/passes/gather.py).
+
+Its scratch arrays reach a stencil radius beyond the launch, where they hold zeros: the roots of
+threads that do not exist. The transposed pass then reads thread p - c's roots without a test and
+runs the same code at every thread, faces and all. It must give the one-pass form's bits on any
+grid (smaller than its halo too) and any thread count, and must not read what an earlier launch
+left in scratch memory.
+"""
+import numpy as np
+import pytest
+
+import compiler as sp
+from compiler import ir
+from compiler.passes.interior import at_own_index, tid_offsets
+from gather_forms import corpus, gradients, inputs, one_pass_copy
+
+F1 = sp.array(dtype=sp.float64)
+
+
+@sp.kernel
+def clamped_1d(u: F1, m: F1, out: F1):
+    """A clamped index: the edge thread gathers what the clamped threads put there, so no halo."""
+    i = sp.tid()
+    n = u.shape[0]
+    out[i] = (u[sp.max(i - 1, 0)] - 2.0 * u[i] + u[sp.min(i + 1, n - 1)]) / m[i]
+
+
+@pytest.mark.parametrize("order", [2, 4, 8])
+def test_the_3d_spellings_and_the_fwi_stencils_take_the_halo_form(order):
+    """Every 3-D spelling and the FWI stencils in 2-D and 3-D: a halo of the stencil's radius, one
+    variant for every thread (the box is the whole launch), which loads nothing away from its own
+    point: what it needs from thread p - c comes from scratch."""
+    kernels = [*corpus(order, 3).values(), corpus(order, 2)["fwi"], corpus(order, 2)["fwi_array"]]
+    for kernel in kernels:
+        gather = kernel.compiled().gather
+        ndim = gather.function.tid_ndim
+        assert gather.halo == (order // 2,) * ndim, kernel.__name__
+        assert gather.interior.lower == ((),) * ndim
+        assert gather.row is gather.row_end is gather.settled is gather.corner is None
+        body = gather.interior.function.body
+        offsets = tid_offsets(body, ndim)
+        for s in ir.walk(body):
+            assert not isinstance(s, ir.If)
+            if isinstance(s, (ir.Load, ir.ReadGrad)) and s.array.type.ndim == ndim:
+                assert at_own_index(s.indices, offsets, ndim), (kernel.__name__, s)
+
+
+def test_clamped_and_one_pass_forms_keep_their_scratch_the_launchs_size():
+    assert clamped_1d.compiled().gather.halo == ()
+    assert corpus(4, 2)["table"].compiled().gather.halo == ()       # (2-D waves: one pass)
+
+
+@pytest.mark.parametrize("kernel, shape", [
+    (corpus(8, 3)["table"], (3, 2, 5)), (corpus(8, 3)["fwi"], (9, 4, 11)), (corpus(4, 3)["neighbours"], (1, 6, 3)),
+    (corpus(8, 2)["fwi"], (2, 3)), (corpus(8, 2)["fwi"], (17, 5)), (corpus(2, 3)["helper"], (12, 10, 9))])
+def test_the_halo_form_gives_the_one_pass_bits_on_any_grid_and_thread_count(kernel, shape, device):
+    assert kernel.compiled().gather.halo
+    values, w = inputs(kernel, shape, seed=sum(shape))
+    _, halo = gradients(kernel, shape, values, w, device)
+    _, one = gradients(one_pass_copy(kernel), shape, values, w, device)
+    _, serial = gradients(kernel, shape, values, w, device, deterministic=True)
+    for a, b, c in zip(halo, one, serial):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(a, c)
+
+
+def test_the_halo_holds_zeros_whatever_an_earlier_launch_left_in_scratch(device):
+    """A large launch leaves nonzero roots in scratch memory; a smaller one's halo lies where they
+    were, and must read zeros there."""
+    kernel = corpus(8, 3)["fwi"]
+    big, small = (24, 22, 26), (7, 9, 6)
+    gradients(kernel, big, *inputs(kernel, big, seed=1), device)
+    values, w = inputs(kernel, small, seed=2)
+    _, halo = gradients(kernel, small, values, w, device)
+    _, one = gradients(one_pass_copy(kernel), small, values, w, device)
+    for a, b in zip(halo, one):
+        np.testing.assert_array_equal(a, b)
+
