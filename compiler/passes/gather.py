@@ -44,8 +44,8 @@ from ..types import bool_, int32
 from .adjoint import is_reverse_mark
 from .dce import eliminate_dead_code
 from .selects import has_branches, select_branches, table_loads, written_arrays
-from .interior import (Bound, Clamped, Interior, Wrapped, at_own_index, interior_variant, tid_offsets,
-                       with_row)
+from .interior import Bound, Interior, at_own_index, interior_variant, tid_offsets, with_row
+from . import gather_sites
 from .near_faces import bands_of, sides_of, without_dead_code
 from . import transpose
 
@@ -150,7 +150,7 @@ def gather_adjoint(adjoint: ir.Function, two_pass: bool = True, halo: bool = Tru
     rejected: set[str] = set(read_grads)
     for s in sites:
         name = s.array.param.name
-        off = _site_offset(s, offsets, adjoint.tid_ndim)
+        off = gather_sites.site_offset(s, offsets, adjoint.tid_ndim)
         if off is None:
             rejected.add(name)
         else:
@@ -162,7 +162,7 @@ def gather_adjoint(adjoint: ir.Function, two_pass: bool = True, halo: bool = Tru
         return None
     scatters = any(s.array.param.name not in eligible for s in sites)
     gathered = [s for s in sites if s.array.param.name in eligible]
-    passes = sorted({c for s in gathered for c in _site_passes(site_offset[id(s)], site_clamps[id(s)])})
+    passes = sorted({c for s in gathered for c in gather_sites.site_passes(site_offset[id(s)], site_clamps[id(s)])})
     zero = ((0, False),) * adjoint.tid_ndim
     if scatters and zero not in passes:
         passes.insert(0, zero)
@@ -387,46 +387,6 @@ def _same_extents(names, source: str):
     return same
 
 
-# ---- which accumulations sit at tid + constant -------------------------------------------------
-def _site_offset(s: ir.AccumGrad, offsets, ndim: int):
-    """(per axis (offset, periodic), the (axis, bound) pairs that must equal the extent, per axis
-    the clamp or None) where every index of the accumulation is its own axis's thread index plus a
-    constant, that modulo a bound (`Wrapped`), or that clamped to the axis's ends (`Clamped`); else
-    None."""
-    if s.array.type.ndim != ndim:
-        return None
-    out, bounds, clamps = [], [], []
-    for axis, index in enumerate(s.indices):
-        known = offsets.get(index.id) if isinstance(index, ir.Temp) else None
-        clamp = None
-        if isinstance(known, Wrapped) and known.axis == axis:
-            # (p + c) % d with d the extent (checked at launch); at c = 0 it is p itself
-            out.append((known.c, known.c != 0))
-            bounds.append((axis, known.divisor))
-        elif isinstance(known, tuple) and known[0] == axis and known[1].near_start:
-            out.append((known[1].const, False))
-        elif isinstance(known, Clamped) and known.axis == axis and known.offset.near_start \
-                and (known.op == "min" or known.bound == Bound(0)):
-            # max(p + c, 0), or min(p + c, hi) with hi + 1 the extent (checked at launch)
-            c = known.offset.const
-            out.append((c, False))
-            if known.op == "min":
-                bounds.append((axis, known.bound.shifted(1)))
-            clamp = known.op if (c < 0) == (known.op == "max") and c else None
-        else:
-            return None
-        clamps.append(clamp)
-    return tuple(out), bounds, tuple(clamps)
-
-
-def _site_passes(offset, clamps) -> list:
-    """The passes an accumulation takes part in: its own offset, and along each clamped axis every
-    offset from 0 to its own (the clamped threads' accumulations land on the edge)."""
-    choices = [[(c, periodic)] if clamp is None else [(e, False) for e in range(min(c, 0), max(c, 0) + 1)]
-               for (c, periodic), clamp in zip(offset, clamps)]
-    return list(itertools.product(*choices))
-
-
 # ---- building the gather function ----------------------------------------------------------------
 def _build(adjoint: ir.Function, body, eligible: dict[str, ir.Param], source: str, widens, site_offset,
            site_clamps, passes, clamp, scratch=None, skip=frozenset(), halo=None, shifted=None) -> ir.Function:
@@ -583,7 +543,7 @@ class _Copier(ir.Rewriter):
         own = self.site_offset[id(s)]
         if own == self.offset:
             return [], None
-        if self.offset not in _site_passes(own, self.site_clamps[id(s)]):
+        if self.offset not in gather_sites.site_passes(own, self.site_clamps[id(s)]):
             return None
         out, test = [], None
         for k, ((c, _), (e, _), clamp) in enumerate(zip(own, self.offset, self.site_clamps[id(s)])):
