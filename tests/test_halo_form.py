@@ -12,7 +12,7 @@ import pytest
 import compiler as sp
 from compiler import ir
 from compiler.passes.interior import at_own_index, tid_offsets
-from gather_forms import corpus, gradients, inputs, one_pass_copy
+from gather_forms import corpus, gradients, inputs, one_pass_copy, stencil_spellings
 
 F1 = sp.array(dtype=sp.float64)
 
@@ -76,3 +76,30 @@ def test_the_halo_holds_zeros_whatever_an_earlier_launch_left_in_scratch(device)
     for a, b in zip(halo, one):
         np.testing.assert_array_equal(a, b)
 
+
+
+def test_a_table_shorter_than_the_halo_forms_reads_runs_its_clamped_function(device):
+    """Weights passed as an array are read unguarded in the halo form's pass, in a box that is
+    empty unless the table holds every index read. A short table is legal where no thread takes
+    the guard that reads it (a grid narrower than the stencil): every thread then runs the form's
+    clamped function, which reads the table only under the guard; the gradients are the tuple
+    spelling's."""
+    kernel, tuple_kernel = corpus(8, 2)["fwi_array"], corpus(8, 2)["fwi"]
+    gather = kernel.compiled().gather
+    assert gather.halo
+    assert all(any(("dim", "w", 0) in [t for _, t in b.terms] for b in bounds) for bounds in gather.interior.upper)
+    shape = (6, 7)
+    values, w = inputs(tuple_kernel, shape, seed=4)
+
+    def run(k, extra):
+        arrays = [sp.array(v, requires_grad=True, device=device) for v in values]
+        out = sp.zeros(shape, dtype=sp.float64, requires_grad=True, device=device)
+        tape = sp.Tape()
+        with tape:
+            sp.launch(k, shape, inputs=[*arrays, *extra], outputs=[out])
+        tape.backward(grads={out: w})
+        return [a.grad.numpy() for a in arrays]
+
+    short = sp.array(np.array(stencil_spellings.WEIGHTS[8][:2]), device=device)
+    for a, b in zip(run(kernel, [short]), run(tuple_kernel, [])):
+        np.testing.assert_array_equal(a, b)

@@ -198,12 +198,13 @@ def gather_adjoint(adjoint: ir.Function, two_pass: bool = True, halo: bool = Tru
     offsets, scratch_bytes = transpose.scratch_layout(found) if found else (None, 0)
     skip = local if found else set()
     same = _same_extents(set(eligible) if not any(widens) else (), source)
-    halo = _halo_form(adjoint, body, eligible, source, site_offset, site_clamps, gathered, passes, offsets, skip,
-                      tables) if found and halo else None
-    if halo is not None:
+    halo_form = _halo_form(adjoint, body, eligible, source, site_offset, site_clamps, gathered, passes, offsets,
+                           skip, tables) if found and halo else None
+    if halo_form is not None:
         # every thread runs the halo form's pass, unless a table is too short for its reads (then
-        # the box is empty, and the form's clamped function, reading the same scratch, runs)
-        fn, pad, zero_roots = halo
+        # the box is empty, and the form's clamped function, reading the same scratch, runs): the
+        # box keeps the tables' upper bounds, not the margin of p - c (each axis's first)
+        fn, pad, zero_roots = halo_form
         pointwise = _pointwise_passes(adjoint, body, eligible, local, found, offsets, source, same, zero_roots, pad)
         whole = Interior(fn, ((),) * ndim, tuple(bounds[1:] for bounds in upper))
         arrays = tuple((offsets[t.id], t.type.size) for t in found.values())
