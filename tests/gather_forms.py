@@ -57,12 +57,14 @@ def inputs(kernel, shape, seed):
     return [rng.standard_normal(shape) * s for s in scales], rng.standard_normal(shape)
 
 
-def gradients(kernel, shape, values, w, device="cpu", deterministic=False, dtype=sp.float64):
+def gradients(kernel, shape, values, w, device="cpu", deterministic=False, dtype=sp.float64, extra=()):
+    """(the output, the gradients of the inputs `values`) of `kernel`'s launch, the incoming gradient
+    `w`; `extra`: inputs after those, without gradients (a coefficient table)."""
     arrays = [sp.array(v.astype(dtype.np_dtype), requires_grad=True, device=device) for v in values]
     out = sp.zeros(shape, dtype=dtype, requires_grad=True, device=device)
     tape = sp.Tape(deterministic=deterministic)
     with tape:
-        sp.launch(kernel, shape, inputs=arrays, outputs=[out])
+        sp.launch(kernel, shape, inputs=[*arrays, *extra], outputs=[out])
     tape.backward(grads={out: w.astype(dtype.np_dtype)})
     return out.numpy(), [a.grad.numpy() for a in arrays]
 

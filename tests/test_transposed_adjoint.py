@@ -409,19 +409,9 @@ def test_weights_passed_as_an_array_reach_the_branch_free_form_and_the_tuple_spe
         assert any(("dim", "w", 0) in [t for _, t in b.terms] for bounds in variant.upper for b in bounds)
     assert len({s.offset for s in ir.walk(gather.pointwise.body) if isinstance(s, ir.ScratchStore)}) == 1
     values, w = inputs(tuple_kernel, shape, seed=order)
-    weights = np.array(stencil_spellings.WEIGHTS[order])
-
-    def run(k, extra):
-        arrays = [sp.array(v, requires_grad=True, device=device) for v in values]
-        out = sp.zeros(shape, dtype=sp.float64, requires_grad=True, device=device)
-        tape = sp.Tape()
-        with tape:
-            sp.launch(k, shape, inputs=[*arrays, *extra], outputs=[out])
-        tape.backward(grads={out: w})
-        return out.numpy(), [a.grad.numpy() for a in arrays]
-
-    out, grads = run(kernel, [sp.array(weights, device=device)])
-    expected_out, expected = run(tuple_kernel, [])
+    weights = sp.array(np.array(stencil_spellings.WEIGHTS[order]), device=device)
+    out, grads = gradients(kernel, shape, values, w, device, extra=[weights])
+    expected_out, expected = gradients(tuple_kernel, shape, values, w, device)
     np.testing.assert_allclose(out, expected_out, rtol=1e-13, atol=1e-14)
     for a, b in zip(grads, expected):
         np.testing.assert_array_equal(a, b)
