@@ -27,22 +27,30 @@ def clamped_1d(u: F1, m: F1, out: F1):
 
 @pytest.mark.parametrize("order", [2, 4, 8])
 def test_the_3d_spellings_and_the_fwi_stencils_take_the_halo_form(order):
-    """Every 3-D spelling and the FWI stencils in 2-D and 3-D: a halo of the stencil's radius, one
-    variant for every thread (the box is the whole launch), which loads nothing away from its own
-    point: what it needs from thread p - c comes from scratch."""
+    """Every 3-D spelling and the FWI stencils in 2-D and 3-D: a halo of the stencil's radius, and
+    two variants that cover every thread, neither of which loads away from its own point (what it
+    needs from thread p - c comes from scratch): the middle rows, whose own tests along the outer
+    axes are settled (bounds there, whole along a row: its tests along the row stay selects), and
+    the rows outside, whole rows too."""
     kernels = [*corpus(order, 3).values(), corpus(order, 2)["fwi"], corpus(order, 2)["fwi_array"]]
     for kernel in kernels:
         gather = kernel.compiled().gather
         ndim = gather.function.tid_ndim
+        inner = ndim - 1
         assert gather.halo == (order // 2,) * ndim, kernel.__name__
-        assert gather.interior.lower == ((),) * ndim
-        assert gather.row is gather.row_end is gather.settled is gather.corner is None
-        body = gather.interior.function.body
-        offsets = tid_offsets(body, ndim)
-        for s in ir.walk(body):
-            assert not isinstance(s, ir.If)
-            if isinstance(s, (ir.Load, ir.ReadGrad)) and s.array.type.ndim == ndim:
-                assert at_own_index(s.indices, offsets, ndim), (kernel.__name__, s)
+        assert all(gather.interior.lower[:inner]) and gather.interior.lower[inner] == (), kernel.__name__
+        assert gather.interior.upper[inner] == gather.row.upper[inner]          # (a table's bounds alone)
+        assert gather.row.lower == ((),) * ndim and gather.row.upper[:inner] == ((),) * inner
+        assert gather.row_end is gather.settled is gather.corner is None
+        for fn in (gather.interior.function, gather.row.function):
+            offsets = tid_offsets(fn.body, ndim)
+            for s in ir.walk(fn.body):
+                assert not isinstance(s, ir.If)
+                if isinstance(s, (ir.Load, ir.ReadGrad)) and s.array.type.ndim == ndim:
+                    assert at_own_index(s.indices, offsets, ndim), (kernel.__name__, s)
+        tests = [sum(isinstance(s, ir.Op) and s.op in ("lt", "le", "gt", "ge") for s in ir.walk(fn.body))
+                 for fn in (gather.interior.function, gather.row.function)]
+        assert 0 < tests[0] < tests[1], kernel.__name__             # (a row's own tests, not the others)
 
 
 def test_clamped_and_one_pass_forms_keep_their_scratch_the_launchs_size():

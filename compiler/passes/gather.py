@@ -35,9 +35,6 @@ pass. Kernels whose loops keep a tape are left alone (their tape belongs to one 
 from __future__ import annotations
 
 import dataclasses
-import itertools
-import math
-from dataclasses import dataclass
 
 from .. import ir
 from ..types import bool_, int32
@@ -46,89 +43,9 @@ from .dce import eliminate_dead_code
 from .selects import has_branches, select_branches, table_loads, written_arrays
 from .interior import Bound, Interior, at_own_index, interior_variant, tid_offsets, with_row
 from . import gather_sites
+from .gather_form import GatherAdjoint
 from .near_faces import bands_of, sides_of, without_dead_code
 from . import transpose
-
-
-@dataclass(frozen=True)
-class GatherAdjoint:
-    """The gather form of a kernel's adjoint. Valid for a launch only when `extent_source` (one of
-    `arrays`) has exactly the launch's extents, every other array in `arrays` at least those, and
-    every bound in `extent_bounds` equals its axis's extent (`launch` checks; else the scatter
-    adjoint runs). An array wider than the launch (a block with halo rows, read at ``i + 1``)
-    widens the index space the gather form runs over: its threads beyond the launch gather what
-    the launch's threads put there (their own pass, at offset 0, is never inside), and each
-    gradient is written only where its array has the element.
-    An axis widens only where some array is read there at offsets that are all >= 0 and not all 0
-    (the block's rows shifted by a halo): elsewhere the form is the plain one, with no cost.
-    `scatters`: some accumulations still scatter (atomics unless serial); such a form never widens.
-
-    `function` serves every thread; `interior` the threads in the middle of the launch, where no
-    pass's thread p - c leaves it (so no index is clamped and loads stay unit-stride) and boundary
-    tests are settled (compiler/passes/interior.py).
-
-    `pointwise` (two-pass forms, compiler/passes/transpose.py): the pass that runs first, over the
-    launch's threads, storing `scratch_bytes` per thread into the launch's scratch memory, which
-    `function` reads; None for a one-pass form."""
-    function: ir.Function
-    interior: Interior
-    arrays: tuple[str, ...]
-    scatters: bool
-    extent_source: str
-    widens: tuple[bool, ...]               # per axis: whether an array may be wider than the launch
-    # (axis, bound) pairs that must equal the launch's extent on that axis: the divisor of each
-    # periodic index, and a clamped index's upper bound plus one
-    extent_bounds: tuple[tuple[int, Bound], ...] = ()
-    pointwise: ir.Function | None = None
-    pointwise_interior: Interior | None = None
-    scratch_bytes: int = 0
-    # the threads whose innermost index lies in `row`'s box (its other axes' bounds are empty) and
-    # whose outer indices are outside `interior`'s: branch-free along the row (CPU entries)
-    row: Interior | None = None
-    # the threads outside the innermost axis's box whose outer indices lie in `row_end`'s box (its
-    # innermost axis's bounds are empty): p - c clamped along the innermost axis alone, the outer
-    # axes' tests settled, branch-free (CPU entries; a row's first and last few threads)
-    row_end: Interior | None = None
-    # the threads far enough inside that every neighbour's boundary guard holds (`interior`'s box
-    # narrowed by the stencil's radius once more): `interior` without its selects (CPU entries)
-    settled: Interior | None = None
-    # `function` with its branches turned into selects, for the ends of the rows outside
-    # `row_end`'s box (CPU entries): valid for every thread, run inlined in vector loops
-    corner: ir.Function | None = None
-    # (first, last) per function of the rows' ends, `row_end` then `corner`: it settled further
-    # along the innermost axis for a row's first threads (below the interior box's margin) and its
-    # last ones (from the extent less the margin on), where most neighbours' guards are false
-    # (interior.settled_over); None where nothing settles (CPU entries)
-    row_end_sides: tuple | None = None
-    corner_sides: tuple | None = None
-    # per outer axis, (first, last) or None: `row` settled along that axis at its first and last
-    # rows (CPU entries: the rows outside the interior's box near that axis's faces)
-    row_sides: tuple = ()
-    # (first, last) or None: `interior` settled along the innermost axis over the threads of the
-    # rows in `settled`'s box that lie between its box and the interior's (a stencil radius at
-    # each end of the row), where the neighbours' guards along the row settle (CPU entries)
-    bands: tuple | None = None
-    # the pointwise pass's as `row_end_sides` and `row_sides` are the transposed one's: `pointwise`
-    # settled at a row's first and last threads, `pointwise_interior.row` at each outer axis's first
-    # and last rows (CPU entries; an FWI step's pass does nothing there)
-    pointwise_sides: tuple | None = None
-    pointwise_row_sides: tuple = ()
-    # a halo form's (two-pass forms only): per axis, how far the scratch arrays reach beyond the
-    # launch at each end, where they hold zeros (the roots of threads that do not exist), so that
-    # `function` reads thread p - c's roots without a test and runs the same at every thread: no
-    # variants near the faces. () for the other forms, whose arrays span the launch.
-    halo: tuple = ()
-    # (byte offset per element of the arrays, bytes per element) of each scratch array: what a
-    # launch of a halo form zeroes beyond the launch
-    scratch_arrays: tuple = ()
-
-    def scratch_elements(self, dims) -> int:
-        """The elements of each scratch array for a launch of `dims` (the first of the kernel's
-        indices spans the launch's dimensions beyond the kernel's, as in the entries)."""
-        ndim = self.function.tid_ndim
-        dims = (*dims, *(1,) * (ndim - len(dims)))
-        extents = (math.prod(dims) // max(1, math.prod(dims[1:ndim])), *dims[1:ndim])
-        return math.prod(e + 2 * pad for e, pad in itertools.zip_longest(extents, self.halo, fillvalue=0))
 
 
 def gather_adjoint(adjoint: ir.Function, two_pass: bool = True, halo: bool = True) -> GatherAdjoint | None:
@@ -204,15 +121,27 @@ def gather_adjoint(adjoint: ir.Function, two_pass: bool = True, halo: bool = Tru
         # every thread runs the halo form's pass, unless a table is too short for its reads (then
         # the box is empty, and the form's clamped function, reading the same scratch, runs): the
         # box keeps the tables' upper bounds, not the margin of p - c (each axis's first)
-        fn, pad, zero_roots = halo_form
+        fn, middle, pad, zero_roots = halo_form
         pointwise = _pointwise_passes(adjoint, body, eligible, local, found, offsets, source, same, zero_roots, pad)
-        whole = Interior(fn, ((),) * ndim, tuple(bounds[1:] for bounds in upper))
         arrays = tuple((offsets[t.id], t.type.size) for t in found.values())
         clamped = eliminate_dead_code(_build(adjoint, body, eligible, source, widens, site_offset, site_clamps, passes,
                                              True, offsets, skip, pad))
+        fields = dict(pointwise_sides=pointwise[2], pointwise_row_sides=pointwise[3], halo=pad, scratch_arrays=arrays)
+        tables_only = tuple(bounds[1:] for bounds in upper)
+        whole = Interior(fn, ((),) * ndim, tables_only)
+        if middle is not None and ndim > 1:
+            # The thread's own tests along the outer axes settle in the middle rows (no selects for
+            # them; in float64 their blends at every thread made the 3-D 64^3 4th-order adjoint 27%
+            # slower than the no-halo form's); the rows outside run `fn`, valid at every thread, as
+            # `row`. Along a row the tests stay blends: settled there, the rows' ends ran scalar, a
+            # stencil radius of threads at a time (25% slower again).
+            inner = ndim - 1
+            row = Interior(dataclasses.replace(fn, name=fn.name.replace("_interior", "_row")), ((),) * ndim,
+                           tuple(b if k == inner else () for k, b in enumerate(tables_only)))
+            whole = dataclasses.replace(middle, upper=tuple(m + t for m, t in zip(middle.upper, tables_only)))
+            fields["row"] = row
         return GatherAdjoint(clamped, whole, tuple(eligible), scatters, source, widens, extent_bounds, *pointwise[:2],
-                             scratch_bytes, pointwise_sides=pointwise[2], pointwise_row_sides=pointwise[3], halo=pad,
-                             scratch_arrays=arrays)
+                             scratch_bytes, **fields)
     build = lambda clamp: eliminate_dead_code(_build(adjoint, body, eligible, source, widens, site_offset,  # noqa: E731
                                                      site_clamps, passes, clamp, offsets, skip))
     unclamped = build(False)
@@ -279,11 +208,12 @@ def gather_adjoint(adjoint: ir.Function, two_pass: bool = True, halo: bool = Tru
 
 def _halo_form(adjoint: ir.Function, body, eligible, source: str, site_offset, site_clamps, gathered, passes,
                offsets, skip, tables):
-    """(the transposed pass, the halo per axis, whether the pointwise pass stores zero roots first)
-    of the halo form (GatherAdjoint.halo), or None where it does not apply: where an accumulation
-    is clamped or wraps, or the pass, its guards run unconditionally (transpose.unguarded), keeps a
-    branch or reads anything at thread p - c but the roots (a load, a test of p - c's index).
-    Thread p - c then matters only through its roots, which are zeros beyond the launch."""
+    """(the transposed pass, its middle with the thread's own tests settled or None, the halo per
+    axis, whether the pointwise pass stores zero roots first) of the halo form (GatherAdjoint.halo),
+    or None where it does not apply: where an accumulation is clamped or wraps, or the pass, its
+    guards run unconditionally (transpose.unguarded), keeps a branch or reads anything at thread
+    p - c but the roots (a load, a test of p - c's index). Thread p - c then matters only through
+    its roots, which are zeros beyond the launch."""
     ndim = adjoint.tid_ndim
     if any(clamp for s in gathered for clamp in site_clamps[id(s)]) or any(w for c in passes for _, w in c):
         return None
@@ -295,11 +225,17 @@ def _halo_form(adjoint: ir.Function, body, eligible, source: str, site_offset, s
     if unguarded is not None:
         fn = eliminate_dead_code(unguarded)
     # (what stays guarded runs at thread p itself: the zero-offset pass, its loads at p in bounds)
-    fn = eliminate_dead_code(select_branches(fn, _own_loads(fn, eligible, (False,) * ndim, tables)))
-    used = {x.id for s in ir.walk(fn.body) for x in ir.used_operands(s) if isinstance(x, ir.Temp)}
-    if used & shifted or has_branches(fn):
+    blended = eliminate_dead_code(select_branches(fn, _own_loads(fn, eligible, (False,) * ndim, tables)))
+    used = {x.id for s in ir.walk(blended.body) for x in ir.used_operands(s) if isinstance(x, ir.Temp)}
+    if used & shifted or has_branches(blended):
         return None
-    return fn, pad, unguarded is not None
+    # the middle: the thread's own tests along the outer axes settled, where no branch stays
+    middle = interior_variant(fn, fn.name, axes=set(range(ndim - 1)))
+    if middle is not None:
+        selected = select_branches(middle.function, _own_loads(middle.function, eligible, (False,) * ndim, tables))
+        middle = None if has_branches(selected) else dataclasses.replace(
+            middle, function=eliminate_dead_code(selected))
+    return blended, middle, pad, unguarded is not None
 
 
 def _pointwise_passes(adjoint: ir.Function, body, eligible, local, found, offsets, source: str, same,
