@@ -83,6 +83,46 @@ def test_launch_with_fewer_dims_than_tid_unpacks_is_an_error(device):
         sp.launch(index_2d, 6, outputs=[sp.zeros((2, 3), dtype=int, device=device)])
 
 
+@sp.kernel
+def laplacian_2d(u: sp.array(dtype=f64, ndim=2), out: sp.array(dtype=f64, ndim=2)):
+    i, j = sp.tid()
+    v = f64(0.0)
+    if i > 0 and j > 0 and i < u.shape[0] - 1 and j < u.shape[1] - 1:
+        v = u[i - 1, j] + u[i + 1, j] + u[i, j - 1] + u[i, j + 1] - 4.0 * u[i, j] * u[i, j]
+    out[i, j] = v
+
+
+def test_a_launch_with_more_dims_than_tid_unpacks_folds_the_leading_ones_into_the_first(device):
+    """A 2-D kernel launched over (2, 3, 4): tid()'s first index spans the leading axes (6), its second
+    the last one (4), in the threads, the extent checks and the gather form of the adjoint alike (the
+    threads once ran (8, 3) where the check took (2, 3): a (6, 4) output was written past its end)."""
+    out = sp.zeros((6, 4), dtype=int, device=device)
+    sp.launch(index_2d, (2, 3, 4), outputs=[out])
+    np.testing.assert_array_equal(out.numpy(), expected_indices((6, 4)))
+    with pytest.raises(LaunchError, match=r"argument 'out' has shape \(8, 3\)"):
+        sp.launch(index_2d, (2, 3, 4), outputs=[sp.zeros((8, 3), dtype=int, device=device)])
+    assert laplacian_2d.compiled().gather is not None
+    seed = np.random.default_rng(3).standard_normal((6, 4))
+    grads = []
+    for dim in [(2, 3, 4), (6, 4)]:
+        u = sp.array(np.random.default_rng(2).standard_normal((6, 4)), requires_grad=True, device=device)
+        out = sp.zeros((6, 4), dtype=sp.float64, requires_grad=True, device=device)
+        tape = sp.Tape()
+        with tape:
+            sp.launch(laplacian_2d, dim, inputs=[u], outputs=[out])
+        tape.backward(grads={out: seed})
+        grads.append(u.grad.numpy())
+    np.testing.assert_array_equal(grads[0], grads[1])
+    expected = np.zeros((6, 4))
+    u0 = np.random.default_rng(2).standard_normal((6, 4))
+    for i in range(1, 5):
+        for j in range(1, 3):
+            for di, dj in ((-1, 0), (1, 0), (0, -1), (0, 1)):
+                expected[i + di, j + dj] += seed[i, j]
+            expected[i, j] -= 8.0 * u0[i, j] * seed[i, j]
+    np.testing.assert_allclose(grads[0], expected, rtol=1e-14, atol=1e-14)
+
+
 def test_empty_launch_runs_nothing(device):
     out = sp.full(3, 5, dtype=int, device=device)
     sp.launch(index_1d, 0, outputs=[out])
@@ -175,6 +215,9 @@ def shifted_read(a: sp.array(dtype=sp.float64), out: sp.array(dtype=sp.float64))
     out[i] = a[i + 1]
 
 
+READ_LINE = shifted_read.fn.__code__.co_firstlineno + 3          # its `out[i] = a[i + 1]`
+
+
 @sp.kernel
 def bad_2d_write(grid: sp.array(dtype=int, ndim=2)):
     i, j = sp.tid()
@@ -196,7 +239,7 @@ def test_debug_out_of_range_names_kernel_array_and_index():
         sp.launch(shifted_read, 4, inputs=[a], outputs=[out])
     assert str(e.value) == (
         f"launch of kernel 'shifted_read': argument 'a' has shape (4,), but the kernel indexes its axis 0 with "
-        f"tid() + 1 on every thread ({__file__}:175) and dim=4 needs at least 5 there; launch over the array's "
+        f"tid() + 1 on every thread ({__file__}:{READ_LINE}) and dim=4 needs at least 5 there; launch over the array's "
         "extent or pass a larger array")
     np.testing.assert_array_equal(out.numpy(), before)          # nothing ran
 

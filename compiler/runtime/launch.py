@@ -50,10 +50,10 @@ def launch_in_parts(kernel: Kernel, dim, inputs=(), outputs=(), *, first_rows: t
     `between` waits for them (stepper/distributed/domain.py). A recording Tape records one launch (the
     same adjoint, and the same bits: the threads are those of one launch, each run once).
 
-    A kernel with atomics (whose sums depend on the order of threads), a launch of more axes than
-    the kernel's tid() unpacks, one inside capture(), or a CPU launch that a Tape holds for later
-    (a recorded step whose outputs nothing reads: the stepper drops it unrun, see
-    Tape.defer_launches) runs whole after `between()` instead; returns whether it ran in parts."""
+    A kernel with atomics (whose sums depend on the order of threads), a launch inside capture(),
+    or a CPU launch that a Tape holds for later (a recorded step whose outputs nothing reads: the
+    stepper drops it unrun, see Tape.defer_launches) runs whole after `between()` instead; returns
+    whether it ran in parts."""
     if active_tangents() is not None:       # forward mode: the tangent kernel, whole
         between()
         launch(kernel, dim, inputs, outputs, deterministic=deterministic)
@@ -67,7 +67,7 @@ def launch_in_parts(kernel: Kernel, dim, inputs=(), outputs=(), *, first_rows: t
     tape = active_tape()
     held = tape is not None and tape.defers and all(a.device == "cpu" for a in (*inputs, *outputs)
                                                         if isinstance(a, array))
-    if sig.has_atomics or len(dims) != sig.tid_ndim or capturing() is not None or held:
+    if sig.has_atomics or capturing() is not None or held:
         between()
         _launch(kernel, dims, inputs, outputs, None, False, deterministic, None)
         return False
@@ -255,18 +255,18 @@ def _gather_fits(gather, sig, args, dims) -> tuple | None:
     every other array it gathers into spans at least that, and each of its extent bounds (a
     periodic index's divisor, a clamped index's upper bound plus one) is that axis's extent. An
     array wider than the launch widens the space along the axes the form allows it
-    (`GatherAdjoint.widens`, see compiler/passes/gather.py), not for a launch with extra axes."""
+    (`GatherAdjoint.widens`, see compiler/passes/gather.py). `dims` has the kernel's tid() axes
+    (packing._dims folds a launch's extra leading axes into the first)."""
     if gather is None:
         return None
     ndim = sig.tid_ndim
-    extents = (math.prod(dims[:len(dims) - ndim + 1]), *dims[len(dims) - ndim + 1:])
+    extents = tuple(dims)
     shapes = {p.name: a.shape for p, a in zip(sig.params, args) if p.name in gather.arrays}
     if shapes[gather.extent_source] != extents or any(
             len(s) != ndim or any(x < e for x, e in zip(s, extents)) for s in shapes.values()):
         return None
     space = tuple(max(s[k] for s in shapes.values()) for k in range(ndim))
-    if space != extents and (len(dims) != ndim or any(w > e and not gather.widens[k]
-                                                      for k, (w, e) in enumerate(zip(space, extents)))):
+    if space != extents and any(w > e and not gather.widens[k] for k, (w, e) in enumerate(zip(space, extents))):
         return None
     if gather.extent_bounds:
         shapes = {p.name: a.shape for p, a in zip(sig.params, args) if isinstance(a, array)}
@@ -302,7 +302,7 @@ def _adjoint_setup(compiled, sig, args, dims, serial, fresh):
     gather = compiled.gather if space is not None else None
     # The gradient buffer's launch_t: its first word is the fresh mask, its dims a gather form's
     # wider index space (sp::widen in prelude.h; zeros: the launch's own), the rest unread.
-    wide = space is not None and len(space) == len(dims) and space != tuple(dims)
+    wide = space is not None and space != tuple(dims)
     values = [_fresh_mask(fresh, sig, args, gather.arrays if gather else ()) if fresh else 0,
               *((*space, *_ONES[len(space):], 0, 0, 0, 0) if wide else _UNREAD)]
     for p, a in zip(sig.params, args):

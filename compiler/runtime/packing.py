@@ -144,6 +144,12 @@ def _dims(kernel: Kernel, dim, tid_ndim: int) -> tuple[int, ...]:
     if math.prod(dims) >= _MAX_THREADS:
         raise LaunchError(f"launch of kernel '{kernel.__name__}': dim={dim!r} is {math.prod(dims)} threads; thread "
                           f"indices are int32, so a launch has fewer than 2**31 threads: loop inside the kernel")
+    if len(dims) > ndim:
+        # tid() unpacks `ndim` indices: the first spans the launch's leading axes, the others its last
+        # ones. Folded here, so that the entries, the extent checks and the gather form all see the
+        # index space the kernel does (each read the axes its own way before: a 2-D kernel launched
+        # over (2, 3, 4) ran i0 < 8, i1 < 3 and was checked against (2, 3), writing past a (6, 4) array).
+        dims = (math.prod(dims[:len(dims) - ndim + 1]), *dims[len(dims) - ndim + 1:])
     return tuple(int(d) for d in dims)
 
 
