@@ -128,19 +128,19 @@ def gather_adjoint(adjoint: ir.Function, two_pass: bool = True, halo: bool = Tru
                                              True, offsets, skip, pad))
         fields = dict(pointwise_sides=pointwise[2], pointwise_row_sides=pointwise[3], halo=pad, scratch_arrays=arrays)
         tables_only = tuple(bounds[1:] for bounds in upper)
-        whole = Interior(fn, ((),) * ndim, tables_only)
+        box = Interior(fn, ((),) * ndim, tables_only)
         if middle is not None and ndim > 1:
             # The thread's own tests along the outer axes settle in the middle rows (no selects for
-            # them; in float64 their blends at every thread made the 3-D 64^3 4th-order adjoint 27%
-            # slower than the no-halo form's); the rows outside run `fn`, valid at every thread, as
+            # them: the 3-D 64^3 float64 4th-order adjoint 1.11x the no-halo form's time, was 1.27x
+            # with blends at every thread); the rows outside run `fn`, valid at every thread, as
             # `row`. Along a row the tests stay blends: settled there, the rows' ends ran scalar, a
-            # stencil radius of threads at a time (25% slower again).
+            # stencil radius of threads at a time (1.25x).
             inner = ndim - 1
             row = Interior(dataclasses.replace(fn, name=fn.name.replace("_interior", "_row")), ((),) * ndim,
                            tuple(b if k == inner else () for k, b in enumerate(tables_only)))
-            whole = dataclasses.replace(middle, upper=tuple(m + t for m, t in zip(middle.upper, tables_only)))
+            box = dataclasses.replace(middle, upper=tuple(m + t for m, t in zip(middle.upper, tables_only)))
             fields["row"] = row
-        return GatherAdjoint(clamped, whole, tuple(eligible), scatters, source, widens, extent_bounds, *pointwise[:2],
+        return GatherAdjoint(clamped, box, tuple(eligible), scatters, source, widens, extent_bounds, *pointwise[:2],
                              scratch_bytes, **fields)
     build = lambda clamp: eliminate_dead_code(_build(adjoint, body, eligible, source, widens, site_offset,  # noqa: E731
                                                      site_clamps, passes, clamp, offsets, skip))
