@@ -18,8 +18,9 @@ from .threads import parallel_threshold
 
 def index_space(ndim: int) -> dict:
     """Template pieces that walk a launch as `ndim` indices (what the kernel's tid() unpacks): the
-    extents (the first index spans any launch dimensions beyond the kernel's), a CPU loop nest, the
-    flat index for the tape, and the CUDA decomposition of a grid-stride index."""
+    extents (one launch dimension per index: packing._dims folds a launch's extra leading axes into
+    the first), a CPU loop nest, the flat index for the tape, and the CUDA decomposition of a
+    grid-stride index."""
     rest = " * ".join(f"L.dim[{k}]" for k in range(1, ndim)) or "1"
     extents = [f"    const int32_t e0 = (int32_t)(L.n / ({rest}));",
                # the rows of the first axis this call runs (all of them but in a launch run in parts)

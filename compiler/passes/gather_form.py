@@ -3,7 +3,6 @@ form's functions, its variants near the faces and the boxes each runs in, which 
 (compiler/codegen/cpu_loops.py) and the CUDA launch (compiler/backends/cuda_launch.py) read."""
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import dataclass
 
@@ -86,9 +85,6 @@ class GatherAdjoint:
     scratch_arrays: tuple = ()
 
     def scratch_elements(self, dims) -> int:
-        """The elements of each scratch array for a launch of `dims` (the first of the kernel's
-        indices spans the launch's dimensions beyond the kernel's, as in the entries)."""
-        ndim = self.function.tid_ndim
-        dims = (*dims, *(1,) * (ndim - len(dims)))
-        extents = (math.prod(dims) // max(1, math.prod(dims[1:ndim])), *dims[1:ndim])
-        return math.prod(e + 2 * pad for e, pad in itertools.zip_longest(extents, self.halo, fillvalue=0))
+        """The elements of each scratch array for a launch over `dims`, one extent per tid() axis
+        (packing._dims folds a launch's extra leading axes into the first)."""
+        return math.prod(e + 2 * pad for e, pad in zip(dims, self.halo, strict=True))
