@@ -165,8 +165,9 @@ class _Plan:
         zeros += [_Zero(2 * len(states) + k, scratch[name]._data.nbytes)
                   for k, (name, shape, dtype, zero) in enumerate(self.scratch)
                   if zero is not False and (zero or zero_next) and ("scratch", name) not in covered]
-        always = len(zeros)                          # then the fills of the renamed states' s.next: last step only
-        zeros += [_Zero(len(states) + states.index(name), nxt[name]._data.nbytes) for name in renamed if zero_next]
+        always = len(zeros)                          # then the fills of the renamed states' s.next: where the copy runs
+        zeros += [_Zero(len(states) + states.index(name), nxt[name]._data.nbytes) for name in renamed
+                  if zero_next and ("next", name) not in covered]
         self.zeros = (_Zero * len(zeros))(*zeros)
         self.renames = None
         self.rename_pairs = pairs                    # (to, from) state names
