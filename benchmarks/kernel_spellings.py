@@ -34,9 +34,14 @@ _ADJOINT = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p, ctyp
                             ctypes.c_int, ctypes.c_void_p, ctypes.c_int)
 
 
+# The forms a table's last column may compare with (see kernel_table): gather_adjoint's options.
+BEFORE = {"one-pass": dict(two_pass=False, halo=False), "no-halo": dict(halo=False),
+          "not-reassociated": dict(reassociate=False)}
+
+
 def _copies(group: dict, label: str, before: str | None) -> dict:
     """The group's kernels rebuilt in a module of their own (so that a group compiles alone), with
-    `before` ("one-pass" or "no-halo", see kernel_table) their adjoints in that form."""
+    `before` (a key of BEFORE, see kernel_table) their adjoints in that form."""
     module = KernelModule(f"kernel_spellings_{label}{'_' + before.replace('-', '_') if before else ''}")
     out = {}
     for name, k in group.items():
@@ -45,8 +50,7 @@ def _copies(group: dict, label: str, before: str | None) -> dict:
         if before:
             compiled = copy.compiled()
             if compiled.gather is not None:
-                compiled.gather = gather_adjoint(adjoint_function(compiled.forward), two_pass=before != "one-pass",
-                                                 halo=False)
+                compiled.gather = gather_adjoint(adjoint_function(compiled.forward), **BEFORE[before])
         out[name] = copy
     return out
 
@@ -128,8 +132,9 @@ def kernel_table(orders, ndims, dtypes, n2: int, n3: int, rounds: int, before: s
                  device: str = "cpu") -> list[str]:
     """Markdown rows, one per (ndim, order, dtype, spelling), and one for `fwi` as the FWI gradient
     launches it (CONSTANT_DAMPING), timed on `device`. `before`: the last column's form, "one-pass"
-    (one adjoint copy per offset) or "no-halo" (two passes, scratch the launch's size: the forms
-    before GatherAdjoint.halo), or None for no such column."""
+    (one adjoint copy per offset), "no-halo" (two passes, scratch the launch's size: the forms
+    before GatherAdjoint.halo), "not-reassociated" (the halo form, each root times its weight:
+    compiler/passes/reassociate.py), or None for no such column."""
     rng = np.random.default_rng(0)
     lines = ["| dims | order | dtype | spelling | forward us | adjoint us | adjoint/forward (min-max) | "
              "forward / fastest | adjoint / fastest |" + (f" {before}: adjoint/forward |" if before else ""),

@@ -26,6 +26,29 @@ def one_pass_copy(kernel) -> Kernel:
     return copy
 
 
+def exact_copy(kernel) -> Kernel:
+    """`kernel`, or where it takes the halo form its copy whose transposed pass multiplies each
+    root by its weights (compiler/passes/reassociate.py not run): the form that gives the one-pass
+    form's bits (the default sums the roots of one weight first, which rounds otherwise)."""
+    return _copy(kernel, "exact", reassociate=False) if kernel.compiled().gather.halo else kernel
+
+
+def assert_one_pass_bits(kernel, shape, values, w, device, dtype=sp.float64):
+    """`kernel`'s gradients: its exact copy's are the one-pass form's bit for bit, its own are
+    within rounding of them (a few units in the last place) and the same bits on one thread, in
+    order. Returns the one-pass form's."""
+    _, one = gradients(one_pass_copy(kernel), shape, values, w, device, dtype=dtype)
+    _, exact = gradients(exact_copy(kernel), shape, values, w, device, dtype=dtype)
+    _, own = gradients(kernel, shape, values, w, device, dtype=dtype)
+    _, serial = gradients(kernel, shape, values, w, device, deterministic=True, dtype=dtype)
+    eps = np.finfo(dtype.np_dtype).eps
+    for a, b, c, d in zip(exact, one, own, serial):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(c, d)
+        np.testing.assert_allclose(c, b, rtol=64 * eps, atol=64 * eps * np.abs(b).max())
+    return one
+
+
 def no_halo_copy(kernel) -> Kernel:
     """`kernel` in a module of its own, its two-pass form's scratch the launch's size (not the halo
     form): the form whose threads near a face run variants settled there."""

@@ -45,14 +45,17 @@ from .interior import Bound, Interior, at_own_index, interior_variant, tid_offse
 from . import gather_sites
 from .gather_form import GatherAdjoint
 from .near_faces import bands_of, sides_of, without_dead_code
+from .reassociate import reassociated
 from . import transpose
 
 
-def gather_adjoint(adjoint: ir.Function, two_pass: bool = True, halo: bool = True) -> GatherAdjoint | None:
+def gather_adjoint(adjoint: ir.Function, two_pass: bool = True, halo: bool = True,
+                   reassociate: bool = True) -> GatherAdjoint | None:
     """The gather form of `adjoint` (the output of `adjoint.adjoint_function`), or None where no
     array's accumulations qualify or the adjoint keeps a loop tape: in two passes where that applies
     (compiler/passes/transpose.py) unless `two_pass` is False, and then in the halo form where that
-    applies (GatherAdjoint.halo) unless `halo` is False. Expects verified adjoint IR; the result
+    applies (GatherAdjoint.halo) unless `halo` is False, its roots of equal factors summed before
+    the factors apply (compiler/passes/reassociate.py) unless `reassociate` is False. Expects verified adjoint IR; the result
     verifies with ``single_definition=False`` and has the same parameters."""
     body = tuple(s for s in adjoint.body if not is_reverse_mark(s))
     if any(isinstance(s, ir.Push) for s in ir.walk(body)):
@@ -116,7 +119,7 @@ def gather_adjoint(adjoint: ir.Function, two_pass: bool = True, halo: bool = Tru
     skip = local if found else set()
     same = _same_extents(set(eligible) if not any(widens) else (), source)
     halo_form = _halo_form(adjoint, body, eligible, source, site_offset, site_clamps, gathered, passes, offsets,
-                           skip, tables) if found and halo else None
+                           skip, tables, reassociate) if found and halo else None
     if halo_form is not None:
         # every thread runs the halo form's pass, unless a table is too short for its reads (then
         # the box is empty, and the form's clamped function, reading the same scratch, runs): the
@@ -207,7 +210,7 @@ def gather_adjoint(adjoint: ir.Function, two_pass: bool = True, halo: bool = Tru
 
 
 def _halo_form(adjoint: ir.Function, body, eligible, source: str, site_offset, site_clamps, gathered, passes,
-               offsets, skip, tables):
+               offsets, skip, tables, reassociate: bool = True):
     """(the transposed pass, its middle with the thread's own tests settled or None, the halo per
     axis, whether the pointwise pass stores zero roots first) of the halo form (GatherAdjoint.halo),
     or None where it does not apply: where an accumulation is clamped or wraps, or the pass, its
@@ -235,7 +238,18 @@ def _halo_form(adjoint: ir.Function, body, eligible, source: str, site_offset, s
         selected = select_branches(middle.function, _own_loads(middle.function, eligible, (False,) * ndim, tables))
         middle = None if has_branches(selected) else dataclasses.replace(
             middle, function=eliminate_dead_code(selected))
+    if reassociate:
+        written = written_arrays(body)
+        blended = _reassociated(blended, written)
+        if middle is not None:
+            middle = dataclasses.replace(middle, function=_reassociated(middle.function, written))
     return blended, middle, pad, unguarded is not None
+
+
+def _reassociated(fn: ir.Function, written: set[str]) -> ir.Function:
+    """`fn` with its roots of equal factors summed first (compiler/passes/reassociate.py), or itself."""
+    summed = reassociated(fn, written)
+    return fn if summed is None else eliminate_dead_code(summed)
 
 
 def _pointwise_passes(adjoint: ir.Function, body, eligible, local, found, offsets, source: str, same,

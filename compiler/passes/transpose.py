@@ -53,7 +53,9 @@ AVX2 machine the 3-D 64^3 float32 wave adjoints went from 1.8-3.4x their forward
 FWI stencil's (damping constant) from 2.7-3.5x to 2.3-2.7x.
 
 Every accumulation is computed by the same operations from the same values as in the one-pass form,
-and summed in the same order, so the two forms give the same bits (up to that sign of zero). Roots
+and summed in the same order, so the two forms give the same bits (up to that sign of zero); the
+halo form then sums the roots that share their factors before it applies them (a Laplacian's six
+neighbours at distance k times w[k]: compiler/passes/reassociate.py), which rounds otherwise. Roots
 defined in a branch are stored under it, and read under the same branch of the copy, whose
 condition is computed the same way at the same thread; the copy's thread p - c is a thread of the
 launch (clamped or wrapped into it), whose roots the pointwise pass stored. Accumulations that
