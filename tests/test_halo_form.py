@@ -119,3 +119,16 @@ def test_the_transposed_pass_multiplies_by_each_weight_once(order, ndim):
     for variant, exact_variant in ((gather.interior, exact.interior), (gather.row, exact.row)):
         saved = _float_multiplies(exact_variant.function) - _float_multiplies(variant.function)
         assert saved == (2 * ndim - 1) * (order // 2), variant.function.name
+
+
+@pytest.mark.parametrize("kernel, shape", [(corpus(8, 3)["fwi"], (20, 18, 22)), (corpus(8, 2)["fwi"], (30, 21))])
+def test_the_halo_form_gives_the_cpus_bits_on_cuda(kernel, shape, device):
+    """The rows outside the middle run the row variant on the GPU as on the CPU, not the clamped
+    function, whose sums round otherwise (it multiplies each root by its weight): the same bits."""
+    if device == "cpu":
+        pytest.skip("compares the CPU with --device cuda")
+    values, w = inputs(kernel, shape, seed=3)
+    _, cpu = gradients(kernel, shape, values, w, "cpu")
+    _, gpu = gradients(kernel, shape, values, w, device)
+    for a, b in zip(cpu, gpu):
+        np.testing.assert_array_equal(a, b)
