@@ -7,8 +7,8 @@ its forward multiplies 5 times (it sums the six neighbours at distance k, then m
 and the compiler may not undo it: that would change the rounding. This pass does: where roots
 reach an accumulation through the same factors, it sums the roots first and applies the factors
 once, ``sum_c root(p - c) * w[k]`` becoming ``(sum_c root(p - c)) * w[k]``, as the forward does.
-On an AVX2 machine (3-D 64^3 float32, 8th order, FWI stencil) the transposed pass went from 1.6x
-the forward kernel to ~1.1x.
+On an AVX2 machine (3-D 64^3, 8th order, one core, paired A/B: benchmarks/paired_adjoints.py) the
+wave's adjoint got 21% faster, the FWI update's 7% (its pointwise pass is most of it).
 
 The rounding is then not the one-pass form's: the gradient is the same sum in another order, within
 a few units in the last place of it. It is still one fixed computation per element, on every
