@@ -121,14 +121,14 @@ def gather_adjoint(adjoint: ir.Function, two_pass: bool = True, halo: bool = Tru
     halo_form = _halo_form(adjoint, body, eligible, source, site_offset, site_clamps, gathered, passes, offsets,
                            skip, tables, reassociate) if found and halo else None
     if halo_form is not None:
-        # every thread runs the halo form's pass, unless a table is too short for its reads (then
-        # the box is empty, and the form's clamped function, reading the same scratch, runs): the
-        # box keeps the tables' upper bounds, not the margin of p - c (each axis's first)
+        # every thread runs the halo form's pass: in the boxes, which keep the tables' upper bounds
+        # (not the margin of p - c), as it is; elsewhere (a table too short for its reads, or an
+        # entry without every gradient) with its table reads zero beyond the table. Its sums
+        # (reassociate.py) then round alike everywhere: the same bits from every entry and device.
         fn, middle, pad, zero_roots = halo_form
         pointwise = _pointwise_passes(adjoint, body, eligible, local, found, offsets, source, same, zero_roots, pad)
         arrays = tuple((offsets[t.id], t.type.size) for t in found.values())
-        clamped = eliminate_dead_code(_build(adjoint, body, eligible, source, widens, site_offset, site_clamps, passes,
-                                             True, offsets, skip, pad))
+        everywhere = _tables_or_zero(fn, adjoint.name.replace("_adjoint", "") + "_gather")
         fields = dict(pointwise_sides=pointwise[2], pointwise_row_sides=pointwise[3], halo=pad, scratch_arrays=arrays)
         tables_only = tuple(bounds[1:] for bounds in upper)
         box = Interior(fn, ((),) * ndim, tables_only)
@@ -143,7 +143,7 @@ def gather_adjoint(adjoint: ir.Function, two_pass: bool = True, halo: bool = Tru
                            tuple(b if k == inner else () for k, b in enumerate(tables_only)))
             box = dataclasses.replace(middle, upper=tuple(m + t for m, t in zip(middle.upper, tables_only)))
             fields["row"] = row
-        return GatherAdjoint(clamped, box, tuple(eligible), scatters, source, widens, extent_bounds, *pointwise[:2],
+        return GatherAdjoint(everywhere, box, tuple(eligible), scatters, source, widens, extent_bounds, *pointwise[:2],
                              scratch_bytes, **fields)
     build = lambda clamp: eliminate_dead_code(_build(adjoint, body, eligible, source, widens, site_offset,  # noqa: E731
                                                      site_clamps, passes, clamp, offsets, skip))
@@ -244,6 +244,18 @@ def _halo_form(adjoint: ir.Function, body, eligible, source: str, site_offset, s
         if middle is not None:
             middle = dataclasses.replace(middle, function=_reassociated(middle.function, written))
     return blended, middle, pad, unguarded is not None
+
+
+def _tables_or_zero(fn: ir.Function, name: str) -> ir.Function:
+    """`fn`, named `name`, its reads at constant indices (a coefficient table's) zero where the table
+    does not hold them: safe at every thread, whatever the tables' lengths."""
+    class OrZero(ir.Rewriter):
+        def stmt(self, s) -> list:
+            s = self.value(s)
+            if isinstance(s, ir.Load) and _table_read(s) is not None:
+                s = dataclasses.replace(s, or_zero=True)
+            return [s]
+    return dataclasses.replace(fn, name=name, body=tuple(OrZero().block(fn.body)))
 
 
 def _reassociated(fn: ir.Function, written: set[str]) -> ir.Function:
