@@ -12,8 +12,7 @@ import pytest
 import compiler as sp
 from compiler import ir
 from compiler.passes.interior import at_own_index, tid_offsets
-import gather_forms
-from gather_forms import assert_one_pass_bits, corpus, gradients, inputs, one_pass_copy, stencil_spellings
+from gather_forms import assert_one_pass_bits, corpus, exact_copy, gradients, inputs, one_pass_copy, stencil_spellings
 
 F1 = sp.array(dtype=sp.float64)
 
@@ -84,12 +83,12 @@ def test_the_halo_holds_zeros_whatever_an_earlier_launch_left_in_scratch(device)
 
 
 
-def test_a_table_shorter_than_the_halo_forms_reads_runs_its_clamped_function(device):
+def test_a_table_shorter_than_the_halo_forms_reads_runs_its_fallback_function(device):
     """Weights passed as an array are read unguarded in the halo form's pass, in a box that is
     empty unless the table holds every index read. A short table is legal where no thread takes
     the guard that reads it (a grid narrower than the stencil): every thread then runs the form's
-    clamped function, which reads the table only under the guard; the gradients are the tuple
-    spelling's."""
+    fallback function, the same pass with its table reads zero beyond the table; the gradients are
+    the tuple spelling's."""
     kernel, tuple_kernel = corpus(8, 2)["fwi_array"], corpus(8, 2)["fwi"]
     gather = kernel.compiled().gather
     assert gather.halo
@@ -104,7 +103,8 @@ def test_a_table_shorter_than_the_halo_forms_reads_runs_its_clamped_function(dev
 
 
 def _float_multiplies(fn: ir.Function) -> int:
-    return sum(isinstance(s, ir.Op) and s.op == "mul" and np.dtype(getattr(s.out.type, "np_dtype", "i4")).kind == "f" for s in ir.walk(fn.body))
+    return sum(isinstance(s, ir.Op) and s.op == "mul" and np.dtype(getattr(s.out.type, "np_dtype", "i4")).kind == "f"
+               for s in ir.walk(fn.body))
 
 
 @pytest.mark.parametrize("order", [2, 4, 8])
@@ -114,7 +114,7 @@ def test_the_transposed_pass_multiplies_by_each_weight_once(order, ndim):
     their roots first and multiplies once (compiler/passes/reassociate.py), where the exact form
     multiplies each of the 2 * ndim roots; what is not a neighbour's term (the thread's own) stays."""
     kernel = corpus(order, ndim)["fwi"]
-    exact = gather_forms.exact_copy(kernel).compiled().gather
+    exact = exact_copy(kernel).compiled().gather
     gather = kernel.compiled().gather
     for variant, exact_variant in ((gather.interior, exact.interior), (gather.row, exact.row)):
         saved = _float_multiplies(exact_variant.function) - _float_multiplies(variant.function)
@@ -123,8 +123,9 @@ def test_the_transposed_pass_multiplies_by_each_weight_once(order, ndim):
 
 @pytest.mark.parametrize("kernel, shape", [(corpus(8, 3)["fwi"], (20, 18, 22)), (corpus(8, 2)["fwi"], (30, 21))])
 def test_the_halo_form_gives_the_cpus_bits_on_cuda(kernel, shape, device):
-    """The rows outside the middle run the row variant on the GPU as on the CPU, not the clamped
-    function, whose sums round otherwise (it multiplies each root by its weight): the same bits."""
+    """The GPU runs the rows outside the middle through the form's fallback function, the same
+    pass as the CPU's row variant (table reads zero beyond the table), not a clamped copy per offset,
+    whose sums would round otherwise (it multiplies each root by its weight): the same bits."""
     if device == "cpu":
         pytest.skip("compares the CPU with --device cuda")
     values, w = inputs(kernel, shape, seed=3)

@@ -325,11 +325,10 @@ def overlap_test(fn: ir.Function) -> str:
     return " || ".join(tests) or "false"
 
 
-def interior_box(ndim: int, interior, lo: str = "lo", hi: str = "hi") -> list[str]:
+def interior_box(ndim: int, interior) -> list[str]:
     """C++ lines that set the interior box [lo_k, hi_k) per axis from the variant's bounds,
-    clamped to the launch's extents e_k (an empty box where the bounds cross); `lo` and `hi`: the
-    variables' prefixes."""
-    return [line for k in range(ndim) for line in _axis_box(k, interior, f"{lo}{k}", f"{hi}{k}")]
+    clamped to the launch's extents e_k (an empty box where the bounds cross)."""
+    return [line for k in range(ndim) for line in _axis_box(k, interior, f"lo{k}", f"hi{k}")]
 
 
 def _axis_box(k: int, interior, lo: str, hi: str) -> list[str]:

@@ -390,13 +390,6 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
         box = space["extents"] + "\n" + "\n".join(loops.interior_box(fn.tid_ndim, interior)) + "\n"
         inside = " && ".join(f"lo{k} <= i{k} && i{k} < hi{k}" for k in range(fn.tid_ndim))
         pick = f"if ({inside}) {interior.function.name}{call} else "
-        if target is not CPU and gather is not None and gather.halo and gather.row is not None:
-            # a halo form's rows outside its middle run its row variant, as on the CPU: its sums
-            # (compiler/passes/reassociate.py) round otherwise than the clamped function's
-            lines += _thread_function(gather.row.function, debug, sites, target, adjoint, fn.name, hot=True)
-            box += "\n".join(loops.interior_box(fn.tid_ndim, gather.row, "rlo", "rhi")) + "\n"
-            in_row = " && ".join(f"rlo{k} <= i{k} && i{k} < rhi{k}" for k in range(fn.tid_ndim))
-            pick += f"if ({in_row}) {gather.row.function.name}{call} else "
     else:
         nest = loops.plain_nest(fn.tid_ndim, fn.name + call, private, prelude, threshold)
     if writes_own:

@@ -55,8 +55,9 @@ def gather_adjoint(adjoint: ir.Function, two_pass: bool = True, halo: bool = Tru
     array's accumulations qualify or the adjoint keeps a loop tape: in two passes where that applies
     (compiler/passes/transpose.py) unless `two_pass` is False, and then in the halo form where that
     applies (GatherAdjoint.halo) unless `halo` is False, its roots of equal factors summed before
-    the factors apply (compiler/passes/reassociate.py) unless `reassociate` is False. Expects verified adjoint IR; the result
-    verifies with ``single_definition=False`` and has the same parameters."""
+    the factors apply (compiler/passes/reassociate.py) unless `reassociate` is False. Expects
+    verified adjoint IR; the result verifies with ``single_definition=False`` and has the same
+    parameters."""
     body = tuple(s for s in adjoint.body if not is_reverse_mark(s))
     if any(isinstance(s, ir.Push) for s in ir.walk(body)):
         return None
