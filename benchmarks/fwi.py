@@ -46,6 +46,9 @@ sys.path.insert(0, os.path.dirname(HERE))
 RESULTS = os.path.join(HERE, "results")
 from peer_impls.devito_peer import NBL, build_problem   # noqa: E402  (Devito itself loads on first use)
 MODES = ("forward", "revolve", "storeall")
+# ours as before 2026-11-30: runs of steps write u_next into a third buffer, never over the up it
+# reads (stepper/execute/fast/native_loop.py `in_place_renames`); `--tools devito ours ours-3-buffers`
+THREE_BUFFERS = "ours-3-buffers"
 
 
 def worker(args) -> dict:
@@ -56,6 +59,9 @@ def worker(args) -> dict:
         from peer_impls.devito_peer import runner
     else:
         from peer_impls.fwi_ours import runner
+    if args.tool == THREE_BUFFERS:
+        from stepper.execute.fast import native_loop
+        native_loop.in_place_renames = lambda *_: set()
     run, info = runner(problem, args.mode, args.snapshots)
     from stepper.bench import rss
     # Peak memory from before the first run: a tool whose buffers outlive a call (ours did until
@@ -133,7 +139,7 @@ def main(argv=None) -> int:
     ap.add_argument("--snapshots", type=int, default=None, help="Revolve's snapshots (default: pyrevolve's)")
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--check", action="store_true")
-    ap.add_argument("--worker", choices=["devito", "ours"])
+    ap.add_argument("--worker", choices=["devito", "ours", THREE_BUFFERS])
     ap.add_argument("--mode", choices=MODES)
     ap.add_argument("--problem")
     ap.add_argument("--result")
@@ -149,7 +155,7 @@ def main(argv=None) -> int:
         for order in args.orders:
             check(min(args.n, 64 if args.ndim == 2 else 24), order, args.ndim)
         return 0
-    rows = []
+    rows, paired = [], {}
     with tempfile.TemporaryDirectory() as tmp:
         for order in args.orders:
             path = os.path.join(tmp, f"problem-{order}.npz")
@@ -164,6 +170,7 @@ def main(argv=None) -> int:
                         if tool == "devito" and mode == "revolve" and snapshots is None and "snapshots" in report:
                             snapshots = report["snapshots"]
                         runs.setdefault((mode, tool), []).append(report)
+                        paired.setdefault((order, mode, tool), []).append(report)
             for mode in args.modes:
                 for tool in args.tools:
                     reports = runs[(mode, tool)]
@@ -186,9 +193,18 @@ def main(argv=None) -> int:
             lines.append(f"| {order} | {mode} | {tool} | {nt} | failed | | | {note} |")
             continue
         ref = medians.get((order, mode, "devito"))
-        ratio = f"{sec / ref:.2f}" if tool == "ours" and ref else ""
+        ratio = f"{sec / ref:.2f}" if tool.startswith("ours") and ref else ""
         lines.append(f"| {order} | {mode} | {tool} | {nt - 2} | {sec:.3f} ({spread[0]:.3f}-{spread[1]:.3f}) | "
                      f"{ratio} | {peak:.0f} | {'snapshots ' + str(note) if note else ''} |")
+    if THREE_BUFFERS in args.tools and "ours" in args.tools:
+        lines += ["", f"Paired, per round: ours / {THREE_BUFFERS}, median (min-max):", ""]
+        for order in args.orders:
+            for mode in args.modes:
+                pairs = [a["seconds"] / b["seconds"] for a, b in zip(paired[(order, mode, "ours")],
+                                                                     paired[(order, mode, THREE_BUFFERS)])
+                         if "error" not in a and "error" not in b]
+                if pairs:
+                    lines.append(f"- order {order} {mode}: {np.median(pairs):.3f} ({min(pairs):.3f}-{max(pairs):.3f})")
     text = "\n".join(lines)
     print(text)
     os.makedirs(RESULTS, exist_ok=True)

@@ -321,6 +321,18 @@ def walk(body):
             yield from walk(s.replay)
 
 
+def forward_walk(body, in_loop=False):
+    """(statement, inside a loop?) for the statements the forward executes, in program order (not
+    the replacement code that only the adjoint runs)."""
+    for s in body:
+        yield s, in_loop
+        if isinstance(s, If):
+            yield from forward_walk(s.then, in_loop)
+            yield from forward_walk(s.orelse, in_loop)
+        elif isinstance(s, (Loop, CustomAdjoint, CustomReplay)):
+            yield from forward_walk(s.body, in_loop or isinstance(s, Loop))
+
+
 def defined_temps(s) -> tuple[Temp, ...]:
     out = getattr(s, "out", None)
     return (out,) if isinstance(out, Temp) else ()

@@ -24,6 +24,7 @@ from .passes.adjoint import AdjointUnsupported, adjoint_function
 from .passes.dce import eliminate_dead_code
 from .passes.gather import GatherAdjoint, gather_adjoint
 from .passes.identity_stores import IdentityStores, identity_stores
+from .passes.in_place import in_place_pairs
 from .passes.interior import Interior, at_own_index, interior_variant, tid_offsets, with_row
 from .passes.near_faces import with_sides
 from .passes.tangent import TangentUnsupported, tangent_function
@@ -45,24 +46,12 @@ class ArgumentUse:
     first_store: ir.Loc | None = None
 
 
-def _forward_walk(body, in_loop=False):
-    """(statement, inside a loop?) for the statements the forward executes, in program order (not
-    the replacement code that only the adjoint runs)."""
-    for s in body:
-        yield s, in_loop
-        if isinstance(s, ir.If):
-            yield from _forward_walk(s.then, in_loop)
-            yield from _forward_walk(s.orelse, in_loop)
-        elif isinstance(s, (ir.Loop, ir.CustomAdjoint, ir.CustomReplay)):
-            yield from _forward_walk(s.body, in_loop or isinstance(s, ir.Loop))
-
-
 def argument_uses(fn: ir.Function) -> dict[str, ArgumentUse]:
     """Reads, stores and accumulations of each array argument by the forward. Reads made only by
     the adjoint's replacement code (@func_replay, @func_grad) count as reads, not as conflicts."""
     uses = {p.name: ArgumentUse() for p in fn.params if isinstance(p.type, ArrayType)}
     used = {a.id for s in ir.walk(fn.body) for a in ir.used_operands(s) if isinstance(a, ir.Temp)}
-    forward = {id(s) for s, _ in _forward_walk(fn.body)}
+    forward = {id(s) for s, _ in ir.forward_walk(fn.body)}
     for s in ir.walk(fn.body):
         if isinstance(s, ir.Load) and id(s) not in forward:
             uses[s.array.param.name].adjoint_reads = True
@@ -106,7 +95,7 @@ def _overwrites_of_read_values(body) -> dict[str, ir.Loc]:
     reads back what this thread wrote, which the adjoint's replay (it skips stores) sees as well."""
     loaded: set[str] = set()
     conflicts: dict[str, ir.Loc] = {}
-    for s, in_loop in _forward_walk(body):
+    for s, in_loop in ir.forward_walk(body):
         if isinstance(s, ir.Load):
             loaded.add(s.array.param.name)
         elif isinstance(s, ir.Store) and (s.array.param.name in loaded or in_loop):
@@ -133,6 +122,7 @@ class Compiled:
     interior: Interior | None = None        # the forward with its boundary tests settled
     identity: IdentityStores | None = None  # `out[tid] = in[tid]` stores, and the forward without them
     covers: frozenset = frozenset()         # see `covered_outputs`
+    in_place: frozenset = frozenset()       # (input, output) arguments that may be one array: `in_place_pairs`
 
     @cached_property
     def adjoint_loads(self) -> frozenset:
@@ -197,7 +187,7 @@ class Kernel:
             for variant in _and_rows(interior, identity.interior if identity is not None else None):
                 verify(variant.function)
             self._compiled = Compiled(forward, adjoint, error, uses, needs_tape, gather, interior, identity,
-                                      covered_outputs(forward, uses))
+                                      covered_outputs(forward, uses), in_place_pairs(forward))
         return self._compiled
 
     def _forward_ir(self) -> ir.Function:

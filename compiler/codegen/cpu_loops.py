@@ -10,6 +10,7 @@ body (codegen/targets.py renders the bodies and the entries' fixed parts).
 from __future__ import annotations
 
 from .. import ir
+from ..passes.in_place import in_place_pairs
 from ..passes.near_faces import margin
 from ..passes.selects import written_arrays
 from ..types import ArrayType
@@ -317,12 +318,18 @@ def row_runner(name: str, ndim: int, args: str, template: str | None = None,
 
 def overlap_test(fn: ir.Function) -> str:
     """A C++ test of whether an array `fn` stores to shares memory with another of its arrays (a
-    forward that `writes_own_elements` runs its loops without alias tests where none does)."""
+    forward that `writes_own_elements` runs its loops without alias tests where none does), except
+    where the two are one array and may be (`in_place_pairs`)."""
     arrays = [p for p in fn.params if isinstance(p.type, ArrayType)]
     stored = written_arrays(fn.body)
-    tests = [f"sp::overlap(A.{arg_name(a.name)}, {a.type.ndim}, A.{arg_name(b.name)}, {b.type.ndim})"
-             for a in arrays if a.name in stored for b in arrays if b is not a]
-    return " || ".join(tests) or "false"
+    in_place = in_place_pairs(fn)
+
+    def test(a, b) -> str:
+        overlap = f"sp::overlap(A.{arg_name(a.name)}, {a.type.ndim}, A.{arg_name(b.name)}, {b.type.ndim})"
+        if (b.name, a.name) in in_place:
+            return f"({overlap} && !sp::same(A.{arg_name(a.name)}, A.{arg_name(b.name)}, {a.type.ndim}))"
+        return overlap
+    return " || ".join(test(a, b) for a in arrays if a.name in stored for b in arrays if b is not a) or "false"
 
 
 def interior_box(ndim: int, interior) -> list[str]:

@@ -366,6 +366,12 @@ template <typename T, typename U> SP_FUNC bool overlap(const array_t<T>& a, int 
     for (int d = 0; d < nb; ++d) cb *= b.shape[d];
     const char *a0 = (const char*)a.data, *b0 = (const char*)b.data;
     return ca > 0 && cb > 0 && a0 < b0 + cb * (int64_t)sizeof(U) && b0 < a0 + ca * (int64_t)sizeof(T); }
+// Whether two arrays are one (same elements, same shape): a forward's input and output that may be
+// one array (passes/in_place.py) run its loops without alias tests then too.
+template <typename T> SP_FUNC bool same(const array_t<T>& a, const array_t<T>& b, int n) {
+    if (a.data != b.data) return false;
+    for (int d = 0; d < n; ++d) if (a.shape[d] != b.shape[d]) return false;
+    return true; }
 template <typename T, typename... I> SP_FUNC bool in_bounds(const array_t<T>& a, I... idx) {
     int64_t v[] = {int64_t(idx)...}; for (int d = 0; d < int(sizeof...(I)); ++d) if (v[d] < 0 || v[d] >= a.shape[d]) return false;
     return true; }

@@ -17,7 +17,8 @@ struct sp_time {                                                     // what mov
     int64_t n;                                                       // the index of the next step run
     int64_t loss_slot; int64_t loss_size; double* losses;            // each step's running loss, or null
 };
-struct sp_rename { int64_t to; int64_t from; };                      // state indices: next.to = prev.from
+struct sp_rename { int64_t to; int64_t from; int64_t in_place; };     // state indices: next.to = prev.from;
+                                                                     // in_place: next.from may be prev.to's buffer
 struct sp_renames {                                                  // copies of a state done by renaming
     const sp_rename* pairs; int64_t n_pairs;
     const int64_t* copies; const forward_t* instead; int64_t n_copies;  // the launches that copy, and what
@@ -76,6 +77,10 @@ static void sp_step(const sp_launch* launches, int64_t n_launches, const sp_patc
 // the one it reads, the one it writes): the one `to` read becomes free, except after the first
 // two steps, where that is a starting buffer (to's, then from's) and the spares stand in for them.
 // The last step copies into to's next slot, untouched until then, so the result owns its buffers.
+// Where the pair is `in_place` (the step reads prev.to only where it then writes next.from, each
+// thread at its own elements before it writes them: native_loop.py `in_place_renames`), `from`
+// turns over two buffers from the second step on: next.from is the buffer `to` reads, which this
+// run wrote (the first step's `to` reads a starting buffer: it keeps the three-buffer turn).
 static void sp_run(int64_t steps, const sp_launch* launches, int64_t n_launches,
                    const sp_patch* patches, int64_t n_patches, void** slots,
                    const sp_state* states, int64_t n_states, const sp_zero* zeros, int64_t n_zeros,
@@ -103,7 +108,8 @@ static void sp_run(int64_t steps, const sp_launch* launches, int64_t n_launches,
                 void* freed = r->saved[3 * q];                           // what `to` read this step
                 slots[to.prev] = r->saved[3 * q + 2];
                 slots[to.next] = r->saved[3 * q + 1];
-                slots[from.next] = k == 0 ? to.spare : k == 1 ? from.spare : freed;
+                slots[from.next] = k == 0 ? to.spare : r->pairs[q].in_place ? slots[to.prev]
+                                 : k == 1 ? from.spare : freed;
             }
     }
 }

@@ -21,7 +21,8 @@ A whole-state copy, ``sp.copy(s.next.up, s.prev.u)`` or a kernel's ``up_next[i, 
 (compiler/passes/identity_stores.py), is a buffer rename in such a run: every step but the last
 skips the copy (the copy launch, or the kernel's copying stores: it runs a variant without them)
 and the next step reads u's buffer itself as its prev.up (`renamed_copies`; u then turns over
-three buffers); the last step copies, so the state a run returns owns its buffers. Recordings
+three buffers, or two where the step may write s.next.u over the s.prev.up it reads:
+`in_place_renames`); the last step copies, so the state a run returns owns its buffers. Recordings
 kept for the reverse sweep rename on every step where the copy's source is kept (`advance_keeping`:
 the record of step k + 1 holds step k's source array itself, one array kept where the copy kept
 two), and so do a native stretch's one-step advances (native_sweep.py).
@@ -89,7 +90,7 @@ class _Time(ctypes.Structure):
 
 
 class _Rename(ctypes.Structure):
-    _fields_ = [("to", ctypes.c_int64), ("from_", ctypes.c_int64)]
+    _fields_ = [("to", ctypes.c_int64), ("from_", ctypes.c_int64), ("in_place", ctypes.c_int64)]
 
 
 class _Renames(ctypes.Structure):
@@ -171,8 +172,9 @@ class _Plan:
         self.zeros = (_Zero * len(zeros))(*zeros)
         self.renames = None
         self.rename_pairs = pairs                    # (to, from) state names
+        self.in_place = in_place_renames(launches, pairs, covered)     # those of them written in place
         if copies:
-            renames = [_Rename(states.index(to), states.index(src)) for to, src in pairs]
+            renames = [_Rename(states.index(to), states.index(src), (to, src) in self.in_place) for to, src in pairs]
             self._renaming = ((_Rename * len(pairs))(*renames),       # kept alive with the plan
                               (ctypes.c_int64 * len(copies))(*[k for k, _, _ in copies]),
                               (ctypes.c_void_p * len(copies))(*[instead for _, _, instead in copies]),
@@ -218,6 +220,27 @@ def renamed_copies(launches, nxt: State) -> list[tuple[int, list, int | None]]:
     sources = [src for _, pairs, _ in found for _, src in pairs]
     return [(k, pairs, instead) for k, pairs, instead in found
             if all(src not in targets and to not in sources and sources.count(src) == 1 for to, src in pairs)]
+
+
+def in_place_renames(launches, pairs: list, covered: frozenset) -> set[tuple[str, str]]:
+    """The renamed copies (to, src) whose s.next.src a run of steps may write into the buffer of
+    s.prev.to (see sp_run in driver.h): the first launch touching s.next.src writes it whole without
+    reading it (`covered`), as the output of an in-place pair of its kernel (`Compiled.in_place`,
+    compiler/passes/in_place.py) whose input is s.prev.to, each bound once in that launch, and no
+    later launch (the running loss's included) reads s.prev.to, whose values are gone by then."""
+    found = set()
+    for to, src in pairs:
+        inp, out = Slot("prev", to), Slot("next", src)
+        if ("next", src) not in covered:
+            continue
+        first = next(k for k, t in enumerate(launches) if any(type(a) is Slot and a == out for a in t.args))
+        t = launches[first]
+        bound = {p.name: a for p, a in zip(t.kernel.params, t.args) if type(a) is Slot}
+        if any(bound.get(i) == inp and bound.get(o) == out for i, o in t.kernel.compiled().in_place) \
+                and sum(a in (inp, out) for a in bound.values()) == 2 \
+                and not any(type(a) is Slot and a == inp for t in launches[first + 1:] for a in t.args):
+            found.add((to, src))
+    return found
 
 
 def _ptr(arr) -> int:

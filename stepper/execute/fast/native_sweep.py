@@ -44,11 +44,12 @@ __all__ = ["NativeSweep"]
 
 _RAM, _WORK, _NONE = StorageType.RAM, StorageType.WORK, StorageType.NONE
 
-def ring_result(start: tuple, a: tuple, b: tuple, pairs: list, steps: int) -> tuple:
+def ring_result(start: tuple, a: tuple, b: tuple, pairs: list, steps: int, in_place: tuple = ()) -> tuple:
     """The arrays (by state) that sp_advance with renamed copies `pairs` ((to, from) state
-    indices) leaves in its prev slots after `steps` steps from `start`, `a` its first next
-    versions and `b` its spares: the driver's slot moves, replayed on the arrays. After the first
-    two steps they depend on the slots alone, so whole periods of them are skipped."""
+    indices; those in `in_place` written in place, `in_place_renames`) leaves in its prev slots
+    after `steps` steps from `start`, `a` its first next versions and `b` its spares: the driver's
+    slot moves, replayed on the arrays. After the first two steps they depend on the slots alone,
+    so whole periods of them are skipped."""
     prev, nxt, spare = list(start), list(a), list(b)
     seen: dict = {}
     k = 0
@@ -63,7 +64,8 @@ def ring_result(start: tuple, a: tuple, b: tuple, pairs: list, steps: int) -> tu
         if renaming:
             for (to, src), (to_prev, to_next, src_prev) in zip(pairs, saved):
                 prev[to], nxt[to] = src_prev, to_next
-                nxt[src] = spare[to] if k == 0 else spare[src] if k == 1 else to_prev
+                nxt[src] = spare[to] if k == 0 else prev[to] if (to, src) in in_place \
+                    else spare[src] if k == 1 else to_prev
         k += 1
         if 2 <= k < steps - 1:
             key = (*map(id, prev), *map(id, nxt))
@@ -173,6 +175,7 @@ class _Tables:
             ctypes.addressof(ap.time), ctypes.addressof(self.rseries), len(rows.names))
         # the advance's renamed copies (state indices: to, from), which a one-step advance shares
         self.renamed = [(names.index(to), names.index(src)) for to, src in ap.rename_pairs]
+        self.in_place = tuple((names.index(to), names.index(src)) for to, src in ap.in_place)
         self.advance_scratch = [spec[0] for spec in ap.scratch]
         self.time = ap.time
         self.advance_slots = advance_slots
@@ -386,7 +389,7 @@ class _Stretch:
             reuse = self.versions.alone(start)
             b = start if reuse else self.versions.new(self.kinds)
             ring = [a, b]
-            result = ring_result(start.arrays, a.arrays, b.arrays, renamed, steps) if renamed else None
+            result = ring_result(start.arrays, a.arrays, b.arrays, renamed, steps, self.tables.in_place) if renamed else None
             if result is not None and {id(x) for x in result} <= {id(x) for v in ring for x in v.arrays}:
                 self.ops += [4, self.pos, steps, *start.ptrs, *a.ptrs, *b.ptrs]
                 if not reuse:
