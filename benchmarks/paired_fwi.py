@@ -1,0 +1,70 @@
+"""Our FWI forward or Revolve gradient (peer_impls/fwi_ours.py, Devito's problem) against itself with
+one change undone, paired in one process: rounds alternate A B, B A, ... and the ratio of each
+round's pair is what the median is taken of, so a slow stretch of a noisy machine hits both alike.
+
+    OMP_NUM_THREADS=1 taskset -c 1 python benchmarks/paired_fwi.py --n 1024 --order 8 --modes forward revolve
+
+`--before 3-buffers`: the native runs of steps write u_next into a third buffer, never over the up
+the step reads (before stepper/execute/fast/native_loop.py `in_place_renames`). Revolve runs at
+`--snapshots` (pyrevolve's count at 1024^2 is 6). Builds Devito's problem once (cached in /tmp).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
+from peer_impls.devito_peer import build_problem    # noqa: E402
+from peer_impls.fwi_ours import runner               # noqa: E402
+from stepper.execute.fast import native_loop          # noqa: E402
+
+# what each `--before` undoes: (switch it off, switch it back on)
+_IN_PLACE = native_loop.in_place_renames
+BEFORE = {"3-buffers": (lambda: setattr(native_loop, "in_place_renames", lambda *_: set()),
+                        lambda: setattr(native_loop, "in_place_renames", _IN_PLACE))}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--n", type=int, default=1024)
+    ap.add_argument("--ndim", type=int, default=2, choices=[2, 3])
+    ap.add_argument("--order", type=int, default=8, choices=[2, 4, 8])
+    ap.add_argument("--modes", nargs="+", default=["forward"], choices=["forward", "revolve", "storeall"])
+    ap.add_argument("--before", default="3-buffers", choices=list(BEFORE))
+    ap.add_argument("--snapshots", type=int, default=6)
+    ap.add_argument("--rounds", type=int, default=9)
+    args = ap.parse_args(argv)
+    path = f"/tmp/stepper-fwi-problem-{args.ndim}d-{args.n}-{args.order}.npz"
+    if not os.path.exists(path):
+        build_problem(args.n, args.order, np.float32, path, args.ndim)
+    problem = dict(np.load(path))
+    before, after = BEFORE[args.before]
+    for mode in args.modes:
+        run, _ = runner(problem, mode, args.snapshots)
+        times: dict = {"after": [], "before": []}
+        for k in range(args.rounds + 1):                     # round 0 compiles and warms up
+            pair = [("after", after), ("before", before)]
+            for name, switch in (pair if k % 2 == 0 else pair[::-1]):
+                switch()
+                t0 = time.perf_counter()
+                run()
+                if k:
+                    times[name].append(time.perf_counter() - t0)
+        after()
+        ratios = [a / b for a, b in zip(times["after"], times["before"])]
+        q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+        print(f"{args.ndim}-D {args.n} order {args.order} {mode}: after {statistics.median(times['after']):.3f} s, "
+              f"before ({args.before}) {statistics.median(times['before']):.3f} s, paired after/before "
+              f"{statistics.median(ratios):.3f} (IQR {q[0]:.3f}-{q[2]:.3f}), {args.rounds} rounds", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
