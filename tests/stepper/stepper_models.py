@@ -1,4 +1,4 @@
-"""Kernels, models and a helper shared by the stepper tests (kernels must live in files)."""
+"""Kernels, models and helpers shared by the stepper tests (kernels must live in files)."""
 import numpy as np
 
 import stepper as sp
@@ -181,3 +181,13 @@ def instances_made(monkeypatch, cls) -> list:
         made.append(self)
     monkeypatch.setattr(cls, "__init__", remember)
     return made
+
+
+def same_bits(a, b):
+    """Two gradient results (`Model.gradient`) with the same bits: loss, gradients, final state."""
+    assert a.loss == b.loss
+    assert set(a.grads) == set(b.grads)
+    for name in a.grads:
+        np.testing.assert_array_equal(a.grads[name].numpy(), b.grads[name].numpy(), err_msg=name)
+    for name in a.final:
+        np.testing.assert_array_equal(a.final[name].numpy(), b.final[name].numpy(), err_msg=name)

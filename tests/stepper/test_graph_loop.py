@@ -9,7 +9,8 @@ import stepper as sp
 import stepper.execute.fast.graph_loop as graph_loop
 from compiler.backends import cudasim
 from stepper.execute.executor import Sweep
-from stepper_models import instances_made, chain_initial, chain_model, sum_squares64, wave_initial, wave_model
+from stepper_models import (instances_made, chain_initial, chain_model, same_bits, sum_squares64, wave_initial,
+                            wave_model)
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not cudasim.enabled(), reason="runs on the CUDA simulator (STEPPER_CUDA_SIM=1)")]
@@ -52,12 +53,6 @@ def loss(state):
     out = sp.zeros(1, dtype=sp.float64, device="cuda")
     sp.launch(sum_squares64, state.x.shape[0], inputs=[state.x], outputs=[out])
     return out
-
-
-def same_bits(a, b):
-    assert a.loss == b.loss
-    for name in a.grads:
-        np.testing.assert_array_equal(a.grads[name].numpy(), b.grads[name].numpy(), err_msg=name)
 
 
 def loops_made(monkeypatch) -> list:

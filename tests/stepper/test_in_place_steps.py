@@ -9,6 +9,7 @@ import pytest
 import stepper as sp
 import stepper.execute.fast.native_loop as native_loop
 from stepper.execute.executor import Sweep
+from stepper_models import same_bits
 
 F2 = sp.array(dtype=sp.float64, ndim=2)
 N = (12, 10)
@@ -63,14 +64,6 @@ def running_loss(s):
     out = s.scratch("energy", 1, sp.float64)
     sp.launch(sum_squares, N, inputs=[s.prev.u], outputs=[out])
     return out
-
-
-def same_bits(a, b):
-    assert a.loss == b.loss
-    for name in a.grads:
-        np.testing.assert_array_equal(a.grads[name].numpy(), b.grads[name].numpy(), err_msg=name)
-    for name in a.final:
-        np.testing.assert_array_equal(a.final[name].numpy(), b.final[name].numpy(), err_msg=name)
 
 
 def spy_on_in_place(monkeypatch) -> list:

@@ -8,8 +8,8 @@ import stepper as sp
 import stepper.execute.fast.native_loop as native_loop
 from stepper.execute.executor import Sweep
 from stepper.step.trace_notes import UntraceableStepWarning
-from stepper_models import (chain_initial, chain_model, instances_made, integrate_particles, spring_forces, wave_1d,
-                            wave_initial, wave_model)
+from stepper_models import (chain_initial, chain_model, instances_made, integrate_particles, same_bits, spring_forces,
+                            wave_1d, wave_initial, wave_model)
 
 F64 = sp.array(dtype=sp.float64)
 F32 = sp.array(dtype=float)
@@ -48,14 +48,6 @@ def loss(state):
     out = sp.zeros(1, dtype=sp.float64, requires_grad=True)
     sp.launch(square_sum, state.x.shape[0], inputs=[state.x], outputs=[out])
     return out
-
-
-def same_bits(a, b):
-    assert a.loss == b.loss
-    for name in a.grads:
-        np.testing.assert_array_equal(a.grads[name].numpy(), b.grads[name].numpy(), err_msg=name)
-    for name in a.final:
-        np.testing.assert_array_equal(a.final[name].numpy(), b.final[name].numpy(), err_msg=name)
 
 
 def zero_relying_model(n=12):

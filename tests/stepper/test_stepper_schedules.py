@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import stepper as sp
-from stepper_models import energy_rate, height, particle_initial, particle_model
+from stepper_models import energy_rate, height, particle_initial, particle_model, same_bits
 
 STEPS = 200
 
@@ -13,13 +13,6 @@ def reference(device):
     model, initial = particle_model(device=device), particle_initial(device=device)
     result = model.gradient(initial, STEPS, loss=height, running_loss=energy_rate, schedule=sp.StoreAll(STEPS))
     return model, initial, result
-
-
-def same_bits(a, b):
-    assert a.loss == b.loss
-    assert set(a.grads) == set(b.grads)
-    for name in a.grads:
-        np.testing.assert_array_equal(a.grads[name].numpy(), b.grads[name].numpy(), err_msg=name)
 
 
 SCHEDULES = {

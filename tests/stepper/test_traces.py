@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import stepper as sp
-from stepper_models import chain_initial, chain_model
+from stepper_models import chain_initial, chain_model, same_bits
 
 # Some steps here are untraceable on purpose; the warning they give is tests/stepper/test_series.py's.
 pytestmark = pytest.mark.filterwarnings("ignore::stepper.step.trace_notes.UntraceableStepWarning")
@@ -57,12 +57,6 @@ def counting_model(step, device="cpu"):
         calls.append(s.n)
         step(s)
     return model, calls, {"x": sp.array(np.linspace(-1.0, 1.0, 8), dtype=sp.float64, device=device)}
-
-
-def same_bits(a, b):
-    assert a.loss == b.loss
-    for name in a.grads:
-        np.testing.assert_array_equal(a.grads[name].numpy(), b.grads[name].numpy(), err_msg=name)
 
 
 SCHEDULES = [lambda: sp.Revolve(STEPS, 3), lambda: sp.Revolve(STEPS, 6), lambda: sp.Online(4),
