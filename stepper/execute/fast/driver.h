@@ -71,12 +71,13 @@ static void sp_step(const sp_launch* launches, int64_t n_launches, const sp_patc
 // after the first step: the starting state is never written). On return the prev slots hold the
 // last step's result and the next slots the other version.
 //
-// With `r`, every step but the last skips the copies next.to = prev.from (a copy launch, or the
+// With `r`, a run of two steps or more skips the copies next.to = prev.from (a copy launch, or the
 // stores of a kernel that copies as it goes: it runs without them): next step's prev.to is this
 // step's prev.from buffer itself. `from` then turns over three buffers (the one `to` reads,
 // the one it reads, the one it writes): the one `to` read becomes free, except after the first
 // two steps, where that is a starting buffer (to's, then from's) and the spares stand in for them.
-// The last step copies into to's next slot, untouched until then, so the result owns its buffers.
+// The last step's prev.from was written by the run, so the result's `to` is that buffer and owns
+// it; a run of one step copies (its prev.from is the caller's starting buffer).
 // Where the pair is `in_place` (the step reads prev.to only where it then writes next.from, each
 // thread at its own elements before it writes them: native_loop.py `in_place_renames`), `from`
 // turns over two buffers from the second step on: next.from is the buffer `to` reads, which this
@@ -86,7 +87,7 @@ static void sp_run(int64_t steps, const sp_launch* launches, int64_t n_launches,
                    const sp_state* states, int64_t n_states, const sp_zero* zeros, int64_t n_zeros,
                    const sp_renames* r, sp_time* t) {
     for (int64_t k = 0; k < steps; ++k) {
-        const bool renaming = r != nullptr && k < steps - 1;
+        const bool renaming = r != nullptr && steps > 1;
         sp_step(launches, n_launches, patches, n_patches, slots, zeros, n_zeros, renaming ? r : nullptr, t);
         if (renaming)
             for (int64_t q = 0; q < r->n_pairs; ++q) {

@@ -18,11 +18,12 @@ sees the same inputs as a replay from Python and the state comes out with the sa
 points, same packed arguments, same serial flags, same order.
 
 A whole-state copy, ``sp.copy(s.next.up, s.prev.u)`` or a kernel's ``up_next[i, j] = u[i, j]``
-(compiler/passes/identity_stores.py), is a buffer rename in such a run: every step but the last
-skips the copy (the copy launch, or the kernel's copying stores: it runs a variant without them)
+(compiler/passes/identity_stores.py), is a buffer rename in a run of two steps or more: each
+step skips the copy (the copy launch, or the kernel's copying stores: it runs a variant without them)
 and the next step reads u's buffer itself as its prev.up (`renamed_copies`; u then turns over
 three buffers, or two where the step may write s.next.u over the s.prev.up it reads:
-`in_place_renames`); the last step copies, so the state a run returns owns its buffers. Recordings
+`in_place_renames`); the state a run returns has as its up the u the run wrote before its last
+step, so it owns its buffers (a run of one step copies: its u is the caller's). Recordings
 kept for the reverse sweep rename on every step where the copy's source is kept (`advance_keeping`:
 the record of step k + 1 holds step k's source array itself, one array kept where the copy kept
 two), and so do a native stretch's one-step advances (native_sweep.py).
@@ -372,7 +373,7 @@ class NativeLoops:
         self.steps += steps
         self.calls += 1
         if plan.renames is not None:
-            self.renamed_copies += (steps - 1) * plan.renames.n_pairs
+            self.renamed_copies += steps * plan.renames.n_pairs if steps > 1 else 0
         return State(result)
 
     def advance_keeping(self, trace, prev: State, steps: int, keep, n: int = 0, losses=None) -> list[State] | None:

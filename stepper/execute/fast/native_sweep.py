@@ -14,7 +14,7 @@ adjoints): a step recorded and reversed at once, or one recorded natively before
 StoreAll's forward sweep keeps every step's start state, and its reverse sweep, a tag Move and a
 Reverse per step, is one stretch), ``2`` an advance of one step whose whole-state copies are
 renamed, its result sharing the copied array with the state it started from (`_renamed_step`),
-``4`` an advance of more steps whose copies are renamed on all but its last (the ring's arrays
+``4`` an advance of more steps whose copies are renamed on every step (the ring's arrays
 end where the driver leaves them: `ring_result`). Every operation starts with its step index
 (the rows of the series the step reads). Then the pool's holds, the held snapshots, the live state, the carried adjoint and the statistics
 are set to what the executor would have left. The operations are the ones the executor would have
@@ -54,7 +54,7 @@ def ring_result(start: tuple, a: tuple, b: tuple, pairs: list, steps: int, in_pl
     seen: dict = {}
     k = 0
     while k < steps:
-        renaming = k < steps - 1
+        renaming = steps > 1
         if renaming:
             saved = [(prev[to], nxt[to], prev[src]) for to, src in pairs]
         for s in range(len(prev)):
@@ -376,7 +376,7 @@ class _Stretch:
 
     def _advance(self, steps: int) -> None:
         """NativeLoops.advance: a ring of two versions after the start, the start itself as the
-        second where nothing else holds it. Its renamed copies (sp_advance) are all but the last
+        second where nothing else holds it. Its renamed copies (sp_advance) are every
         step's: they move arrays between the ring's states, so the result is the arrays the
         driver leaves in its slots (`ring_result`), regrouped; a one-step advance renames its
         copies too (`_renamed_step`)."""
@@ -395,7 +395,7 @@ class _Stretch:
                 if not reuse:
                     self.versions.release(start)        # (never written: spares stand in for it)
                 self.work = self.versions.regroup(result, self.kinds, ring)
-                self.count["renamed"] += (steps - 1) * len(renamed)
+                self.count["renamed"] += steps * len(renamed)
             else:
                 self.ops += [0, self.pos, steps, *start.ptrs, *a.ptrs, *b.ptrs]
                 if reuse:
