@@ -47,7 +47,7 @@ RESULTS = os.path.join(HERE, "results")
 from peer_impls.devito_peer import NBL, build_problem   # noqa: E402  (Devito itself loads on first use)
 MODES = ("forward", "revolve", "storeall")
 # ours as before 2026-11-30: runs of steps write u_next into a third buffer, never over the up it
-# reads (stepper/execute/fast/native_loop.py `in_place_renames`); `--tools devito ours ours-3-buffers`
+# reads (paired_fwi.py's BEFORE["3-buffers"]); `--tools devito ours ours-3-buffers`
 THREE_BUFFERS = "ours-3-buffers"
 
 
@@ -60,8 +60,8 @@ def worker(args) -> dict:
     else:
         from peer_impls.fwi_ours import runner
     if args.tool == THREE_BUFFERS:
-        from stepper.execute.fast import native_loop
-        native_loop.in_place_renames = lambda *_: set()
+        from paired_fwi import BEFORE
+        BEFORE["3-buffers"][0]()                              # its switch off
     run, info = runner(problem, args.mode, args.snapshots)
     from stepper.bench import rss
     # Peak memory from before the first run: a tool whose buffers outlive a call (ours did until
@@ -155,25 +155,23 @@ def main(argv=None) -> int:
         for order in args.orders:
             check(min(args.n, 64 if args.ndim == 2 else 24), order, args.ndim)
         return 0
-    rows, paired = [], {}
+    rows, runs = [], {}
     with tempfile.TemporaryDirectory() as tmp:
         for order in args.orders:
             path = os.path.join(tmp, f"problem-{order}.npz")
             build_problem(args.n, order, np.float32, path, args.ndim)
             nt = int(np.load(path)["nt"])
             snapshots = args.snapshots
-            runs: dict = {}
             for _ in range(args.rounds):
                 for mode in args.modes:
                     for tool in args.tools:
                         report = run_config(tool, mode, path, args.threads, snapshots, args.timeout)
                         if tool == "devito" and mode == "revolve" and snapshots is None and "snapshots" in report:
                             snapshots = report["snapshots"]
-                        runs.setdefault((mode, tool), []).append(report)
-                        paired.setdefault((order, mode, tool), []).append(report)
+                        runs.setdefault((order, mode, tool), []).append(report)
             for mode in args.modes:
                 for tool in args.tools:
-                    reports = runs[(mode, tool)]
+                    reports = runs[(order, mode, tool)]
                     bad = [r for r in reports if "error" in r]
                     if bad:
                         rows.append((order, mode, tool, nt, None, None, None, bad[0]["error"] + " " +
@@ -200,8 +198,8 @@ def main(argv=None) -> int:
         lines += ["", f"Paired, per round: ours / {THREE_BUFFERS}, median (min-max):", ""]
         for order in args.orders:
             for mode in args.modes:
-                pairs = [a["seconds"] / b["seconds"] for a, b in zip(paired[(order, mode, "ours")],
-                                                                     paired[(order, mode, THREE_BUFFERS)])
+                pairs = [a["seconds"] / b["seconds"] for a, b in zip(runs[(order, mode, "ours")],
+                                                                     runs[(order, mode, THREE_BUFFERS)])
                          if "error" not in a and "error" not in b]
                 if pairs:
                     lines.append(f"- order {order} {mode}: {np.median(pairs):.3f} ({min(pairs):.3f}-{max(pairs):.3f})")
