@@ -6,7 +6,9 @@ round's pair is what the median is taken of, so a slow stretch of a noisy machin
 
 `--before 3-buffers`: the native runs of steps write u_next into a third buffer, never over the up
 the step reads (before stepper/execute/fast/native_loop.py `in_place_renames`). Revolve runs at
-`--snapshots` (pyrevolve's count at 1024^2 is 6). Builds Devito's problem once (cached in /tmp).
+`--snapshots` (pyrevolve's count at 1024^2 is 6). `--before loss-first`: the misfit's adjoint runs
+before the step's (before stepper/step/trace.py `loss_reversed_last`), so the previous state's
+gradient is zero-filled and the copy's adjoint adds into it. Builds Devito's problem once (cached in /tmp).
 """
 from __future__ import annotations
 
@@ -24,11 +26,18 @@ sys.path.insert(0, os.path.dirname(HERE))
 from peer_impls.devito_peer import build_problem    # noqa: E402
 from peer_impls.fwi_ours import runner               # noqa: E402
 from stepper.execute.fast import native_loop          # noqa: E402
+from stepper.step import step_context, trace          # noqa: E402
+
+
+def _switch(*modules, name: str, off):
+    """(switch `name` in `modules` to `off`, switch it back)."""
+    on = getattr(modules[0], name)
+    return (lambda: [setattr(m, name, off) for m in modules], lambda: [setattr(m, name, on) for m in modules])
+
 
 # what each `--before` undoes: (switch it off, switch it back on)
-_IN_PLACE = native_loop.in_place_renames
-BEFORE = {"3-buffers": (lambda: setattr(native_loop, "in_place_renames", lambda *_: set()),
-                        lambda: setattr(native_loop, "in_place_renames", _IN_PLACE))}
+BEFORE = {"3-buffers": _switch(native_loop, name="in_place_renames", off=lambda *_: set()),
+          "loss-first": _switch(trace, step_context, name="loss_reversed_last", off=lambda *_: False)}
 
 
 def main(argv=None) -> int:

@@ -18,7 +18,7 @@ from compiler.runtime.tape import host_accesses, outside_tapes
 
 from ..errors import ModelError
 from .state import State
-from .trace import StepTrace, trace_step
+from .trace import StepTrace, loss_reversed_last, reverse_loss_last, trace_step
 from .trace_notes import warn_untraceable
 from .versions import BufferPool, set_grad
 
@@ -269,6 +269,8 @@ class StepRunner:
         skip = self.trace.unread if outputs_dead else frozenset()
         nxt, scratch = self._replay(prev, tape=tape, skip=skip, series=self._rows(n))
         self.launches_skipped += len(skip)
+        if self.trace.loss_last:
+            reverse_loss_last(tape, self.trace.step_launches)
         loss = self.trace.loss
         return nxt, scratch, tape, scratch[loss.name] if loss is not None else None
 
@@ -361,4 +363,6 @@ class StepRunner:
             grads.detach()
         if self.traced and self.trace is not False:
             self._observe(tape, prev, nxt, ctx, loss, step_ops)
+        if record and loss is not None and loss_reversed_last(tape._ops, step_ops):
+            reverse_loss_last(tape, step_ops)      # as a trace's reversal runs them (after _observe)
         return nxt, ctx._scratch, tape, loss

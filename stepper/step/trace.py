@@ -23,7 +23,7 @@ import numpy as np
 from compiler import array
 from compiler.runtime.launch import relaunch
 
-__all__ = ["SeriesRows", "Slot", "StepTrace", "series_row", "trace_step"]
+__all__ = ["SeriesRows", "Slot", "StepTrace", "loss_reversed_last", "reverse_loss_last", "series_row", "trace_step"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +65,7 @@ class StepTrace:
     loss: Slot | None              # the running loss's buffer
     differentiable: bool           # every kernel has an adjoint (else recording must raise, so it runs)
     step_launches: int             # the step function's launches; the running loss's follow them
+    loss_last: bool                # the running loss's adjoints run after the step's (`loss_reversed_last`)
     unread: frozenset              # launches whose outputs no later launch reads (see `unread_launches`)
     reversal_reads: frozenset      # the states a reversal from the step's start reads (`reversal_reads`)
     reversal_fills: frozenset      # the buffers whose zero fill a reversal needs (`reversal_fills`)
@@ -87,6 +88,13 @@ class StepTrace:
                     out.add(key)
             seen |= bound.keys()
         return frozenset(out)
+
+    @property
+    def reversal_order(self) -> tuple:
+        """The launches (by index) in the order their adjoints run: last to first, but for a running
+        loss reversed last (`loss_reversed_last`), whose launches then follow the step's."""
+        k = len(self.launches) if not self.loss_last else self.step_launches
+        return (*range(k - 1, -1, -1), *range(len(self.launches) - 1, k - 1, -1))
 
     @property
     def series_names(self) -> tuple:
@@ -210,7 +218,35 @@ def trace_step(tape, prev, nxt, scratch: dict, scratch_zero: dict, loss, step_op
     spec = tuple((name, a.shape, a.dtype, scratch_zero.get(name)) for name, a in scratch.items())
     unread = unread_launches(launches)
     return StepTrace(tuple(launches), spec, slots.get(id(loss)) if loss is not None else None, differentiable,
-                     step_ops, unread, reversal_reads(launches, unread), reversal_fills(launches, unread))
+                     step_ops, loss_reversed_last(tape._ops, step_ops), unread, reversal_reads(launches, unread), reversal_fills(launches, unread))
+
+
+def loss_reversed_last(ops, step_ops: int) -> bool:
+    """Whether the adjoints of a running loss's recorded ops (`ops[step_ops:]`, after the step's)
+    may run after the step's adjoints rather than before: the loss reads nothing the step writes
+    and writes nothing the step touches (a misfit of s.prev, a penalty on the parameters). Then
+    they do (`reverse_loss_last`, `StepTrace.reversal_order`): the step's adjoints write the
+    previous state's gradient whole (a gather form stores, a copy's adjoint copies) where the
+    loss's adds into it would first have needed a zero fill, and the loss's adds, a few receivers'
+    worth, land on top. In the FWI step's reversal a fill and an add over the grid go. The same
+    gradient, rounded in another order; the tape and the native reversal both take this order, so
+    their bits agree."""
+    if step_ops >= len(ops):
+        return False
+
+    def storages(op_list, *kinds):
+        return {id(a._storage) for op in op_list for kind in kinds for a in getattr(op, kind).values()}
+    step, loss = ops[:step_ops], ops[step_ops:]
+    written = storages(step, "writes", "accumulates")
+    return not storages(loss, "reads") & written and \
+        not storages(loss, "writes", "accumulates") & (written | storages(step, "reads"))
+
+
+def reverse_loss_last(tape, step_ops: int) -> None:
+    """Put the running loss's ops of a step's `tape` before the step's (see `loss_reversed_last`,
+    which must hold), so that Tape.backward runs their adjoints last."""
+    ops = tape._ops
+    ops[:] = ops[step_ops:] + ops[:step_ops]
 
 
 def unread_launches(launches) -> frozenset:

@@ -38,10 +38,10 @@ def sum_squares(u: F2, out: sp.array(dtype=sp.float64)):
     sp.atomic_add(out, 0, u[i, j] * u[i, j])
 
 
-def leapfrog_model(up_read_after: bool = False):
+def leapfrog_model(up_read_after: bool = False, device: str = "cpu"):
     """The leapfrog, its up copied from u; `up_read_after`: a second launch reads s.prev.up after
     the first has written s.next.u (so u may not be written over up)."""
-    model = sp.Model()
+    model = sp.Model(device)
     model.state("up", N, sp.float64)
     model.state("u", N, sp.float64)
 
@@ -54,10 +54,10 @@ def leapfrog_model(up_read_after: bool = False):
     return model
 
 
-def initial():
+def initial(device: str = "cpu"):
     rng = np.random.default_rng(2)
     u = rng.standard_normal(N) * 0.3
-    return {"up": sp.array(0.9 * u), "u": sp.array(u)}
+    return {"up": sp.array(0.9 * u, device=device), "u": sp.array(u, device=device)}
 
 
 def running_loss(s):

@@ -10,7 +10,8 @@ what Tape.backward would do around them is written down (which new gradients a g
 overwrites whole, which it zero-fills first, the running loss's seed). A step then patches the
 pointers of its own versions into the packed arguments and calls the entry points: the step's
 launches whose outputs a later launch reads (nothing reads the step's outputs: adjoints replay the
-forward from the inputs; StepTrace.unread), then the adjoints in reverse order. Same entry points,
+forward from the inputs; StepTrace.unread), then the adjoints in reverse order (a running loss's
+last where it may be: StepTrace.reversal_order). Same entry points,
 same arguments, same order, same fills as the tape: the same bits.
 
 On a GPU the plan is the same and each packed launch and adjoint is queued through the driver
@@ -29,6 +30,7 @@ from __future__ import annotations
 import ctypes
 import struct
 
+from compiler.runtime.copy_kernels import is_copy_kernel
 from compiler.runtime.launch import packed_adjoint, packed_forward
 from compiler.runtime.tape import settle
 
@@ -130,11 +132,17 @@ class _Plan:
             if loss is not None:                        # Tape.backward seeds before the first adjoint
                 self.seed = grad_key[(loss.group, loss.name)]
                 fills.pop(id(arrays[self.seed]._storage))
-            self.adjoint_patches, adjoints = [], []
-            for t, args, buf, offsets in reversed(self._launches):
+            self.adjoint_patches, adjoints, self.renames = [], [], []
+            order = [self._launches[k] for k in self.trace.reversal_order]
+            for j, (t, args, buf, offsets) in enumerate(order):
                 fills.filled.clear()
+                fresh = set(fills)
                 packed = packed_adjoint(t.kernel, t.dims, args, deterministic, fills, self.device)
                 if packed is None:
+                    continue
+                rename = _renamed_adjoint(t, fresh, fills, arrays, order[j + 1:])
+                if rename is not None:
+                    self.renames.append(rename)
                     continue
                 entry, adj_packed, serial = packed
                 adj = self._keep(adj_packed)
@@ -156,6 +164,29 @@ class _Plan:
         buf = ctypes.create_string_buffer(packed, len(packed))
         self.buffers.append(buf)
         return buf
+
+
+def _renamed_adjoint(t, fresh: set, fills: _Fills, arrays: dict, later) -> tuple | None:
+    """(src, dest) where the adjoint of launch `t`, a whole-state copy ``s.next.dest = s.prev.src``
+    (`is_copy_kernel`), just stored ``gprev.src = carry.dest`` whole (the gradient was pending in
+    `fresh` and its gather form overwrote it: not zero-filled) and no adjoint after it (`later`)
+    touches carry.dest: then the reversal gives gprev.src the carry's array instead of running
+    the copy, as the forward renames the copy itself. The FWI step's reversal: 4% of a Revolve
+    gradient at 1024^2. None otherwise."""
+    if not is_copy_kernel(t.kernel):
+        return None
+    src, dest = t.args
+    if type(src) is not Slot or type(dest) is not Slot or src.group != "prev" or dest.group != "next":
+        return None
+    grad, carry = ("gprev", src.name), ("carry", dest.name)
+    if grad not in arrays or carry not in arrays:
+        return None
+    key = id(arrays[grad]._storage)
+    if key not in fresh or key in fills or key in fills.filled:
+        return None
+    if any(type(a) is Slot and a == Slot("next", dest.name) for u in later for a in u[0].args):
+        return None
+    return src.name, dest.name
 
 
 def plannable(trace) -> bool:
@@ -218,6 +249,7 @@ class NativeReversal:
         arrays.update({("scratch", n): a for n, a in scratch.items()})
         plan = self._plan if self._plan is not None and self._plan.trace is trace else None
         grads: dict = {}
+        renamed: dict = {}                         # gprev name -> the carry's name whose array it takes
         try:
             rows = self.rows(trace)
             if plan is None:
@@ -237,19 +269,28 @@ class NativeReversal:
                 # as _reverse_step: s.next's memory can serve the gradients below
                 pool.release_all(nxt.values())
                 nxt = {}
-            grads = {("gprev", n): acquire_like(arrays[("prev", n)], zero=False) for n in carry}
+            renamed = dict(plan.renames) if plan.adjoints is not None else {}
+            grads = {("gprev", n): carry[renamed[n]] if n in renamed else acquire_like(arrays[("prev", n)], zero=False)
+                     for n in carry}
             grads.update({("gscratch", n): acquire_like(a, zero=False) for n, a in scratch.items() if a.dtype.is_float})
             arrays.update(grads)
             arrays.update({("carry", n): g for n, g in carry.items()})
             if plan.adjoints is None:
                 plan.plan_adjoints(arrays, self.deterministic)
                 self._plan = plan
+                for src, dest in plan.renames:          # the gradient taken above gives way to the carry's
+                    pool.release(grads[("gprev", src)])
+                    grads[("gprev", src)] = arrays[("gprev", src)] = carry[dest]
+                renamed = dict(plan.renames)
             _patch(plan.adjoint_patches, arrays)
             self._run_adjoints(plan, arrays)
-        except BaseException:
-            pool.release_all((*nxt.values(), *scratch.values(), *grads.values(), *stand_ins.values()))
+        except BaseException:                           # (a renamed gradient is still the carry's)
+            pool.release_all((*nxt.values(), *scratch.values(), *stand_ins.values(),
+                              *(g for key, g in grads.items() if key[0] != "gprev" or key[1] not in renamed)))
             raise
-        pool.release_all((*nxt.values(), *scratch.values(), *carry.values(), *prev.values(), *stand_ins.values()))
+        given = set(renamed.values())                   # the carry's arrays that are gradients now
+        pool.release_all((*nxt.values(), *scratch.values(), *(g for n, g in carry.items() if n not in given),
+                          *prev.values(), *stand_ins.values()))
         pool.release_all([g for key, g in grads.items() if key[0] == "gscratch"])
         self.steps += 1
         return {n: grads[("gprev", n)] for n in carry}

@@ -176,6 +176,8 @@ class _Tables:
         # the advance's renamed copies (state indices: to, from), which a one-step advance shares
         self.renamed = [(names.index(to), names.index(src)) for to, src in ap.rename_pairs]
         self.in_place = tuple((names.index(to), names.index(src)) for to, src in ap.in_place)
+        # the reversal's renamed copy adjoints (gradient indices: gprev's, the carry's it takes)
+        self.reverse_renames = [(floats.index(src), floats.index(dest)) for src, dest in rp.renames]
         self.advance_scratch = [spec[0] for spec in ap.scratch]
         self.time = ap.time
         self.advance_slots = advance_slots
@@ -443,14 +445,16 @@ class _Stretch:
     def _reverse(self, n: int, prev: Version | None, prev_ptrs: list | None = None) -> None:
         """NativeReversal.reverse of step n from `prev` (its hold passes here), or from a record
         that keeps its hold (`prev_ptrs` only), and the carried adjoint."""
-        if not self.reads_next and self.grad_kinds is self.kinds:
+        renames = self.tables.reverse_renames
+        if not self.reads_next and self.grad_kinds is self.kinds and not renames:
             gprev = self.versions.new(self.kinds)  # s.next, which nothing reads, in the gradient's memory
             nxt = gprev
         else:
             nxt = self.versions.new(self.kinds)
             if not self.reads_next:
                 self.versions.release(nxt)         # its memory may serve the gradient below
-            gprev = self.versions.new(self.grad_kinds)
+            # a renamed copy adjoint's gradient is the carry's array (NativeReversal.reverse)
+            gprev = self.versions.renamed(self.carry, renames) if renames else self.versions.new(self.grad_kinds)
         self.ops += [1, n, *(prev.ptrs if prev is not None else prev_ptrs), *nxt.ptrs, *gprev.ptrs, *self.carry.ptrs]
         if self.sw.param_sums.due(n):             # as Sweep._reverse folds
             self.ops += self.fold
