@@ -60,10 +60,16 @@ def initial(device: str = "cpu"):
     return {"up": sp.array(0.9 * u, device=device), "u": sp.array(u, device=device)}
 
 
-def running_loss(s):
-    out = s.scratch("energy", 1, sp.float64)
-    sp.launch(sum_squares, N, inputs=[s.prev.u], outputs=[out])
-    return out
+def energy_of(group: str):
+    """A running loss: the energy of s.prev.u or s.next.u."""
+    def energy(s):
+        out = s.scratch("energy", 1, sp.float64)
+        sp.launch(sum_squares, N, inputs=[getattr(s, group).u], outputs=[out])
+        return out
+    return energy
+
+
+running_loss = energy_of("prev")
 
 
 def spy_on_in_place(monkeypatch) -> list:

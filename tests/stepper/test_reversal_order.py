@@ -11,7 +11,7 @@ import stepper as sp
 from stepper.execute.executor import Sweep
 from stepper.execute.fast import native_reverse
 from stepper_models import same_bits
-from test_in_place_steps import N, initial, leapfrog_model, sum_squares
+from test_in_place_steps import N, energy_of, initial, leapfrog_model
 
 STEPS = 9
 
@@ -36,10 +36,7 @@ def receivers_of(group: str, device: str = "cpu"):
     return running_loss
 
 
-def energy_of_next(s):
-    out = s.scratch("energy", 1, sp.float64)
-    sp.launch(sum_squares, N, inputs=[s.next.u], outputs=[out])
-    return out
+energy_of_next = energy_of("next")
 
 
 def plans(monkeypatch) -> list:
