@@ -328,3 +328,51 @@ def test_a_forward_whose_output_shares_memory_with_an_input_keeps_the_alias_test
     apart = sp.zeros((3, 40), dtype=float)
     sp.launch(shift_along_rows, (3, 40), inputs=[sp.array(values)], outputs=[apart])
     np.testing.assert_array_equal(apart.numpy()[:, 1:], values[:, :-1])
+
+
+F2 = sp.array(dtype=sp.float64, ndim=2)
+F1 = sp.array(dtype=sp.float64)
+
+
+@sp.kernel
+def weighted_cross(u: F2, w: F1, out: F2):
+    i, j = sp.tid()
+    v = sp.float64(0.0)
+    if i >= 2 and j >= 2 and i < u.shape[0] - 2 and j < u.shape[1] - 2:
+        v = w[0] * u[i, j]
+        for k in range(1, 3):
+            v += w[k] * (u[i - k, j] + u[i + k, j] + u[i, j - k] + u[i, j + k])
+    out[i, j] = v
+
+
+@sp.kernel
+def scaled_by_row(u: F2, w: F1, out: F2):
+    i, j = sp.tid()
+    v = w[0] * u[i, j]
+    if j >= 1:
+        v += w[i] * u[i, j - 1]                 # w read at the thread's row too: not a table
+    out[i, j] = v
+
+
+def test_a_forwards_coefficient_table_is_read_once_a_row_with_the_same_bits():
+    """A 1-D array the forward never writes and whose interior reads it only at constant indices
+    (a coefficient table) reaches the interior's loop as values in a local struct, filled once a
+    row (codegen/targets.py table_reads): the same bits as the debug build, which reads it through
+    its pointer at every thread, and as numpy's sums in the same order."""
+    from compiler.codegen.targets import table_reads
+    compiled = weighted_cross.compiled()
+    assert table_reads(compiled.forward, compiled.interior.function) == {"w": 3}
+    assert table_reads(scaled_by_row.compiled().forward, scaled_by_row.compiled().interior.function) == {}
+    rng = np.random.default_rng(7)
+    u = rng.standard_normal((40, 70))
+    w = np.array([-2.5, 4.0 / 3.0, -1.0 / 12.0])
+    fast, checked = sp.zeros((40, 70), dtype=sp.float64), sp.zeros((40, 70), dtype=sp.float64)
+    sp.launch(weighted_cross, (40, 70), inputs=[sp.array(u), sp.array(w)], outputs=[fast])
+    sp.launch(weighted_cross, (40, 70), inputs=[sp.array(u), sp.array(w)], outputs=[checked], debug=True)
+    np.testing.assert_array_equal(fast.numpy(), checked.numpy())
+    expect = np.zeros_like(u)
+    expect[2:38, 2:68] = w[0] * u[2:38, 2:68]
+    for k in (1, 2):
+        expect[2:38, 2:68] += w[k] * (u[2 - k:38 - k, 2:68] + u[2 + k:38 + k, 2:68] + u[2:38, 2 - k:68 - k]
+                                      + u[2:38, 2 + k:68 + k])
+    np.testing.assert_array_equal(fast.numpy(), expect)

@@ -66,9 +66,10 @@ def grad_name(name: str) -> str:
 class FunctionEmitter:
     """Renders the thread body of one IR function as C++ statements."""
 
-    def __init__(self, fn: ir.Function, *, debug: bool, sites: list):
+    def __init__(self, fn: ir.Function, *, debug: bool, sites: list, tables: frozenset = frozenset()):
         self.fn = fn
         self.debug = debug
+        self.tables = tables          # tables whose values the caller passes in T (codegen/targets.py `table_reads`)
         self.sites = sites            # (kernel, array, loc) per bounds-checked access, shared per module
         self.lines: list[str] = []
         self.indent = 1
@@ -174,6 +175,9 @@ class FunctionEmitter:
 
     def s_Load(self, s):
         idx = ", ".join(self.x(i) for i in s.indices)
+        if s.array.param.name in self.tables and not s.array.adjoint:
+            self.line(f"{s.out.name} = T.{arg_name(s.array.param.name)}[{idx}];")
+            return
         if s.or_zero:       # in bounds by construction: nothing to check
             self.line(f"{s.out.name} = sp::load_or_zero({self.ref(s.array)}, {idx});")
             return

@@ -311,10 +311,19 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
     threshold = parallel_threshold(fn)
     lines = [FunctionEmitter(fn, debug=debug, sites=sites).args_struct(f"{fn.name}_args_t")]
     lines += _thread_function(fn, debug, sites, target, adjoint, fn.name)
+    # a forward whose threads each write only their own elements: its loops run without alias tests
+    # where its written arrays share no memory with its other arguments (checked at each launch;
+    # a 3-D 64^3 8th-order wave's forward 19% faster, the 2-D 296^2 8th-order FWI step's 10%)
+    writes_own = not adjoint and target is CPU and interior is not None and writes_own_elements(fn)
+    # ... and there its interior reads its tables' values from a local struct (see table_reads)
+    tables = table_reads(fn, interior.function) if writes_own and fn.tid_ndim > 1 and not debug else {}
+    if tables:
+        lines.append(_tables_struct(fn, tables, f"{fn.name}_tables_t"))
     if interior is not None:
         # (a halo form's runs at every thread: its own guard's selects as blends, as the row variant's)
         halo = gather is not None and bool(gather.halo) and target is CPU
-        lines += _thread_function(interior.function, debug, sites, target, adjoint, fn.name, hot=True, blend=halo)
+        lines += _thread_function(interior.function, debug, sites, target, adjoint, fn.name, hot=True, blend=halo,
+                                  tables=tables)
     if grads is None:
         fast, checked = "sp::ALL_GRADS, sp::ALL_GRADS", "0, 0"
         passes = (fn, *((interior.function,) if interior is not None else ()),
@@ -337,10 +346,6 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
     row_part = _called(row, call)                                      # (what interior_nest takes)
     if row is not None:
         lines += _thread_function(row.function, debug, sites, target, adjoint, fn.name, hot=True, blend=True)
-    # a forward whose threads each write only their own elements: its loops run without alias tests
-    # where its written arrays share no memory with its other arguments (checked at each launch;
-    # a 3-D 64^3 8th-order wave's forward 19% faster, the 2-D 296^2 8th-order FWI step's 10%)
-    writes_own = not adjoint and target is CPU and interior is not None and writes_own_elements(fn)
     if row is None and target is CPU and interior is not None and interior.row is not None:    # a forward's
         row_lines, row_part = _by_rows(interior.row, fn, debug, sites, target, adjoint, independent=writes_own)
         lines += row_lines
@@ -377,8 +382,12 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
             grads, fn, interior.function, *((row.function,) if row else ()), *((row_end.function,) if row_end else ()),
             *((settled.function,) if settled else ()), *((corner,) if corner else ()),
             *(v.function for v in side_variants))
-        nest = loops.interior_nest(fn.tid_ndim, fn.name + call, interior.function.name + call, interior, private,
-                                   prelude, threshold, row_part, independent=independent,
+        middle_call, row_prelude = call, prelude
+        if tables:
+            middle_call = call.replace("L, A);", "L, A, T);")
+            row_prelude = _tables_fill(tables, f"{fn.name}_tables_t")
+        nest = loops.interior_nest(fn.tid_ndim, fn.name + call, interior.function.name + middle_call, interior, private,
+                                   row_prelude, threshold, row_part, independent=independent,
                                    row_end=_called(row_end, call), settled=_called(settled, call),
                                    corner=corner.name + call if corner is not None else None,
                                    row_run=row is None and row_part is not None,
@@ -533,8 +542,47 @@ def _shared_accumulation(s, grads: int | None = None) -> bool:
             and (grads is None or bool(grads >> s.array.param.index & 1)))
 
 
+def table_reads(fn: ir.Function, interior: ir.Function) -> dict[str, int]:
+    """The 1-D arrays that `fn` never writes and its `interior` variant reads only at constant
+    indices (a coefficient table's w[k]), each with the number of elements those reads span. The
+    CPU forward hands their values to the interior's loop in a local struct (`T`, filled once a row):
+    read through the table's pointer, every thread reloaded them, as a store through an output's
+    pointer might have changed them (a hand-written 8th-order 2-D update ran 20% slower that way)."""
+    written = {s.array.param.name for s in ir.walk(fn.body) if isinstance(s, (ir.Store, ir.Atomic))}
+    loads: dict[str, list] = {}
+    for s in ir.walk(interior.body):
+        if isinstance(s, ir.Load) and not s.array.adjoint:
+            loads.setdefault(s.array.param.name, []).append(s)
+    out = {}
+    for name, found in loads.items():
+        if name in written or any(s.or_zero or len(s.indices) != 1 or not isinstance(s.indices[0], ir.Const)
+                                  for s in found):
+            continue
+        count = max(int(s.indices[0].value) for s in found) + 1
+        if 0 < count <= _TABLE_ELEMENTS and min(int(s.indices[0].value) for s in found) >= 0:
+            out[name] = count
+    return out
+
+
+_TABLE_ELEMENTS = 64       # the most values of one table a row copies (a 16th-order stencil's take 9)
+
+
+def _tables_struct(fn: ir.Function, tables: dict, name: str) -> str:
+    params = {p.name: p for p in fn.params}
+    fields = "".join(f"    {params[t].type.dtype.ctype} {arg_name(t)}[{n}];\n" for t, n in tables.items())
+    return f"struct {name} {{\n{fields}}};"
+
+
+def _tables_fill(tables: dict, name: str) -> str:
+    """The row's `T` (see table_reads): the tables' values, where every table holds them (else the
+    interior's box is empty, so nothing reads T)."""
+    holds = " && ".join(f"A.{arg_name(t)}.shape[0] >= {n}" for t, n in tables.items())
+    fills = " ".join(f"T.{arg_name(t)}[{k}] = sp::load(A.{arg_name(t)}, {k});" for t, n in tables.items() for k in range(n))
+    return f"{name} T{{}}; if ({holds}) {{ {fills} }}"
+
+
 def _thread_function(fn: ir.Function, debug, sites, target: Target, adjoint: bool, args: str,
-                     hot: bool = False, blend: bool = False) -> list[str]:
+                     hot: bool = False, blend: bool = False, tables: dict | None = None) -> list[str]:
     # Adjoint bodies are templates on their gradient masks (see has_grad in prelude.h); the entry picks one.
     # An interior variant (`hot`) runs the middle of the launch, called from one place: inlined
     # into its loop always, which vectorises it. GCC's unit-growth limit otherwise stops inlining
@@ -543,8 +591,9 @@ def _thread_function(fn: ir.Function, debug, sites, target: Target, adjoint: boo
     signature = (("template <uint64_t KNOWN, uint64_t HAS> " if adjoint else "") +
                  f"{qualifier} void {fn.name}_thread(int32_t tid_0, int32_t tid_1, int32_t tid_2, "
                  f"int32_t tid_3, const launch_t& L, "
-                 f"const {args}_args_t& A{f', const {args}_args_t& G, sp::tape_t& tp' if adjoint else ''})")
-    em = FunctionEmitter(fn, debug=debug, sites=sites)
+                 f"const {args}_args_t& A{f', const {args}_args_t& G, sp::tape_t& tp' if adjoint else ''}"
+                 f"{f', const {args}_tables_t& T' if tables else ''})")
+    em = FunctionEmitter(fn, debug=debug, sites=sites, tables=frozenset(tables or ()))
     body = em.body()
     if blend:          # selects as bit blends (sp::blend in prelude.h: the row variant's, on the CPU)
         body = [line.replace("sp::where(", "sp::blend(") for line in body]
