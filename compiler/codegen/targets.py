@@ -384,7 +384,7 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
             *(v.function for v in side_variants))
         middle_call, row_prelude = call, prelude
         if tables:
-            middle_call = call.replace("L, A);", "L, A, T);")
+            middle_call = f"_thread({tids}, L, A, T);"
             row_prelude = _tables_fill(tables, f"{fn.name}_tables_t")
         nest = loops.interior_nest(fn.tid_ndim, fn.name + call, interior.function.name + middle_call, interior, private,
                                    row_prelude, threshold, row_part, independent=independent,

@@ -363,6 +363,9 @@ class StepRunner:
             grads.detach()
         if self.traced and self.trace is not False:
             self._observe(tape, prev, nxt, ctx, loss, step_ops)
-        if record and loss is not None and loss_reversed_last(tape._ops, step_ops):
-            reverse_loss_last(tape, step_ops)      # as a trace's reversal runs them (after _observe)
+        # as a trace's reversal runs them (after _observe, which reads the ops in their order); a step
+        # that matched the trace has its answer
+        if record and loss is not None and (self.trace.loss_last if self.trace else
+                                            loss_reversed_last(tape._ops, step_ops)):
+            reverse_loss_last(tape, step_ops)
         return nxt, ctx._scratch, tape, loss

@@ -218,7 +218,8 @@ def trace_step(tape, prev, nxt, scratch: dict, scratch_zero: dict, loss, step_op
     spec = tuple((name, a.shape, a.dtype, scratch_zero.get(name)) for name, a in scratch.items())
     unread = unread_launches(launches)
     return StepTrace(tuple(launches), spec, slots.get(id(loss)) if loss is not None else None, differentiable,
-                     step_ops, loss_reversed_last(tape._ops, step_ops), unread, reversal_reads(launches, unread), reversal_fills(launches, unread))
+                     step_ops, loss_reversed_last(tape._ops, step_ops), unread, reversal_reads(launches, unread),
+                     reversal_fills(launches, unread))
 
 
 def loss_reversed_last(ops, step_ops: int) -> bool:

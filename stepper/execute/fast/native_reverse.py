@@ -184,7 +184,7 @@ def _renamed_adjoint(t, fresh: set, fills: _Fills, arrays: dict, later) -> tuple
     key = id(arrays[grad]._storage)
     if key not in fresh or key in fills or key in fills.filled:
         return None
-    if any(type(a) is Slot and a == Slot("next", dest.name) for u in later for a in u[0].args):
+    if any(type(a) is Slot and a == Slot("next", dest.name) for launch, *_ in later for a in launch.args):
         return None
     return src.name, dest.name
 
