@@ -8,7 +8,9 @@ round's pair is what the median is taken of, so a slow stretch of a noisy machin
 the step reads (before stepper/execute/fast/native_loop.py `in_place_renames`). Revolve runs at
 `--snapshots` (pyrevolve's count at 1024^2 is 6). `--before loss-first`: the misfit's adjoint runs
 before the step's (before stepper/step/trace.py `loss_reversed_last`), so the previous state's
-gradient is zero-filled and the copy's adjoint adds into it. Builds Devito's problem once (cached in /tmp).
+gradient is zero-filled and the copy's adjoint adds into it. `--before adjoint-tables`: the adjoint's
+passes read the coefficient table through its pointer at every thread (before compiler/codegen/
+targets.py `_table_takers`; each side runs a model of its own, built and compiled under its switch). Builds Devito's problem once (cached in /tmp).
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 from peer_impls.devito_peer import build_problem    # noqa: E402
 from peer_impls.fwi_ours import runner               # noqa: E402
+from compiler.codegen import targets                 # noqa: E402
 from stepper.execute.fast import native_loop          # noqa: E402
 from stepper.step import step_context, trace          # noqa: E402
 
@@ -37,7 +40,8 @@ def _switch(*modules, name: str, off):
 
 # what each `--before` undoes: (switch it off, switch it back on)
 BEFORE = {"3-buffers": _switch(native_loop, name="in_place_renames", off=lambda *_: set()),
-          "loss-first": _switch(trace, step_context, name="loss_reversed_last", off=lambda *_: False)}
+          "loss-first": _switch(trace, step_context, name="loss_reversed_last", off=lambda *_: False),
+          "adjoint-tables": _switch(targets, name="_table_takers", off=lambda *_: ())}
 
 
 def main(argv=None) -> int:
@@ -56,14 +60,14 @@ def main(argv=None) -> int:
     problem = dict(np.load(path))
     before, after = BEFORE[args.before]
     for mode in args.modes:
-        run, _ = runner(problem, mode, args.snapshots)
+        runs = {"after": runner(problem, mode, args.snapshots)[0], "before": runner(problem, mode, args.snapshots)[0]}
         times: dict = {"after": [], "before": []}
         for k in range(args.rounds + 1):                     # round 0 compiles and warms up
             pair = [("after", after), ("before", before)]
             for name, switch in (pair if k % 2 == 0 else pair[::-1]):
                 switch()
                 t0 = time.perf_counter()
-                run()
+                runs[name]()
                 if k:
                     times[name].append(time.perf_counter() - t0)
         after()

@@ -361,8 +361,8 @@ def test_a_forwards_coefficient_table_is_read_once_a_row_with_the_same_bits():
     its pointer at every thread, and as numpy's sums in the same order."""
     from compiler.codegen.targets import table_reads
     compiled = weighted_cross.compiled()
-    assert table_reads(compiled.forward, compiled.interior.function) == {"w": 3}
-    assert table_reads(scaled_by_row.compiled().forward, scaled_by_row.compiled().interior.function) == {}
+    assert table_reads((compiled.forward,), (compiled.interior.function,)) == {"w": 3}
+    assert table_reads((scaled_by_row.compiled().forward,), (scaled_by_row.compiled().interior.function,)) == {}
     rng = np.random.default_rng(7)
     u = rng.standard_normal((40, 70))
     w = np.array([-2.5, 4.0 / 3.0, -1.0 / 12.0])
@@ -376,3 +376,65 @@ def test_a_forwards_coefficient_table_is_read_once_a_row_with_the_same_bits():
         expect[2:38, 2:68] += w[k] * (u[2 - k:38 - k, 2:68] + u[2 + k:38 + k, 2:68] + u[2:38, 2 - k:68 - k]
                                       + u[2:38, 2 + k:68 + k])
     np.testing.assert_array_equal(fast.numpy(), expect)
+
+
+@sp.kernel
+def weighted_over(u: F2, m: F2, w: F1, out: F2):
+    i, j = sp.tid()
+    v = sp.float64(0.0)
+    if i >= 2 and j >= 2 and i < u.shape[0] - 2 and j < u.shape[1] - 2:
+        lap = w[0] * u[i, j]
+        for k in range(1, 3):
+            lap += w[k] * (u[i - k, j] + u[i + k, j] + u[i, j - k] + u[i, j + k])
+        v = lap / m[i, j]
+    out[i, j] = v
+
+
+@pytest.mark.parametrize("table_grad", [False, True])
+def test_a_gather_adjoints_passes_read_the_coefficient_table_once_a_row_with_the_same_bits(table_grad):
+    """The adjoint of a stencil over a coefficient table divided by a field (the FWI update's shape:
+    a pointwise pass for the field's partials, a transposed pass for the stencil's) reads the table
+    in both passes' middles from the row's local struct (codegen/targets.py table_reads), behind a
+    test that no gradient buffer shares the table's memory: the same bits as the debug build, which
+    reads it through its pointer, with and without the table's own gradient, and float64 analytic
+    values."""
+    from compiler.codegen.targets import render_cpu
+    gather = weighted_over.compiled().gather
+    assert gather.pointwise is not None
+    source = render_cpu([weighted_over.compiled().functions()], False).source
+    for variant in (gather.interior.function.name, gather.pointwise_interior.function.name):
+        signature = next(line for line in source.splitlines() if f" {variant}_thread(" in line)
+        assert signature.endswith("_tables_t& T) {"), signature
+    assert "sp::overlap(A.a_w, 1, G.a_u, 2)" in source
+    rng = np.random.default_rng(8)
+    shape = (40, 70)
+    u, m, g = rng.standard_normal(shape), rng.uniform(1.0, 2.0, shape), rng.standard_normal(shape)
+    w = np.array([-2.5, 4.0 / 3.0, -1.0 / 12.0])
+    grads = {}
+    for debug in (False, True):
+        args = [sp.array(u, requires_grad=True), sp.array(m, requires_grad=True), sp.array(w, requires_grad=table_grad)]
+        out = sp.zeros(shape, dtype=sp.float64, requires_grad=True)
+        tape = sp.Tape()
+        with tape:
+            sp.launch(weighted_over, shape, inputs=args, outputs=[out], debug=debug)
+        tape.backward(grads={out: g})
+        grads[debug] = [a.grad.numpy() for a in args if a.requires_grad]
+    for fast, checked in zip(grads[False], grads[True]):
+        np.testing.assert_array_equal(fast, checked)
+    inner = (slice(2, 38), slice(2, 68))
+    q = np.zeros(shape)
+    q[inner] = g[inner] / m[inner]                 # d out / d lap, at the threads that compute one
+    expect_u = w[0] * q
+    for k in (1, 2):
+        expect_u[k:, :] += w[k] * q[:-k, :]
+        expect_u[:-k, :] += w[k] * q[k:, :]
+        expect_u[:, k:] += w[k] * q[:, :-k]
+        expect_u[:, :-k] += w[k] * q[:, k:]
+    lap = np.zeros(shape)
+    lap[inner] = w[0] * u[inner]
+    for k in (1, 2):
+        lap[inner] += w[k] * (u[2 - k:38 - k, 2:68] + u[2 + k:38 + k, 2:68] + u[2:38, 2 - k:68 - k] + u[2:38, 2 + k:68 + k])
+    expect_m = np.zeros(shape)
+    expect_m[inner] = -g[inner] * lap[inner] / m[inner] ** 2
+    np.testing.assert_allclose(grads[False][0], expect_u, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(grads[False][1], expect_m, rtol=1e-12, atol=1e-12)

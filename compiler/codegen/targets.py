@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from .. import ir
 from ..builtins import OPS
+from ..types import ArrayType
 from ..passes.interior import writes_own_elements
 from . import cpu_loops as loops
 from .emit import FunctionEmitter, arg_name, arg_offsets, slot_size
@@ -305,7 +306,6 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
     else:
         row = row_end = settled = corner = bands = None
         sides, row_sides = (None, None), ()
-    two_pass = gather if gather is not None and gather.pointwise is not None and target is CPU else None
     adjoint = entry_template is not target.forward_entry
     interior = interior if target.interiors else None
     threshold = parallel_threshold(fn)
@@ -315,8 +315,15 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
     # where its written arrays share no memory with its other arguments (checked at each launch;
     # a 3-D 64^3 8th-order wave's forward 19% faster, the 2-D 296^2 8th-order FWI step's 10%)
     writes_own = not adjoint and target is CPU and interior is not None and writes_own_elements(fn)
-    # ... and there its interior reads its tables' values from a local struct (see table_reads)
-    tables = table_reads(fn, interior.function) if writes_own and fn.tid_ndim > 1 and not debug else {}
+    # ... and there its interior reads its tables' values from a local struct (see table_reads), as a
+    # gather form's middles of both passes do (`tables_apart` below)
+    two_pass = gather if gather is not None and gather.pointwise is not None and target is CPU else None
+    takers = _table_takers(gather, two_pass) if gather is not None and target is CPU and not debug else ()
+    tables = {}
+    if (writes_own or takers) and interior is not None and fn.tid_ndim > 1 and not debug:
+        tables = table_reads((fn, *((two_pass.pointwise,) if two_pass is not None else ())),
+                             (interior.function, *takers))
+    takers = {f.name for f in (interior.function, *takers)} if tables else set()
     if tables:
         lines.append(_tables_struct(fn, tables, f"{fn.name}_tables_t"))
     if interior is not None:
@@ -324,28 +331,41 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
         halo = gather is not None and bool(gather.halo) and target is CPU
         lines += _thread_function(interior.function, debug, sites, target, adjoint, fn.name, hot=True, blend=halo,
                                   tables=tables)
+    touched = grad_params(fn, *((interior.function,) if interior is not None else ()),
+                          *((two_pass.pointwise,) if two_pass is not None else ()))
     if grads is None:
         fast, checked = "sp::ALL_GRADS, sp::ALL_GRADS", "0, 0"
-        passes = (fn, *((interior.function,) if interior is not None else ()),
-                  *((two_pass.pointwise,) if two_pass is not None else ()))
-        touched = grad_params(*passes)
         all_grads = " && ".join(f"G.{arg_name(fn.params[k].name)}.data" for k in touched) or "true"
     else:
         fast = checked = f"sp::ALL_GRADS, {grads:#x}ull"
         all_grads = "true"
+    # the nest of the entry's common case (else the one with null checks, which reads tables as it goes)
+    fast_nest = f"{all_grads} && {tables_apart(fn, tables, touched)}" if adjoint and tables else all_grads
     space = loops.index_space(fn.tid_ndim)
     tids = space["tids"]
     if adjoint:     # the gather entry's common case: every gradient present, no tape
-        call, private = f"_thread<{fast}>({tids}, L, A, G, tp);", ("A", "G")
+        head, private = f"_thread<{fast}>({tids}, L, A, G, tp", ("A", "G")
         prelude = "sp::tape_t tp = {%s, 1, 0, 0, 0, 0, in_order, fresh};" % ("scratch" if two_pass else "nullptr")
     else:
-        call, private, prelude = f"_thread({tids}, L, A);", ("A",), ""
+        head, private, prelude = f"_thread({tids}, L, A", ("A",), ""
+    call = head + ");"
+    # the variants that read their tables from T (see table_reads): their calls pass it, and the
+    # nests running them fill it at each row
+    row_prelude = f"{prelude} {_tables_fill(tables, f'{fn.name}_tables_t')}".strip() if tables else prelude
+
+    def called(variant):        # (as _called)
+        takes = variant is not None and variant.function.name in takers
+        return _called(variant, head + (", T);" if takes else ");"))
+
+    def hot_variant(function, **options):
+        return _thread_function(function, debug, sites, target, adjoint, fn.name, hot=True,
+                                tables=tables if function.name in takers else None, **options)
     # The GPU's grid-stride loop: a thread inside the interior box runs the variant (`pick`).
     box, pick = "", ""
     row = row if target is CPU and interior is not None else None     # a gather form's (GatherAdjoint.row)
-    row_part = _called(row, call)                                      # (what interior_nest takes)
+    row_part = called(row)                                             # (what interior_nest takes)
     if row is not None:
-        lines += _thread_function(row.function, debug, sites, target, adjoint, fn.name, hot=True, blend=True)
+        lines += hot_variant(row.function, blend=True)
     if row is None and target is CPU and interior is not None and interior.row is not None:    # a forward's
         row_lines, row_part = _by_rows(interior.row, fn, debug, sites, target, adjoint, independent=writes_own)
         lines += row_lines
@@ -355,7 +375,7 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
         lines += _thread_function(row_end.function, debug, sites, target, adjoint, fn.name, hot=True)
     settled = settled if target is CPU and interior is not None else None    # (GatherAdjoint.settled)
     if settled is not None:
-        lines += _thread_function(settled.function, debug, sites, target, adjoint, fn.name, hot=True)
+        lines += hot_variant(settled.function)
     corner = corner if row_end is not None else None                       # (GatherAdjoint.corner)
     if corner is not None:
         lines += _thread_function(corner, debug, sites, target, adjoint, fn.name, hot=True)
@@ -367,7 +387,7 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
     row_ends = (interior.row_ends or (None, None)) if target is CPU and interior is not None else (None, None)
     side_variants = [v for pair in (*sides, bands, row_ends) for v in pair if v is not None]
     for variant in side_variants:
-        lines += _thread_function(variant.function, debug, sites, target, adjoint, fn.name, hot=True)
+        lines += hot_variant(variant.function)
     gather_entry = adjoint and entry_template is target.gather_entry
     # (GatherAdjoint.row_sides) a row at a call: inlined, they slowed the nest's settled loop 2x
     row_side_runs = _row_side_runs(row_sides if row is not None else (), fn, debug, sites, target, adjoint, fast,
@@ -382,18 +402,14 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
             grads, fn, interior.function, *((row.function,) if row else ()), *((row_end.function,) if row_end else ()),
             *((settled.function,) if settled else ()), *((corner,) if corner else ()),
             *(v.function for v in side_variants))
-        middle_call, row_prelude = call, prelude
-        if tables:
-            middle_call = f"_thread({tids}, L, A, T);"
-            row_prelude = _tables_fill(tables, f"{fn.name}_tables_t")
-        nest = loops.interior_nest(fn.tid_ndim, fn.name + call, interior.function.name + middle_call, interior, private,
+        nest = loops.interior_nest(fn.tid_ndim, fn.name + call, called(interior)[0], interior, private,
                                    row_prelude, threshold, row_part, independent=independent,
-                                   row_end=_called(row_end, call), settled=_called(settled, call),
+                                   row_end=_called(row_end, call), settled=called(settled),
                                    corner=corner.name + call if corner is not None else None,
                                    row_run=row is None and row_part is not None,
                                    row_end_sides=tuple(_called(v, call) for v in sides[0]),
                                    corner_sides=tuple(_called(v, call) for v in sides[1]),
-                                   row_sides=row_side_runs, bands=tuple(_called(v, call) for v in bands),
+                                   row_sides=row_side_runs, bands=tuple(called(v) for v in bands),
                                    edge_sides=tuple(_called(v, call) for v in row_ends),
                                    face_rows=face_rows[0] if face_rows else None, short_edges=writes_own)
         box = space["extents"] + "\n" + "\n".join(loops.interior_box(fn.tid_ndim, interior)) + "\n"
@@ -413,7 +429,7 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
         first, first_interior = two_pass.pointwise, two_pass.pointwise_interior
         lines += _thread_function(first, debug, sites, target, adjoint, fn.name)
         if first_interior is not None:
-            lines += _thread_function(first_interior.function, debug, sites, target, adjoint, fn.name, hot=True)
+            lines += hot_variant(first_interior.function)
             first_row, first_row_part = first_interior.row, None
             if first_row is not None:
                 row_lines, first_row_part = _by_rows(first_row, fn, debug, sites, target, adjoint, fast)
@@ -427,8 +443,8 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
             first_side_runs = _row_side_runs(two_pass.pointwise_row_sides, fn, debug, sites, target, adjoint, fast,
                                              grads, True, lines, first_sides)
             variants = [v.function for v in (first_interior, first_row, *first_sides) if v is not None]
-            first_nest = loops.interior_nest(fn.tid_ndim, first.name + call, first_interior.function.name + call,
-                                             first_interior, private, prelude, threshold, first_row_part,
+            first_nest = loops.interior_nest(fn.tid_ndim, first.name + call, called(first_interior)[0],
+                                             first_interior, private, row_prelude, threshold, first_row_part,
                                              independent=_independent(grads, first, *variants), row_run=True,
                                              row_sides=first_side_runs,
                                              edge_sides=tuple(_called(v, call) for v in edge_sides))
@@ -471,7 +487,7 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
     entry = entry_template.format(
         name=fn.name, size=buffer_size(fn.params), threshold=threshold, block=CUDA_BLOCK_SIZE,
         min_blocks=_min_blocks(fn, entry_template is target.gather_entry), logged=logged, fast=fast, checked=checked,
-        all_grads=all_grads, nest=nest, plain_nest=plain_nest, box=box, pick=pick, scratch=scratch, **space)
+        all_grads=fast_nest, nest=nest, plain_nest=plain_nest, box=box, pick=pick, scratch=scratch, **space)
     return "\n".join(lines) + "\n" + entry
 
 
@@ -542,17 +558,19 @@ def _shared_accumulation(s, grads: int | None = None) -> bool:
             and (grads is None or bool(grads >> s.array.param.index & 1)))
 
 
-def table_reads(fn: ir.Function, interior: ir.Function) -> dict[str, int]:
-    """The 1-D arrays that `fn` never writes and its `interior` variant reads only at constant
-    indices (a coefficient table's w[k]), each with the number of elements those reads span. The
-    CPU forward hands their values to the interior's loop in a local struct (`T`, filled once a row):
-    read through the table's pointer, every thread reloaded them, as a store through an output's
-    pointer might have changed them (a hand-written 8th-order 2-D update ran 20% slower that way)."""
-    written = {s.array.param.name for s in ir.walk(fn.body) if isinstance(s, (ir.Store, ir.Atomic))}
+def table_reads(passes, variants) -> dict[str, int]:
+    """The 1-D arrays that no function of `passes` writes and each of their `variants` that reads
+    them reads only at constant indices (a coefficient table's w[k]), each with the number of
+    elements those reads span. The CPU hands their values to those variants' loops in a local
+    struct (`T`, filled once a row): read through the table's pointer, every thread reloaded them,
+    as a store through an output's pointer might have changed them (a hand-written 8th-order 2-D
+    update ran 20% slower that way)."""
+    written = {s.array.param.name for fn in passes for s in ir.walk(fn.body) if isinstance(s, (ir.Store, ir.Atomic))}
     loads: dict[str, list] = {}
-    for s in ir.walk(interior.body):
-        if isinstance(s, ir.Load) and not s.array.adjoint:
-            loads.setdefault(s.array.param.name, []).append(s)
+    for variant in variants:
+        for s in ir.walk(variant.body):
+            if isinstance(s, ir.Load) and not s.array.adjoint:
+                loads.setdefault(s.array.param.name, []).append(s)
     out = {}
     for name, found in loads.items():
         if name in written or any(s.or_zero or len(s.indices) != 1 or not isinstance(s.indices[0], ir.Const)
@@ -562,6 +580,24 @@ def table_reads(fn: ir.Function, interior: ir.Function) -> dict[str, int]:
         if 0 < count <= _TABLE_ELEMENTS and min(int(s.indices[0].value) for s in found) >= 0:
             out[name] = count
     return out
+
+
+def _table_takers(gather, two_pass) -> tuple:
+    """The variants of a gather form that run a large launch's middle and read its tables from `T`
+    (see table_reads) besides the transposed pass's interior: its row, settled and band variants,
+    and a two-pass form's pointwise interior. The rest run a stencil radius of threads near a face."""
+    middles = (gather.row, gather.settled, *(gather.bands or ()),
+               two_pass.pointwise_interior if two_pass is not None else None)
+    return tuple(v.function for v in middles if v is not None)
+
+
+def tables_apart(fn: ir.Function, tables: dict, touched) -> str:
+    """A C++ test that no gradient buffer a gather form writes (params `touched`) shares memory with
+    its tables: the values copied once a row are then the ones every thread would have read."""
+    params = fn.params
+    tests = [f"!(G.{arg_name(params[k].name)}.data && sp::overlap(A.{arg_name(t)}, 1, G.{arg_name(params[k].name)}, "
+             f"{params[k].type.ndim}))" for t in tables for k in touched if isinstance(params[k].type, ArrayType)]
+    return " && ".join(tests) or "true"
 
 
 _TABLE_ELEMENTS = 64       # the most values of one table a row copies (a 16th-order stencil's take 9)
