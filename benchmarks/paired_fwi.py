@@ -10,7 +10,10 @@ the step reads (before stepper/execute/fast/native_loop.py `in_place_renames`). 
 before the step's (before stepper/step/trace.py `loss_reversed_last`), so the previous state's
 gradient is zero-filled and the copy's adjoint adds into it. `--before adjoint-tables`: the adjoint's
 passes read the coefficient table through its pointer at every thread (before compiler/codegen/
-targets.py `_table_takers`; each side runs a model of its own, built and compiled under its switch). Builds Devito's problem once (cached in /tmp).
+memory.py `table_takers`; each side runs a model of its own, built and compiled under its switch).
+`--before passes-in-turn`: a two-pass adjoint's passes run one after the other over the whole grid,
+not interleaved by blocks of rows (before compiler/codegen/cpu_loops.py `interleaved`). Builds
+Devito's problem once (cached in /tmp).
 """
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 from peer_impls.devito_peer import build_problem    # noqa: E402
 from peer_impls.fwi_ours import runner               # noqa: E402
-from compiler.codegen import targets                 # noqa: E402
+from compiler.codegen import memory                  # noqa: E402
 from stepper.execute.fast import native_loop          # noqa: E402
 from stepper.step import step_context, trace          # noqa: E402
 
@@ -41,7 +44,8 @@ def _switch(*modules, name: str, off):
 # what each `--before` undoes: (switch it off, switch it back on)
 BEFORE = {"3-buffers": _switch(native_loop, name="in_place_renames", off=lambda *_: set()),
           "loss-first": _switch(trace, step_context, name="loss_reversed_last", off=lambda *_: False),
-          "adjoint-tables": _switch(targets, name="_table_takers", off=lambda *_: ())}
+          "adjoint-tables": _switch(memory, name="table_takers", off=lambda *_: ()),
+          "passes-in-turn": _switch(memory, name="passes_apart", off=lambda *_: None)}
 
 
 def main(argv=None) -> int:

@@ -357,9 +357,9 @@ def scaled_by_row(u: F2, w: F1, out: F2):
 def test_a_forwards_coefficient_table_is_read_once_a_row_with_the_same_bits():
     """A 1-D array the forward never writes and whose interior reads it only at constant indices
     (a coefficient table) reaches the interior's loop as values in a local struct, filled once a
-    row (codegen/targets.py table_reads): the same bits as the debug build, which reads it through
+    row (codegen/memory.py table_reads): the same bits as the debug build, which reads it through
     its pointer at every thread, and as numpy's sums in the same order."""
-    from compiler.codegen.targets import table_reads
+    from compiler.codegen.memory import table_reads
     compiled = weighted_cross.compiled()
     assert table_reads((compiled.forward,), (compiled.interior.function,)) == {"w": 3}
     assert table_reads((scaled_by_row.compiled().forward,), (scaled_by_row.compiled().interior.function,)) == {}
@@ -394,7 +394,7 @@ def weighted_over(u: F2, m: F2, w: F1, out: F2):
 def test_a_gather_adjoints_passes_read_the_coefficient_table_once_a_row_with_the_same_bits(table_grad):
     """The adjoint of a stencil over a coefficient table divided by a field (the FWI update's shape:
     a pointwise pass for the field's partials, a transposed pass for the stencil's) reads the table
-    in both passes' middles from the row's local struct (codegen/targets.py table_reads), behind a
+    in both passes' middles from the row's local struct (codegen/memory.py table_reads), behind a
     test that no gradient buffer shares the table's memory: the same bits as the debug build, which
     reads it through its pointer, with and without the table's own gradient, and float64 analytic
     values."""

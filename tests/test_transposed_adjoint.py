@@ -463,3 +463,31 @@ def test_a_constant_coefficient_table_leaves_a_deterministic_adjoint_parallel():
 
     assert serial_flag(False) == 0
     assert serial_flag(True) == 2       # the table's gradient: logged adds, in fixed chunks
+
+
+@pytest.mark.parametrize("kernel, shape, reach", [
+    (corpus(8, 2)["fwi"], (60, 70), 4), (corpus(4, 3)["fwi"], (20, 17, 16), 2), (corpus(8, 3)["table"], (19, 11, 14), 4),
+    (corpus(2, 3)["neighbours"], (9, 7, 8), 1)])
+def test_passes_interleaved_by_rows_give_the_bits_of_the_passes_in_turn(kernel, shape, reach, monkeypatch):
+    """A two-pass form's passes run by blocks of rows of the first axis, the transposed pass a
+    stencil radius behind the pointwise one (cpu_loops.interleaved; here a row a block): the bits
+    of the passes in turn, on one thread and on several."""
+    from compiler.codegen import cpu_loops
+    from compiler.codegen.targets import render_cpu
+    monkeypatch.setattr(cpu_loops, "PASS_BLOCK_BYTES", 1)
+    monkeypatch.setattr(cpu_loops, "INTERLEAVE_FROM_BYTES", 0)
+    interleaved, in_turn = without(kernel), without(kernel, reach=None)
+    assert interleaved.compiled().gather.pointwise is not None and interleaved.compiled().gather.reach == reach
+    assert "block_ =" in render_cpu([interleaved.compiled().functions()], False).source
+    assert "block_ =" not in render_cpu([in_turn.compiled().functions()], False).source
+    values, w = inputs(kernel, shape, seed=6)
+    _, expected = gradients(in_turn, shape, values, w)
+    for deterministic in (False, True):
+        _, got = gradients(interleaved, shape, values, w, deterministic=deterministic)
+        for a, b in zip(got, expected):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_a_periodic_first_axis_keeps_the_passes_in_turn():
+    """Thread 0's transposed pass gathers the last row's roots: no block may run before them."""
+    assert fwi_periodic.compiled().gather.reach is None

@@ -69,7 +69,7 @@ class FunctionEmitter:
     def __init__(self, fn: ir.Function, *, debug: bool, sites: list, tables: frozenset = frozenset()):
         self.fn = fn
         self.debug = debug
-        self.tables = tables          # tables whose values the caller passes in T (codegen/targets.py `table_reads`)
+        self.tables = tables          # tables whose values the caller passes in T (codegen/memory.py `table_reads`)
         self.sites = sites            # (kernel, array, loc) per bounds-checked access, shared per module
         self.lines: list[str] = []
         self.indent = 1

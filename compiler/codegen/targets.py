@@ -26,9 +26,8 @@ from dataclasses import dataclass
 
 from .. import ir
 from ..builtins import OPS
-from ..types import ArrayType
 from ..passes.interior import writes_own_elements
-from . import cpu_loops as loops
+from . import cpu_loops as loops, memory
 from .emit import FunctionEmitter, arg_name, arg_offsets, slot_size
 from .threads import parallel_threshold
 
@@ -318,14 +317,14 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
     # ... and there its interior reads its tables' values from a local struct (see table_reads), as a
     # gather form's middles of both passes do (`tables_apart` below)
     two_pass = gather if gather is not None and gather.pointwise is not None and target is CPU else None
-    takers = _table_takers(gather, two_pass) if gather is not None and target is CPU and not debug else ()
+    takers = memory.table_takers(gather, two_pass) if gather is not None and target is CPU and not debug else ()
     tables = {}
     if (writes_own or takers) and interior is not None and fn.tid_ndim > 1 and not debug:
-        tables = table_reads((fn, *((two_pass.pointwise,) if two_pass is not None else ())),
+        tables = memory.table_reads((fn, *((two_pass.pointwise,) if two_pass is not None else ())),
                              (interior.function, *takers))
     takers = {f.name for f in (interior.function, *takers)} if tables else set()
     if tables:
-        lines.append(_tables_struct(fn, tables, f"{fn.name}_tables_t"))
+        lines.append(memory.tables_struct(fn, tables, f"{fn.name}_tables_t"))
     if interior is not None:
         # (a halo form's runs at every thread: its own guard's selects as blends, as the row variant's)
         halo = gather is not None and bool(gather.halo) and target is CPU
@@ -340,7 +339,7 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
         fast = checked = f"sp::ALL_GRADS, {grads:#x}ull"
         all_grads = "true"
     # the nest of the entry's common case (else the one with null checks, which reads tables as it goes)
-    fast_nest = f"{all_grads} && {tables_apart(fn, tables, touched)}" if adjoint and tables else all_grads
+    fast_nest = f"{all_grads} && {memory.tables_apart(fn, tables, touched)}" if adjoint and tables else all_grads
     space = loops.index_space(fn.tid_ndim)
     tids = space["tids"]
     if adjoint:     # the gather entry's common case: every gradient present, no tape
@@ -351,7 +350,7 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
     call = head + ");"
     # the variants that read their tables from T (see table_reads): their calls pass it, and the
     # nests running them fill it at each row
-    row_prelude = f"{prelude} {_tables_fill(tables, f'{fn.name}_tables_t')}".strip() if tables else prelude
+    row_prelude = f"{prelude} {memory.tables_fill(tables, f'{fn.name}_tables_t')}".strip() if tables else prelude
 
     def called(variant):        # (as _called)
         takes = variant is not None and variant.function.name in takers
@@ -398,7 +397,7 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
     if face_rows and row is None and row_part is not None:
         row_side_runs = [(None, None), *face_rows[1:]]
     if interior is not None:
-        independent = writes_own or gather_entry and _independent(
+        independent = writes_own or gather_entry and memory.independent(
             grads, fn, interior.function, *((row.function,) if row else ()), *((row_end.function,) if row_end else ()),
             *((settled.function,) if settled else ()), *((corner,) if corner else ()),
             *(v.function for v in side_variants))
@@ -445,20 +444,24 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
             variants = [v.function for v in (first_interior, first_row, *first_sides) if v is not None]
             first_nest = loops.interior_nest(fn.tid_ndim, first.name + call, called(first_interior)[0],
                                              first_interior, private, row_prelude, threshold, first_row_part,
-                                             independent=_independent(grads, first, *variants), row_run=True,
+                                             independent=memory.independent(grads, first, *variants), row_run=True,
                                              row_sides=first_side_runs,
                                              edge_sides=tuple(_called(v, call) for v in edge_sides))
         else:
             first_nest = loops.plain_nest(fn.tid_ndim, first.name + call, private, prelude, threshold)
         first_plain = loops.plain_nest(fn.tid_ndim, f"{first.name}_thread<{checked}>({tids}, L, A, G, tp);", private,
                                        prelude, threshold)
-        if _adds_into_memory(first):
+        if memory.adds_into_memory(first, grads):
             # what still scatters (a coefficient table's gradient) runs in the pointwise pass: a
             # deterministic launch logs its adds there, in the chunks the one-pass form and the GPU use
             logged_args = (fn.tid_ndim, threshold, fast, checked, tids, all_grads)
             first_nest = loops.either_logged(first_nest, first, *logged_args, tape="scratch")
             first_plain = loops.either_logged(first_plain, first, *logged_args, tape="scratch")
-        nest = "    {\n" + first_nest + "    }\n    {\n" + nest + "    }\n"     # scopes: each its own box
+        apart = memory.passes_apart(first, fn) if fn.tid_ndim > 1 and not memory.adds_into_memory(first, grads) else None
+        if two_pass.reach is not None and apart is not None:
+            nest = loops.interleaved(first_nest, nest, two_pass.reach, two_pass.scratch_bytes, apart)
+        else:
+            nest = "    {\n" + first_nest + "    }\n    {\n" + nest + "    }\n"     # scopes: each its own box
         plain_nest = first_plain + plain_nest
         scratch = f"    uint64_t* const scratch = sp::scratch_memory(L.n * {two_pass.scratch_bytes});\n"
         if two_pass.halo:       # (GatherAdjoint.halo) arrays over the launch grown by the halo, zeros there
@@ -471,7 +474,7 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
                        + "".join(f"      sp::zero_halo((char*)scratch + scratch_n * {offset}, {size}, {ndim}, e_, pad_);\n"
                                  for offset, size in two_pass.scratch_arrays) + "    }\n")
     logged = ""
-    if target is CPU and _adds_into_memory(fn):
+    if target is CPU and memory.adds_into_memory(fn):
         if not adjoint:
             logged = loops.logged_loop(fn.tid_ndim, threshold, f"{fn.name}_thread({tids}, L, A);", ("A",), "")
         elif entry_template is target.gather_entry:
@@ -515,7 +518,7 @@ def _row_side_runs(row_sides, fn: ir.Function, debug, sites, target: Target, adj
                    gather_entry: bool, lines: list, variants: list) -> list:
     """Per outer axis, (first, last) runs (interior_nest's `row_sides`) of `row_sides`' variants, a row
     at a call each (cpu_loops.row_runner); their definitions go to `lines` and the variants to
-    `variants`. Only a gather entry's runners loop without alias tests (where `_independent`)."""
+    `variants`. Only a gather entry's runners loop without alias tests (where ``memory.independent`)."""
     side_runs = []
     for pair in row_sides:
         runs = []
@@ -523,7 +526,7 @@ def _row_side_runs(row_sides, fn: ir.Function, debug, sites, target: Target, adj
             run = None
             if variant is not None:
                 run_lines, run = _by_rows(variant, fn, debug, sites, target, adjoint, template,
-                                          gather_entry and _independent(grads, variant.function))
+                                          gather_entry and memory.independent(grads, variant.function))
                 lines += run_lines
                 variants.append(variant)
             runs.append(run)
@@ -534,87 +537,6 @@ def _row_side_runs(row_sides, fn: ir.Function, debug, sites, target: Target, adj
 def _called(variant, call: str):
     """(the call of `variant`'s thread function, `variant`) as interior_nest takes a variant, or None."""
     return (variant.function.name + call, variant) if variant is not None else None
-
-
-def _independent(grads: int | None, *functions: ir.Function) -> bool:
-    """Whether each thread of these gather-form passes writes only its own elements: no atomics and
-    no accumulation into a gradient another thread adds to, among the gradients of mask `grads`
-    (None: all present). Their loops may then vectorise without alias tests (SP_INDEPENDENT)."""
-    return not any(isinstance(s, ir.Atomic) or _shared_accumulation(s, grads)
-                   for fn in functions for s in ir.walk(fn.body))
-
-
-def _adds_into_memory(fn: ir.Function) -> bool:
-    """Whether `fn` makes atomic adds (forward atomics, or an adjoint's shared accumulations), which
-    a deterministic launch into a few elements logs (see add_log in prelude.h) instead of running
-    serially."""
-    return any(isinstance(s, ir.Atomic) and s.kind in ("add", "sub") or _shared_accumulation(s)
-               for s in ir.walk(fn.body))
-
-
-def _shared_accumulation(s, grads: int | None = None) -> bool:
-    """Whether `s` adds into a gradient other threads add to (one of mask `grads`; None: any)."""
-    return (isinstance(s, ir.AccumGrad) and s.fresh_bit is None and not s.exclusive
-            and (grads is None or bool(grads >> s.array.param.index & 1)))
-
-
-def table_reads(passes, variants) -> dict[str, int]:
-    """The 1-D arrays that no function of `passes` writes and each of their `variants` that reads
-    them reads only at constant indices (a coefficient table's w[k]), each with the number of
-    elements those reads span. The CPU hands their values to those variants' loops in a local
-    struct (`T`, filled once a row): read through the table's pointer, every thread reloaded them,
-    as a store through an output's pointer might have changed them (a hand-written 8th-order 2-D
-    update ran 20% slower that way)."""
-    written = {s.array.param.name for fn in passes for s in ir.walk(fn.body) if isinstance(s, (ir.Store, ir.Atomic))}
-    loads: dict[str, list] = {}
-    for variant in variants:
-        for s in ir.walk(variant.body):
-            if isinstance(s, ir.Load) and not s.array.adjoint:
-                loads.setdefault(s.array.param.name, []).append(s)
-    out = {}
-    for name, found in loads.items():
-        if name in written or any(s.or_zero or len(s.indices) != 1 or not isinstance(s.indices[0], ir.Const)
-                                  for s in found):
-            continue
-        count = max(int(s.indices[0].value) for s in found) + 1
-        if 0 < count <= _TABLE_ELEMENTS and min(int(s.indices[0].value) for s in found) >= 0:
-            out[name] = count
-    return out
-
-
-def _table_takers(gather, two_pass) -> tuple:
-    """The variants of a gather form that run a large launch's middle and read its tables from `T`
-    (see table_reads) besides the transposed pass's interior: its row, settled and band variants,
-    and a two-pass form's pointwise interior. The rest run a stencil radius of threads near a face."""
-    middles = (gather.row, gather.settled, *(gather.bands or ()),
-               two_pass.pointwise_interior if two_pass is not None else None)
-    return tuple(v.function for v in middles if v is not None)
-
-
-def tables_apart(fn: ir.Function, tables: dict, touched) -> str:
-    """A C++ test that no gradient buffer a gather form writes (params `touched`) shares memory with
-    its tables: the values copied once a row are then the ones every thread would have read."""
-    params = fn.params
-    tests = [f"!(G.{arg_name(params[k].name)}.data && sp::overlap(A.{arg_name(t)}, 1, G.{arg_name(params[k].name)}, "
-             f"{params[k].type.ndim}))" for t in tables for k in touched if isinstance(params[k].type, ArrayType)]
-    return " && ".join(tests) or "true"
-
-
-_TABLE_ELEMENTS = 64       # the most values of one table a row copies (a 16th-order stencil's take 9)
-
-
-def _tables_struct(fn: ir.Function, tables: dict, name: str) -> str:
-    params = {p.name: p for p in fn.params}
-    fields = "".join(f"    {params[t].type.dtype.ctype} {arg_name(t)}[{n}];\n" for t, n in tables.items())
-    return f"struct {name} {{\n{fields}}};"
-
-
-def _tables_fill(tables: dict, name: str) -> str:
-    """The row's `T` (see table_reads): the tables' values, where every table holds them (else the
-    interior's box is empty, so nothing reads T)."""
-    holds = " && ".join(f"A.{arg_name(t)}.shape[0] >= {n}" for t, n in tables.items())
-    fills = " ".join(f"T.{arg_name(t)}[{k}] = sp::load(A.{arg_name(t)}, {k});" for t, n in tables.items() for k in range(n))
-    return f"{name} T{{}}; if ({holds}) {{ {fills} }}"
 
 
 def _thread_function(fn: ir.Function, debug, sites, target: Target, adjoint: bool, args: str,

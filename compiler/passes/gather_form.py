@@ -83,6 +83,10 @@ class GatherAdjoint:
     # (byte offset per element of the arrays, bytes per element) of each scratch array: what a
     # launch of a halo form zeroes beyond the launch
     scratch_arrays: tuple = ()
+    # two-pass forms: the most rows of the first axis between a thread of the transposed pass and a
+    # thread whose roots it gathers (the stencil's radius along that axis); None where a periodic
+    # or clamped index along that axis may gather from its far end
+    reach: int | None = None
 
     def scratch_elements(self, dims) -> int:
         """The elements of each scratch array for a launch over `dims`, one extent per tid() axis
