@@ -433,7 +433,8 @@ def test_a_gather_adjoints_passes_read_the_coefficient_table_once_a_row_with_the
     lap = np.zeros(shape)
     lap[inner] = w[0] * u[inner]
     for k in (1, 2):
-        lap[inner] += w[k] * (u[2 - k:38 - k, 2:68] + u[2 + k:38 + k, 2:68] + u[2:38, 2 - k:68 - k] + u[2:38, 2 + k:68 + k])
+        lap[inner] += w[k] * (u[2 - k:38 - k, 2:68] + u[2 + k:38 + k, 2:68] + u[2:38, 2 - k:68 - k]
+                              + u[2:38, 2 + k:68 + k])
     expect_m = np.zeros(shape)
     expect_m[inner] = -g[inner] * lap[inner] / m[inner] ** 2
     np.testing.assert_allclose(grads[False][0], expect_u, rtol=1e-12, atol=1e-12)

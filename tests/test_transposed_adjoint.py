@@ -466,7 +466,8 @@ def test_a_constant_coefficient_table_leaves_a_deterministic_adjoint_parallel():
 
 
 @pytest.mark.parametrize("kernel, shape, reach", [
-    (corpus(8, 2)["fwi"], (60, 70), 4), (corpus(4, 3)["fwi"], (20, 17, 16), 2), (corpus(8, 3)["table"], (19, 11, 14), 4),
+    (corpus(8, 2)["fwi"], (60, 70), 4), (corpus(4, 3)["fwi"], (20, 17, 16), 2),
+    (corpus(8, 3)["table"], (19, 11, 14), 4),
     (corpus(2, 3)["neighbours"], (9, 7, 8), 1)])
 def test_passes_interleaved_by_rows_give_the_bits_of_the_passes_in_turn(kernel, shape, reach, monkeypatch):
     """A two-pass form's passes run by blocks of rows of the first axis, the transposed pass a

@@ -321,7 +321,7 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
     tables = {}
     if (writes_own or takers) and interior is not None and fn.tid_ndim > 1 and not debug:
         tables = memory.table_reads((fn, *((two_pass.pointwise,) if two_pass is not None else ())),
-                             (interior.function, *takers))
+                                    (interior.function, *takers))
     takers = {f.name for f in (interior.function, *takers)} if tables else set()
     if tables:
         lines.append(memory.tables_struct(fn, tables, f"{fn.name}_tables_t"))
@@ -457,7 +457,8 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
             logged_args = (fn.tid_ndim, threshold, fast, checked, tids, all_grads)
             first_nest = loops.either_logged(first_nest, first, *logged_args, tape="scratch")
             first_plain = loops.either_logged(first_plain, first, *logged_args, tape="scratch")
-        apart = memory.passes_apart(first, fn) if fn.tid_ndim > 1 and not memory.adds_into_memory(first, grads) else None
+        apart = (memory.passes_apart(first, fn) if fn.tid_ndim > 1 and not memory.adds_into_memory(first, grads)
+                 else None)
         if two_pass.reach is not None and apart is not None:
             nest = loops.interleaved(first_nest, nest, two_pass.reach, two_pass.scratch_bytes, apart)
         else:
@@ -518,7 +519,7 @@ def _row_side_runs(row_sides, fn: ir.Function, debug, sites, target: Target, adj
                    gather_entry: bool, lines: list, variants: list) -> list:
     """Per outer axis, (first, last) runs (interior_nest's `row_sides`) of `row_sides`' variants, a row
     at a call each (cpu_loops.row_runner); their definitions go to `lines` and the variants to
-    `variants`. Only a gather entry's runners loop without alias tests (where ``memory.independent`)."""
+    `variants`. Only a gather entry's runners loop without alias tests (where `memory.independent`)."""
     side_runs = []
     for pair in row_sides:
         runs = []
