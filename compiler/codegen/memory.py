@@ -40,9 +40,13 @@ def passes_apart(first: ir.Function, second: ir.Function) -> str | None:
     tests = []
     for pair in sorted(pairs, key=lambda p: sorted((q[0].index, q[1]) for q in p)):
         (pa, ka), (pb, kb) = sorted(pair, key=lambda q: (q[0].index, q[1]))
-        a, b = f"{ka}.{arg_name(pa.name)}", f"{kb}.{arg_name(pb.name)}"
-        tests.append(f"!({a}.data && {b}.data && sp::overlap({a}, {pa.type.ndim}, {b}, {pb.type.ndim}))")
+        tests.append(_apart(f"{ka}.{arg_name(pa.name)}", pa.type.ndim, f"{kb}.{arg_name(pb.name)}", pb.type.ndim))
     return " && ".join(tests) or "true"
+
+
+def _apart(a: str, a_ndim: int, b: str, b_ndim: int) -> str:
+    """A C++ test that arrays `a` and `b` (A.x or G.x) share no memory, or one is absent."""
+    return f"!({a}.data && {b}.data && sp::overlap({a}, {a_ndim}, {b}, {b_ndim}))"
 
 
 def adds_into_memory(fn: ir.Function, grads: int | None = None) -> bool:
@@ -96,8 +100,8 @@ def tables_apart(fn: ir.Function, tables: dict, touched) -> str:
     """A C++ test that no gradient buffer a gather form writes (params `touched`) shares memory with
     its tables: the values copied once a row are then the ones every thread would have read."""
     params = fn.params
-    tests = [f"!(G.{arg_name(params[k].name)}.data && sp::overlap(A.{arg_name(t)}, 1, G.{arg_name(params[k].name)}, "
-             f"{params[k].type.ndim}))" for t in tables for k in touched if isinstance(params[k].type, ArrayType)]
+    tests = [_apart(f"A.{arg_name(t)}", 1, f"G.{arg_name(params[k].name)}", params[k].type.ndim)
+             for t in tables for k in touched if isinstance(params[k].type, ArrayType)]
     return " && ".join(tests) or "true"
 
 

@@ -322,7 +322,7 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
     if (writes_own or takers) and interior is not None and fn.tid_ndim > 1 and not debug:
         tables = memory.table_reads((fn, *((two_pass.pointwise,) if two_pass is not None else ())),
                                     (interior.function, *takers))
-    takers = {f.name for f in (interior.function, *takers)} if tables else set()
+    reads_tables = {f.name for f in (interior.function, *takers)} if tables else set()
     if tables:
         lines.append(memory.tables_struct(fn, tables, f"{fn.name}_tables_t"))
     if interior is not None:
@@ -338,8 +338,8 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
     else:
         fast = checked = f"sp::ALL_GRADS, {grads:#x}ull"
         all_grads = "true"
-    # the nest of the entry's common case (else the one with null checks, which reads tables as it goes)
-    fast_nest = f"{all_grads} && {memory.tables_apart(fn, tables, touched)}" if adjoint and tables else all_grads
+    # when the entry runs its common case's nest (else the one with null checks, which reads tables as it goes)
+    runs_fast = f"{all_grads} && {memory.tables_apart(fn, tables, touched)}" if adjoint and tables else all_grads
     space = loops.index_space(fn.tid_ndim)
     tids = space["tids"]
     if adjoint:     # the gather entry's common case: every gradient present, no tape
@@ -353,12 +353,12 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
     row_prelude = f"{prelude} {memory.tables_fill(tables, f'{fn.name}_tables_t')}".strip() if tables else prelude
 
     def called(variant):        # (as _called)
-        takes = variant is not None and variant.function.name in takers
+        takes = variant is not None and variant.function.name in reads_tables
         return _called(variant, head + (", T);" if takes else ");"))
 
     def hot_variant(function, **options):
         return _thread_function(function, debug, sites, target, adjoint, fn.name, hot=True,
-                                tables=tables if function.name in takers else None, **options)
+                                tables=tables if function.name in reads_tables else None, **options)
     # The GPU's grid-stride loop: a thread inside the interior box runs the variant (`pick`).
     box, pick = "", ""
     row = row if target is CPU and interior is not None else None     # a gather form's (GatherAdjoint.row)
@@ -451,14 +451,14 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
             first_nest = loops.plain_nest(fn.tid_ndim, first.name + call, private, prelude, threshold)
         first_plain = loops.plain_nest(fn.tid_ndim, f"{first.name}_thread<{checked}>({tids}, L, A, G, tp);", private,
                                        prelude, threshold)
-        if memory.adds_into_memory(first, grads):
+        logs_adds = memory.adds_into_memory(first, grads)
+        if logs_adds:
             # what still scatters (a coefficient table's gradient) runs in the pointwise pass: a
             # deterministic launch logs its adds there, in the chunks the one-pass form and the GPU use
             logged_args = (fn.tid_ndim, threshold, fast, checked, tids, all_grads)
             first_nest = loops.either_logged(first_nest, first, *logged_args, tape="scratch")
             first_plain = loops.either_logged(first_plain, first, *logged_args, tape="scratch")
-        apart = (memory.passes_apart(first, fn) if fn.tid_ndim > 1 and not memory.adds_into_memory(first, grads)
-                 else None)
+        apart = memory.passes_apart(first, fn) if fn.tid_ndim > 1 and not logs_adds else None
         if two_pass.reach is not None and apart is not None:
             nest = loops.interleaved(first_nest, nest, two_pass.reach, two_pass.scratch_bytes, apart)
         else:
@@ -491,7 +491,7 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
     entry = entry_template.format(
         name=fn.name, size=buffer_size(fn.params), threshold=threshold, block=CUDA_BLOCK_SIZE,
         min_blocks=_min_blocks(fn, entry_template is target.gather_entry), logged=logged, fast=fast, checked=checked,
-        all_grads=fast_nest, nest=nest, plain_nest=plain_nest, box=box, pick=pick, scratch=scratch, **space)
+        all_grads=runs_fast, nest=nest, plain_nest=plain_nest, box=box, pick=pick, scratch=scratch, **space)
     return "\n".join(lines) + "\n" + entry
 
 
