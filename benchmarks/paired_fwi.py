@@ -13,11 +13,17 @@ passes read the coefficient table through its pointer at every thread (before co
 memory.py `table_takers`; each side runs a model of its own, built and compiled under its switch).
 `--before passes-in-turn`: a two-pass adjoint's passes run one after the other over the whole grid,
 not interleaved by blocks of rows (before compiler/codegen/cpu_loops.py `interleaved`). Builds
-Devito's problem once (cached in /tmp).
+Devito's problem once (cached in /tmp). `--before no-prefetch`: the CPU loop nests do not prefetch the
+next row's streams (before compiler/codegen/prefetch.py).
+
+Each side's kernels live in a kernel module of their own (peer_impls/fwi_ours.py loaded once a
+side), built the first time it runs, under its switch: the forward's module as well as the
+adjoint's entries.
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import statistics
 import sys
@@ -29,8 +35,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 from peer_impls.devito_peer import build_problem    # noqa: E402
-from peer_impls.fwi_ours import runner               # noqa: E402
-from compiler.codegen import memory                  # noqa: E402
+from compiler.codegen import memory, prefetch        # noqa: E402
 from stepper.execute.fast import native_loop          # noqa: E402
 from stepper.step import step_context, trace          # noqa: E402
 
@@ -45,7 +50,17 @@ def _switch(*modules, name: str, off):
 BEFORE = {"3-buffers": _switch(native_loop, name="in_place_renames", off=lambda *_: set()),
           "loss-first": _switch(trace, step_context, name="loss_reversed_last", off=lambda *_: False),
           "adjoint-tables": _switch(memory, name="table_takers", off=lambda *_: ()),
-          "passes-in-turn": _switch(memory, name="passes_apart", off=lambda *_: None)}
+          "passes-in-turn": _switch(memory, name="passes_apart", off=lambda *_: None),
+          "no-prefetch": _switch(prefetch, name="plan", off=lambda *_: None)}
+
+
+def runner(side: str, problem: dict, mode: str, snapshots: int):
+    """peer_impls/fwi_ours.runner from a copy of that module of its own, `fwi_ours_{side}`: its
+    kernels a kernel module of their own, rendered and built apart from the other side's."""
+    spec = importlib.util.spec_from_file_location(f"fwi_ours_{side}", os.path.join(HERE, "peer_impls", "fwi_ours.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.runner(problem, mode, snapshots)
 
 
 def main(argv=None) -> int:
@@ -64,7 +79,7 @@ def main(argv=None) -> int:
     problem = dict(np.load(path))
     before, after = BEFORE[args.before]
     for mode in args.modes:
-        runs = {"after": runner(problem, mode, args.snapshots)[0], "before": runner(problem, mode, args.snapshots)[0]}
+        runs = {side: runner(side, problem, mode, args.snapshots)[0] for side in ("after", "before")}
         times: dict = {"after": [], "before": []}
         for k in range(args.rounds + 1):                     # round 0 compiles and warms up
             pair = [("after", after), ("before", before)]

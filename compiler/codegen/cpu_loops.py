@@ -15,6 +15,7 @@ from ..passes.near_faces import margin
 from ..passes.selects import written_arrays
 from ..types import ArrayType
 from .emit import arg_name
+from .prefetch import blocked
 from .threads import parallel_threshold
 
 def index_space(ndim: int) -> dict:
@@ -112,7 +113,8 @@ def plain_nest(ndim: int, call: str, private, prelude: str, threshold: int) -> s
 def interior_nest(ndim: int, edge: str, middle: str, interior, private, prelude: str, threshold: int,
                    row=None, independent: bool = False, row_end=None, settled=None, corner=None,
                    row_run: bool = False, row_end_sides=None, corner_sides=None, row_sides=(),
-                   bands=(None, None), edge_sides=(None, None), face_rows=(), short_edges: bool = False) -> str:
+                   bands=(None, None), edge_sides=(None, None), face_rows=(), short_edges: bool = False,
+                   prefetch=None) -> str:
     """The CPU loop nest of an entry with an interior variant: the box [lo_k, hi_k) per axis is
     evaluated once; each row of the innermost index runs in three parts, the edges through `edge`
     and the part inside the box through `middle` (a row outside the box runs `edge` throughout, or
@@ -140,7 +142,9 @@ def interior_nest(ndim: int, edge: str, middle: str, interior, private, prelude:
     GatherAdjoint.settled); a row inside it runs that in its part of the box, `middle` around it.
     `independent`: no thread writes memory another reads or writes (see SP_INDEPENDENT in
     prelude.h); the middle runs vectorise without alias tests, the runs at a row's ends and its
-    bands eight lanes a vector where they are at least SHORT_RUN_THREADS long (SP_SHORT_RUN)."""
+    bands eight lanes a vector where they are at least SHORT_RUN_THREADS long (SP_SHORT_RUN).
+    `prefetch`: `middle`'s prefetch.plan, where it streams rows ahead: the middle runs of rows
+    without a settled box run in blocks that prefetch the next row's."""
     box = interior_box(ndim, interior)
     settled = settled if ndim > 1 else None
     if settled is not None:
@@ -158,9 +162,12 @@ def interior_nest(ndim: int, edge: str, middle: str, interior, private, prelude:
     short = "SP_SHORT_RUN " if hint and radius is not None and radius.const >= SHORT_RUN_THREADS else hint
     first_edge = f"for (int32_t i{k} = {_start(k)}; i{k} < a; ++i{k}) "
     last_edge = f"for (int32_t i{k} = b; i{k} < {_stop(k)}; ++i{k}) "
-    runs = [f"{pad}{first_edge}{edge}",
-            f"{pad}{hint}for (int32_t i{k} = a; i{k} < b; ++i{k}) {middle}",
-            f"{pad}{last_edge}{edge}"]
+    plain_middle = f"{hint}for (int32_t i{k} = a; i{k} < b; ++i{k}) {middle}"
+    if prefetch is not None and k > 0:
+        test, prefetches, block = prefetch
+        box.append(f"    const bool pf = {test};")
+        plain_middle = blocked(k, hint, middle, block, prefetches)
+    runs = [f"{pad}{first_edge}{edge}", f"{pad}{plain_middle}", f"{pad}{last_edge}{edge}"]
     if row_end is None and any(edge_sides):
         for side, variant in zip("fl", edge_sides):
             if variant is not None:
@@ -214,10 +221,10 @@ def interior_nest(ndim: int, edge: str, middle: str, interior, private, prelude:
                  f"sb = (int32_t)(shi{k} < sa ? sa : shi{k} > b ? b : shi{k}); "
                  f"{before}{hint}for (int32_t i{k} = sa; i{k} < sb; ++i{k}) {settled[0]} {after}")
         # (the settled box lies inside the interior's: its rows are `mid` ones)
-        middle_run = f"if ({inside}) {{ {split} }} else {{ {hint}for (int32_t i{k} = a; i{k} < b; ++i{k}) {middle} }}"
+        middle_run = f"if ({inside}) {{ {split} }} else {{ {plain_middle} }}"
         runs[1] = f"{pad}{middle_run}"
     else:
-        middle_run = f"{hint}for (int32_t i{k} = a; i{k} < b; ++i{k}) {middle}"
+        middle_run = plain_middle
     if row is not None:
         row_part = row[0] if row_run else f"{hint}for (int32_t i{k} = a; i{k} < b; ++i{k}) {row[0]}"
         for axis, pair in reversed(list(enumerate(row_sides))):     # the first axis's tested first

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from .. import ir
 from ..builtins import OPS
 from ..passes.interior import writes_own_elements
-from . import cpu_loops as loops, memory
+from . import cpu_loops as loops, memory, prefetch
 from .emit import FunctionEmitter, arg_name, arg_offsets, slot_size
 from .threads import parallel_threshold
 
@@ -410,7 +410,8 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
                                    corner_sides=tuple(_called(v, call) for v in sides[1]),
                                    row_sides=row_side_runs, bands=tuple(called(v) for v in bands),
                                    edge_sides=tuple(_called(v, call) for v in row_ends),
-                                   face_rows=face_rows[0] if face_rows else None, short_edges=writes_own)
+                                   face_rows=face_rows[0] if face_rows else None, short_edges=writes_own,
+                                   prefetch=prefetch.plan(interior.function, grads))
         box = space["extents"] + "\n" + "\n".join(loops.interior_box(fn.tid_ndim, interior)) + "\n"
         inside = " && ".join(f"lo{k} <= i{k} && i{k} < hi{k}" for k in range(fn.tid_ndim))
         pick = f"if ({inside}) {interior.function.name}{call} else "
@@ -446,7 +447,8 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
                                              first_interior, private, row_prelude, threshold, first_row_part,
                                              independent=memory.independent(grads, first, *variants), row_run=True,
                                              row_sides=first_side_runs,
-                                             edge_sides=tuple(_called(v, call) for v in edge_sides))
+                                             edge_sides=tuple(_called(v, call) for v in edge_sides),
+                                             prefetch=prefetch.plan(first_interior.function, grads))
         else:
             first_nest = loops.plain_nest(fn.tid_ndim, first.name + call, private, prelude, threshold)
         first_plain = loops.plain_nest(fn.tid_ndim, f"{first.name}_thread<{checked}>({tids}, L, A, G, tp);", private,
