@@ -14,6 +14,7 @@ with (min-max) of the adjoint/forward ratio, and each spelling's forward and adj
 fastest spelling's of the same group. On a GPU (`--device cuda`, run by benchmarks/gpu.py at 4096^2
 and 256^3) each time is of launches queued back to back, from one synchronisation to the next.
 """
+import contextlib
 import ctypes
 import functools
 import time
@@ -22,6 +23,7 @@ import numpy as np
 
 import stencil_spellings
 import stepper as sp
+from compiler.codegen import prefetch
 from compiler.kernel import Kernel, KernelModule
 from compiler.passes.adjoint import adjoint_function
 from compiler.passes.gather import gather_adjoint
@@ -37,6 +39,24 @@ _ADJOINT = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p, ctyp
 # The forms a table's last column may compare with (see kernel_table): gather_adjoint's options.
 BEFORE = {"one-pass": dict(two_pass=False, halo=False), "no-halo": dict(halo=False),
           "not-reassociated": dict(reassociate=False)}
+# ... and those that change how the CPU entries are rendered, not the form: (module, attribute,
+# its value while the "before" kernels are built). "no-prefetch": compiler/codegen/prefetch.py.
+RENDERED = {"no-prefetch": (prefetch, "plan", lambda *_, **__: None)}
+
+
+@contextlib.contextmanager
+def _rendered_as(before: str | None):
+    """Kernels built inside render as `before` says (RENDERED), else as they are."""
+    if before not in RENDERED:
+        yield
+        return
+    module, name, value = RENDERED[before]
+    saved = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, saved)
 
 
 def _copies(group: dict, label: str, before: str | None) -> dict:
@@ -47,7 +67,7 @@ def _copies(group: dict, label: str, before: str | None) -> dict:
     for name, k in group.items():
         copy = Kernel(k.fn, module)
         module.add(copy)
-        if before:
+        if before in BEFORE:
             compiled = copy.compiled()
             if compiled.gather is not None:
                 compiled.gather = gather_adjoint(adjoint_function(compiled.forward), **BEFORE[before])
@@ -134,7 +154,8 @@ def kernel_table(orders, ndims, dtypes, n2: int, n3: int, rounds: int, before: s
     launches it (CONSTANT_DAMPING), timed on `device`. `before`: the last column's form, "one-pass"
     (one adjoint copy per offset), "no-halo" (two passes, scratch the launch's size: the forms
     before GatherAdjoint.halo), "not-reassociated" (the halo form, each root times its weight:
-    compiler/passes/reassociate.py), or None for no such column."""
+    compiler/passes/reassociate.py), "no-prefetch" (the loop nests without prefetching the next
+    row's streams: compiler/codegen/prefetch.py), or None for no such column."""
     rng = np.random.default_rng(0)
     lines = ["| dims | order | dtype | spelling | forward us | adjoint us | adjoint/forward (min-max) | "
              "forward / fastest | adjoint / fastest |" + (f" {before}: adjoint/forward |" if before else ""),
@@ -152,12 +173,13 @@ def kernel_table(orders, ndims, dtypes, n2: int, n3: int, rounds: int, before: s
                 calls = {}
                 shared = _shared_arguments(shape, dtype, rng, order, device)
                 for variant, kernels in variants.items():
-                    for name, k in kernels.items():
-                        args = _arguments(name, shared)
-                        calls[(variant, name)] = (*_calls(k, shape, args, device), args)
-                    args = _arguments("fwi", {**shared, "damp": shared["damp_constant"]})
-                    calls[(variant, CONSTANT_DAMPING)] = (*_calls(kernels["fwi"], shape, args, device, fresh=[shared["up"]]),
-                                                           args)
+                    with _rendered_as(before if variant == "before" else None):      # (_calls builds)
+                        for name, k in kernels.items():
+                            args = _arguments(name, shared)
+                            calls[(variant, name)] = (*_calls(k, shape, args, device), args)
+                        args = _arguments("fwi", {**shared, "damp": shared["damp_constant"]})
+                        calls[(variant, CONSTANT_DAMPING)] = (*_calls(kernels["fwi"], shape, args, device,
+                                                                      fresh=[shared["up"]]), args)
                 times = {key: ([], []) for key in calls}
                 for key, (forward, adjoint, _) in calls.items():      # warm up (and compile)
                     forward(), adjoint()
