@@ -143,8 +143,9 @@ def interior_nest(ndim: int, edge: str, middle: str, interior, private, prelude:
     `independent`: no thread writes memory another reads or writes (see SP_INDEPENDENT in
     prelude.h); the middle runs vectorise without alias tests, the runs at a row's ends and its
     bands eight lanes a vector where they are at least SHORT_RUN_THREADS long (SP_SHORT_RUN).
-    `prefetch`: `middle`'s prefetch.plan, where it streams rows ahead: the middle runs of rows
-    without a settled box run in blocks that prefetch the next row's."""
+    `prefetch`: `middle`'s prefetch.plan, where it streams rows ahead: where the launch's test
+    holds, the middle runs of rows without a settled box run in blocks that prefetch the next
+    row's (prefetch.blocked)."""
     box = interior_box(ndim, interior)
     settled = settled if ndim > 1 else None
     if settled is not None:
