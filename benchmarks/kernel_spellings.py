@@ -18,6 +18,7 @@ import contextlib
 import ctypes
 import functools
 import time
+from unittest import mock
 
 import numpy as np
 
@@ -39,29 +40,20 @@ _ADJOINT = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p, ctyp
 # The forms a table's last column may compare with (see kernel_table): gather_adjoint's options.
 BEFORE = {"one-pass": dict(two_pass=False, halo=False), "no-halo": dict(halo=False),
           "not-reassociated": dict(reassociate=False)}
-# ... and those that change how the CPU entries are rendered, not the form: (module, attribute,
-# its value while the "before" kernels are built). "no-prefetch": compiler/codegen/prefetch.py.
-RENDERED = {"no-prefetch": (prefetch, "plan", lambda *_, **__: None)}
 
 
-@contextlib.contextmanager
 def _rendered_as(before: str | None):
-    """Kernels built inside render as `before` says (RENDERED), else as they are."""
-    if before not in RENDERED:
-        yield
-        return
-    module, name, value = RENDERED[before]
-    saved = getattr(module, name)
-    setattr(module, name, value)
-    try:
-        yield
-    finally:
-        setattr(module, name, saved)
+    """A context in which kernels build as `before` says where it changes how the CPU entries are
+    rendered rather than the form ("no-prefetch": the loops without compiler/codegen/prefetch.py);
+    for any other `before`, as they are."""
+    if before == "no-prefetch":
+        return mock.patch.object(prefetch, "plan", lambda *_, **__: None)
+    return contextlib.nullcontext()
 
 
 def _copies(group: dict, label: str, before: str | None) -> dict:
     """The group's kernels rebuilt in a module of their own (so that a group compiles alone), with
-    `before` (a key of BEFORE, see kernel_table) their adjoints in that form."""
+    `before` (see kernel_table), where it is a key of BEFORE, their adjoints in that form."""
     module = KernelModule(f"kernel_spellings_{label}{'_' + before.replace('-', '_') if before else ''}")
     out = {}
     for name, k in group.items():

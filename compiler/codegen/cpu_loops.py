@@ -163,12 +163,12 @@ def interior_nest(ndim: int, edge: str, middle: str, interior, private, prelude:
     short = "SP_SHORT_RUN " if hint and radius is not None and radius.const >= SHORT_RUN_THREADS else hint
     first_edge = f"for (int32_t i{k} = {_start(k)}; i{k} < a; ++i{k}) "
     last_edge = f"for (int32_t i{k} = b; i{k} < {_stop(k)}; ++i{k}) "
-    plain_middle = f"{hint}for (int32_t i{k} = a; i{k} < b; ++i{k}) {middle}"
+    middle_loop = f"{hint}for (int32_t i{k} = a; i{k} < b; ++i{k}) {middle}"
     if prefetch is not None and k > 0:
         test, prefetches, block = prefetch
         box.append(f"    const bool pf = {test};")
-        plain_middle = blocked(k, hint, middle, block, prefetches)
-    runs = [f"{pad}{first_edge}{edge}", f"{pad}{plain_middle}", f"{pad}{last_edge}{edge}"]
+        middle_loop = f"if (pf) {{ {blocked(k, hint, middle, block, prefetches)} }} else {{ {middle_loop} }}"
+    runs = [f"{pad}{first_edge}{edge}", f"{pad}{middle_loop}", f"{pad}{last_edge}{edge}"]
     if row_end is None and any(edge_sides):
         for side, variant in zip("fl", edge_sides):
             if variant is not None:
@@ -222,10 +222,10 @@ def interior_nest(ndim: int, edge: str, middle: str, interior, private, prelude:
                  f"sb = (int32_t)(shi{k} < sa ? sa : shi{k} > b ? b : shi{k}); "
                  f"{before}{hint}for (int32_t i{k} = sa; i{k} < sb; ++i{k}) {settled[0]} {after}")
         # (the settled box lies inside the interior's: its rows are `mid` ones)
-        middle_run = f"if ({inside}) {{ {split} }} else {{ {plain_middle} }}"
+        middle_run = f"if ({inside}) {{ {split} }} else {{ {middle_loop} }}"
         runs[1] = f"{pad}{middle_run}"
     else:
-        middle_run = plain_middle
+        middle_run = middle_loop
     if row is not None:
         row_part = row[0] if row_run else f"{hint}for (int32_t i{k} = a; i{k} < b; ++i{k}) {row[0]}"
         for axis, pair in reversed(list(enumerate(row_sides))):     # the first axis's tested first

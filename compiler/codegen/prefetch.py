@@ -83,11 +83,10 @@ def plan(fn: ir.Function, grads: int | None = None) -> tuple[str, str, int] | No
 
 
 def blocked(k: int, hint: str, call: str, block: int, prefetches: str) -> str:
-    """The middle loop over i{k} from a to b: where `pf` (the launch's test) holds, in blocks of
-    `block` threads, each block's prefetches first; else the plain loop (one of the whole run, in
-    the blocks' loop, ran 4-5% slower where the arrays stay in cache: 2-D 304^2 and 560^2 8th-order
-    forwards)."""
-    plain = f"{hint}for (int32_t i{k} = a; i{k} < b; ++i{k}) {call}"
-    return (f"if (pf) {{ for (int32_t c0 = a; c0 < b; c0 += {block}) {{ "
+    """The middle loop over i{k} from a to b in blocks of `block` threads, each block's prefetches
+    first (cpu_loops.interior_nest runs it where the launch's test holds, the plain loop where not:
+    one loop of blocks whose block was the whole run ran 4-5% slower where the arrays stay in
+    cache, 2-D 304^2 and 560^2 8th-order forwards)."""
+    return (f"for (int32_t c0 = a; c0 < b; c0 += {block}) {{ "
             f"const int32_t c1 = b - c0 > {block} ? c0 + {block} : b; {prefetches} "
-            f"{hint}for (int32_t i{k} = c0; i{k} < c1; ++i{k}) {call} }} }} else {{ {plain} }}")
+            f"{hint}for (int32_t i{k} = c0; i{k} < c1; ++i{k}) {call} }}")
