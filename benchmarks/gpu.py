@@ -14,8 +14,9 @@ Writes a Markdown table (default benchmarks/results/gpu.md) with:
 - our own alternatives side by side: native loops (recomputations as CUDA graphs, recordings
   reversed at once without a tape) against launch by launch through the tape, the reversals alone,
   and disk snapshots copied asynchronously against synchronously;
+- the nonlinear wave's adjoint kernel under the gather form's launch bounds against 2 blocks an SM;
 - the adjoint / forward kernel time of each stencil spelling, 2nd/4th/8th order, 4096^2 and 256^3,
-  float32 (benchmarks/kernel_spellings.py, a table of its own).
+  float32 and float64 (benchmarks/kernel_spellings.py, a table of its own).
 Every number is the median of interleaved rounds (A B A B ...), with the spread (min-max). Peers
 that are not installed are left out. Under the CUDA simulator (STEPPER_CUDA_SIM=1) it runs too,
 which checks the script, not the speed.
@@ -292,11 +293,41 @@ extern "C" __global__ void wave(const float* up, const float* u, float c, float 
     return run
 
 
+def gather_bound(rows: list, n: int, rounds: int) -> None:
+    """The nonlinear wave's adjoint kernel alone (benchmarks/gpu_launch_bounds.py's `wave` case) under
+    the gather form's `__launch_bounds__` (targets.CUDA_GATHER_MIN_BLOCKS_PER_SM: 32 registers, 56
+    bytes spilled) against 2 blocks (52 registers, no spill): the one difference in the CUDA source
+    of the 2048^2 gradient between e7ea571 (0.224 s on an H200) and e847f18 (0.272 s)."""
+    import stepper as sp
+    import kernel_spellings
+    from compiler.codegen import targets
+    from gpu_launch_bounds import _arguments, _built
+    shared = kernel_spellings._shared_arguments((n, n), sp.float32, np.random.default_rng(0), 2, "cuda")
+    defaults = targets.CUDA_MIN_BLOCKS_PER_SM, targets.CUDA_GATHER_MIN_BLOCKS_PER_SM
+    calls = {}
+    try:
+        for label, gather in (("ours", defaults[1]), ("peer", defaults[0])):
+            kernel = _built("wave", sp.float32, defaults[0], gather)["wave"]
+            args = _arguments("wave", shared)
+            forward, adjoint = kernel_spellings._calls(kernel, (n, n), args, "cuda")
+            forward(), adjoint()        # rendered for CUDA at the first launch: under these bounds
+            calls[label] = (adjoint, args)      # the arguments hold the launch's pointers
+    finally:
+        targets.CUDA_MIN_BLOCKS_PER_SM, targets.CUDA_GATHER_MIN_BLOCKS_PER_SM = defaults
+    t = {label: [] for label in calls}
+    for _ in range(rounds):
+        for label, (adjoint, _) in calls.items():
+            t[label].append(kernel_spellings._seconds(adjoint, device="cuda"))
+    rows.append((f"wave {n}^2 adjoint kernel, gather passes at {defaults[1]} blocks an SM", "us",
+                 summary(t["ours"], 1e6), f"{defaults[0]} blocks an SM", summary(t["peer"], 1e6),
+                 summary([a / b for a, b in zip(t["ours"], t["peer"])])))
+
+
 def kernel_spellings(quick: bool, rounds: int, failed: list) -> list[str]:
     """The kernel spellings' table on the GPU (rows printed as they come), or [] where it failed."""
     from kernel_spellings import kernel_table
     try:
-        return kernel_table([2] if quick else [2, 4, 8], [2, 3], ["float32"], 24 if quick else 4096,
+        return kernel_table([2] if quick else [2, 4, 8], [2, 3], ["float32", "float64"], 24 if quick else 4096,
                             8 if quick else 256, rounds, None, "cuda")
     except Exception:
         traceback.print_exc()
@@ -346,6 +377,7 @@ def main(argv=None) -> int:
     section(deterministic_loss, 1 << 15 if args.quick else 1 << 20, rounds, 2 if args.quick else 20)
     for n, steps, snapshots in ([(16, 20, 4)] if args.quick else [(256, 10_000, 100), (2048, 1_000, 30)]):
         section(wave, n, steps, snapshots, rounds)
+    section(gather_bound, 24 if args.quick else 2048, rounds)
     with tempfile.TemporaryDirectory() as scratch:
         section(own_alternatives, 16 if args.quick else 256, 60 if args.quick else 2_000, rounds, Path(scratch))
     spellings = [] if args.no_spellings else kernel_spellings(args.quick, rounds, failed)
