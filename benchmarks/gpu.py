@@ -295,9 +295,9 @@ extern "C" __global__ void wave(const float* up, const float* u, float c, float 
 
 def gather_bound(rows: list, n: int, rounds: int) -> None:
     """The nonlinear wave's adjoint kernel alone (benchmarks/gpu_launch_bounds.py's `wave` case) under
-    the gather form's `__launch_bounds__` (targets.CUDA_GATHER_MIN_BLOCKS_PER_SM: 32 registers, 56
-    bytes spilled) against 2 blocks (52 registers, no spill): the one difference in the CUDA source
-    of the 2048^2 gradient between e7ea571 (0.224 s on an H200) and e847f18 (0.272 s)."""
+    the gather form's `__launch_bounds__` (targets.CUDA_GATHER_MIN_BLOCKS_PER_SM: 32 registers)
+    against 2 blocks (52 registers): the one difference in the CUDA source of the 2048^2 gradient
+    between e7ea571 (0.224 s on an H200) and e847f18 (0.272 s)."""
     import stepper as sp
     import kernel_spellings
     from compiler.codegen import targets

@@ -8,7 +8,7 @@ bounds and timed interleaved in one process (benchmarks/kernel_spellings.py's bu
 those of the gather form's passes for float32 values (targets.CUDA_GATHER_MIN_BLOCKS_PER_SM; float64
 values get half). Every combination is built; cases are ndim:order at 4096^2 and 256^3 (the corpus's
 `unrolled` and `fwi`), or `wave`: benchmarks/gpu.py's nonlinear wave (peer_impls/ours.py, float32,
-4096^2), whose one-pass gather adjoint needs 52 registers and spills 56 bytes at 32. Prints one line
+4096^2), whose one-pass gather entry takes 52 registers at 2 blocks an SM and 32 at 8. Prints one line
 per (case, kernel, bounds): forward and adjoint us, their ratio, and the forward's bandwidth counted on
 its three arrays. Behind the bounds of 2026-11-28 (benchmarks/README.md, eighth session).
 """
