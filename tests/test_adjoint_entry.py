@@ -236,9 +236,14 @@ def test_the_specialised_entries_compile_to_ptx_and_for_the_cpu():
         nvrtc_version()
     except NvrtcNotFoundError as e:
         pytest.skip(f"NVRTC is not installed: {e}")
-    ptx = compile_cuda(render_grads_variant(compiled.functions(), 0b1011, CUDA).source, "grads_variant_check",
-                       arch="compute_75", headers={"prelude.h": PRELUDE.read_text()}, options=CUDA_OPTIONS)
+    cuda = render_grads_variant(compiled.functions(), 0b1011, CUDA).source
+    ptx = compile_cuda(cuda, "grads_variant_check", arch="compute_75", headers={"prelude.h": PRELUDE.read_text()},
+                       options=CUDA_OPTIONS)
     assert f".entry {name}(" in ptx.decode()
+    # the GPU launches a two-pass form's pointwise pass first: its entry is specialised beside it
+    assert gather.pointwise is not None
+    assert f".entry {grads_variant_name(gather.pointwise.name, 0b1011)}(" in ptx.decode()
+    assert "sp::ALL_GRADS, 0xbull" in cuda and "_thread<0, 0>" not in cuda
 
 
 # ---- threads for small launches -----------------------------------------------------------------

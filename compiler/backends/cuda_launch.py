@@ -207,8 +207,9 @@ def adjoint(kernel, compiled, function, buffer: bytes, adj_buffer: bytes, n: int
     loaded = cuda_module(kernel.module, debug, dev)
     if n == 0:
         return
+    first = None        # a two-pass form's pointwise entry, specialised with the gather entry
     if grads is not None and not debug:
-        fn = grads_variants.cuda_function(kernel, compiled, grads, dev)
+        first, fn = grads_variants.cuda_functions(kernel, compiled, grads, dev)
     else:
         fn = loaded.function(function.name, adjoint=True)
     grid, block = _grid(n, serial, dev.ordinal)
@@ -235,7 +236,8 @@ def adjoint(kernel, compiled, function, buffer: bytes, adj_buffer: bytes, n: int
         tape = _scratch_memory(dev.ordinal, count * gather.scratch_bytes, kernel).ptr
         if gather.halo:         # zeros beyond the launch (GatherAdjoint.halo); the pass stores the rest
             zero_async(tape, count * gather.scratch_bytes, None)
-        first = loaded.function(gather.pointwise.name, adjoint=True)
+        if first is None:
+            first = loaded.function(gather.pointwise.name, adjoint=True)
         _run(kernel, first, grid, block, [args, adj, ctypes.c_void_p(tape), ctypes.c_int64(0), ctypes.c_int(0),
                                           ctypes.c_void_p(0)], dev.ordinal)
         if serial == 2:     # what still scatters runs here; the next launch reuses the add tables

@@ -69,9 +69,10 @@ def cpu_entry(kernel, compiled, grads: int):
     return variants[key][1]
 
 
-def cuda_function(kernel, compiled, grads: int, device):
-    """The CUfunction of `kernel`'s gather adjoint for gradient mask `grads` on `device` (a
-    compiler.runtime.device.Device), loaded into its primary context."""
+def cuda_functions(kernel, compiled, grads: int, device):
+    """The CUfunctions (pointwise pass, gather adjoint) of `kernel`'s gather form for gradient mask
+    `grads` on `device` (a compiler.runtime.device.Device), loaded into its primary context; the
+    first is None for a one-pass form."""
     from . import cuda_driver
     from .cuda_module import CUDA_OPTIONS, PRELUDE, _check_toolkit
     from .nvrtc import compile_cuda
@@ -89,9 +90,12 @@ def cuda_function(kernel, compiled, grads: int, device):
                                  headers={"prelude.h": PRELUDE.read_text()}, options=CUDA_OPTIONS, output="cubin")
         with cuda_driver.relaxed_capture():     # a first use may come while a graph is captured
             module = cuda_driver.load_module(image, device.ordinal)
-        variants[key] = (module, cuda_driver.get_function(module, grads_variant_name(compiled.gather.function.name,
-                                                                                      grads)))
+        gather = compiled.gather
+        first = (cuda_driver.get_function(module, grads_variant_name(gather.pointwise.name, grads))
+                 if gather.pointwise is not None else None)
+        variants[key] = (module, (first, cuda_driver.get_function(module, grads_variant_name(gather.function.name,
+                                                                                               grads))))
     return variants[key][1]
 
 
-__all__ = ["grads_mask", "cpu_adjoint_entry", "cpu_entry", "cuda_function"]
+__all__ = ["grads_mask", "cpu_adjoint_entry", "cpu_entry", "cuda_functions"]

@@ -279,11 +279,17 @@ def render_grads_variant(functions: tuple, grads: int, target: Target) -> Render
     them) specialised on which gradients the launch carries: bit k of `grads` set where array
     parameter k has one (of `grad_params`; the others do not matter). The body has no null tests
     and no accumulations into absent gradients, and so vectorises whatever subset of arguments
-    carries gradients. Named `grads_variant_name(gather name, grads)`; no debug checks."""
+    carries gradients. Named `grads_variant_name(gather name, grads)`; no debug checks. On the GPU,
+    which launches a two-pass form's passes one after the other, the pointwise pass's entry comes
+    specialised beside it (`grads_variant_name(pointwise name, grads)`): the module's would replay,
+    for a gradient that is absent, the forward values and loads that only that gradient needs."""
     gather = functions[3]
     fn = dataclasses.replace(gather.function, name=grads_variant_name(gather.function.name, grads))
     parts = [target.header, native_definitions([fn]),
              _kernel(fn, False, [], target, target.gather_entry, grads=grads, gather=gather)]
+    if gather.pointwise is not None and target is not CPU:
+        first = dataclasses.replace(gather.pointwise, name=grads_variant_name(gather.pointwise.name, grads))
+        parts.append(_kernel(first, False, [], target, target.gather_entry, gather.pointwise_interior, grads=grads))
     return RenderedModule("\n".join(parts), [])
 
 

@@ -342,7 +342,7 @@ def packed_adjoint(kernel: Kernel, dims: tuple, args: list, deterministic: bool,
     if device != "cpu":
         add_slots = _add_slots(serial, args)
         if grads is not None:       # built now, not in the first run (which a graph may capture)
-            grads_variants.cuda_function(kernel, compiled, grads, get_device(device))
+            grads_variants.cuda_functions(kernel, compiled, grads, get_device(device))
 
         def run(buffer: bytes, adj: bytes) -> None:
             cuda_launch.adjoint(kernel, compiled, function, buffer, adj, threads, False, serial, device, add_slots,
