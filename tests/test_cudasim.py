@@ -489,15 +489,12 @@ def test_stencils_run_their_interior_variant_on_the_gpu(shape):
     np.testing.assert_allclose(x.grad.numpy(), _laplacian(2 * lap), rtol=1e-12, atol=1e-12)
 
 
-F2 = sp.array(dtype=float, ndim=2)
-
-
 @sp.kernel
 def damped_step(up: F2, u: F2, damp: F2, u_next: F2):
     i, j = sp.tid()
     n = u.shape[0]
     m = u.shape[1]
-    value = 0.0
+    value = sp.float64(0.0)
     if i > 0 and j > 0 and i < n - 1 and j < m - 1:
         lap = u[i - 1, j] + u[i + 1, j] + u[i, j - 1] + u[i, j + 1] - 4.0 * u[i, j]
         d = damp[i, j]
@@ -512,12 +509,12 @@ def test_a_two_pass_adjoint_runs_both_passes_specialised_on_the_gradients_presen
     assert damped_step.compiled().gather.pointwise is not None       # the two-pass form
     rng = np.random.default_rng(7)
     shape = (29, 35)
-    arrays = {name: rng.standard_normal(shape).astype(np.float32) for name in ("up", "u", "w")}
-    damp = (0.1 * rng.random(shape)).astype(np.float32)
+    arrays = {name: rng.standard_normal(shape) for name in ("up", "u", "w")}
+    damp = 0.1 * rng.random(shape)
     grads = {}
     for device in ("cpu", "cuda"):
         up, u = (sp.array(arrays[name], requires_grad=True, device=device) for name in ("up", "u"))
-        out = sp.zeros(shape, requires_grad=True, device=device)
+        out = sp.zeros(shape, dtype=sp.float64, requires_grad=True, device=device)
         _launches().clear()
         tape = sp.Tape()
         with tape:
