@@ -285,10 +285,11 @@ def render_grads_variant(functions: tuple, grads: int, target: Target) -> Render
     for a gradient that is absent, the forward values and loads that only that gradient needs."""
     gather = functions[3]
     fn = dataclasses.replace(gather.function, name=grads_variant_name(gather.function.name, grads))
-    parts = [target.header, native_definitions([fn]),
+    first = (dataclasses.replace(gather.pointwise, name=grads_variant_name(gather.pointwise.name, grads))
+             if gather.pointwise is not None and target is not CPU else None)
+    parts = [target.header, native_definitions([fn, *((first,) if first is not None else ())]),
              _kernel(fn, False, [], target, target.gather_entry, grads=grads, gather=gather)]
-    if gather.pointwise is not None and target is not CPU:
-        first = dataclasses.replace(gather.pointwise, name=grads_variant_name(gather.pointwise.name, grads))
+    if first is not None:
         parts.append(_kernel(first, False, [], target, target.gather_entry, gather.pointwise_interior, grads=grads))
     return RenderedModule("\n".join(parts), [])
 
