@@ -168,6 +168,28 @@ def test_the_specialised_body_gives_the_bits_of_the_body_that_tests_each_gradien
         np.testing.assert_array_equal(special[k].grad.numpy(), with_grad[k].grad.numpy())
 
 
+def test_on_the_gpu_both_passes_of_the_two_pass_form_run_specialised(device):
+    """On the GPU the two passes are two launches: with damp's gradient absent both run the entries
+    specialised on the gradients present (the module's pointwise entry replayed the forward's value
+    and loaded `up` for damp's absent gradient), with the CPU's bits. The CUDA simulator records
+    which entries ran."""
+    from compiler.backends import cudasim
+    if device == "cpu" or not cudasim.enabled():
+        pytest.skip("the CUDA simulator (--device cuda, STEPPER_CUDA_SIM=1) records the entries launched")
+    from compiler.backends.cudasim import driver
+    gather = damped64.compiled().gather
+    assert gather.pointwise is not None                  # the two-pass form
+    driver.recent_launches.clear()
+    on_gpu = damped_gradients(damped64, (29, 35), False, device, np_dtype=np.float64, seed=3)
+    names = [launch[0] for launch in driver.recent_launches]
+    assert any(n.startswith(f"{gather.pointwise.name}_grads") for n in names), names
+    assert any(n.startswith(f"{gather.function.name}_grads") for n in names), names
+    assert gather.pointwise.name not in names and gather.function.name not in names
+    on_cpu = damped_gradients(damped64, (29, 35), False, "cpu", np_dtype=np.float64, seed=3)
+    for k in (0, 1):     # up, u
+        np.testing.assert_array_equal(on_gpu[k].grad.numpy(), on_cpu[k].grad.numpy())
+
+
 def test_the_specialised_body_matches_float64_finite_differences(device):
     shape = (9, 12)
     up, u, damp, w = damped_gradients(damped64, shape, False, device, np_dtype=np.float64, seed=2)
