@@ -301,25 +301,17 @@ def gather_bound(rows: list, n: int, rounds: int) -> None:
     import stepper as sp
     import kernel_spellings
     from compiler.codegen import targets
-    from gpu_launch_bounds import _arguments, _built
+    from gpu_launch_bounds import calls_under_bounds
     shared = kernel_spellings._shared_arguments((n, n), sp.float32, np.random.default_rng(0), 2, "cuda")
-    defaults = targets.CUDA_MIN_BLOCKS_PER_SM, targets.CUDA_GATHER_MIN_BLOCKS_PER_SM
-    calls = {}
-    try:
-        for label, gather in (("ours", defaults[1]), ("peer", defaults[0])):
-            kernel = _built("wave", sp.float32, defaults[0], gather)["wave"]
-            args = _arguments("wave", shared)
-            forward, adjoint = kernel_spellings._calls(kernel, (n, n), args, "cuda")
-            forward(), adjoint()        # rendered for CUDA at the first launch: under these bounds
-            calls[label] = (adjoint, args)      # the arguments hold the launch's pointers
-    finally:
-        targets.CUDA_MIN_BLOCKS_PER_SM, targets.CUDA_GATHER_MIN_BLOCKS_PER_SM = defaults
+    forward, gather = targets.CUDA_MIN_BLOCKS_PER_SM, targets.CUDA_GATHER_MIN_BLOCKS_PER_SM
+    built = calls_under_bounds("wave", sp.float32, (n, n), shared, [(forward, gather), (forward, forward)])
+    calls = {"ours": built[("wave", forward, gather)][1], "peer": built[("wave", forward, forward)][1]}
     t = {label: [] for label in calls}
     for _ in range(rounds):
-        for label, (adjoint, _) in calls.items():
+        for label, adjoint in calls.items():
             t[label].append(kernel_spellings._seconds(adjoint, device="cuda"))
-    rows.append((f"wave {n}^2 adjoint kernel, gather passes at {defaults[1]} blocks an SM", "us",
-                 summary(t["ours"], 1e6), f"{defaults[0]} blocks an SM", summary(t["peer"], 1e6),
+    rows.append((f"wave {n}^2 adjoint kernel, gather passes at {gather} blocks an SM", "us",
+                 summary(t["ours"], 1e6), f"{forward} blocks an SM", summary(t["peer"], 1e6),
                  summary([a / b for a, b in zip(t["ours"], t["peer"])])))
 
 

@@ -58,6 +58,25 @@ def _arguments(name: str, shared: dict) -> list:
     return [shared["up"], shared["u"], C, B, up_next, shared["u_next"]]
 
 
+def calls_under_bounds(case: str, dtype, shape: tuple, shared: dict, bounds) -> dict:
+    """{(kernel name, forward blocks, gather blocks): (forward call, adjoint call, its arguments)}
+    for each (forward, gather) pair of `bounds`: the case's kernels built and first launched under
+    those bounds (their CUDA source is rendered then), the defaults restored after. The arguments
+    stay beside the calls: they hold the launches' pointers."""
+    defaults = targets.CUDA_MIN_BLOCKS_PER_SM, targets.CUDA_GATHER_MIN_BLOCKS_PER_SM
+    calls = {}
+    try:
+        for forward, gather in bounds:
+            for name, k in _built(case, dtype, forward, gather).items():
+                kernel_args = _arguments(name, shared)
+                call = kernel_spellings._calls(k, shape, kernel_args, "cuda")
+                call[0](), call[1]()
+                calls[(name, forward, gather)] = (*call, kernel_args)
+    finally:
+        targets.CUDA_MIN_BLOCKS_PER_SM, targets.CUDA_GATHER_MIN_BLOCKS_PER_SM = defaults
+    return calls
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dtype", default="float32", choices=("float32", "float64"))
@@ -69,22 +88,12 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)
     dtype, rng = getattr(sp, args.dtype), np.random.default_rng(0)
-    defaults = targets.CUDA_MIN_BLOCKS_PER_SM, targets.CUDA_GATHER_MIN_BLOCKS_PER_SM
     for case in args.cases:
         ndim, order = (2, 2) if case == "wave" else map(int, case.split(":"))
         case_dtype = sp.float32 if case == "wave" else dtype
         shape = (args.n2,) * 2 if ndim == 2 else (args.n3,) * 3
         shared = kernel_spellings._shared_arguments(shape, case_dtype, rng, order, "cuda")
-        calls = {}
-        try:
-            for forward, gather in itertools.product(args.forward, args.gather):
-                for name, k in _built(case, case_dtype, forward, gather).items():
-                    kernel_args = _arguments(name, shared)   # kept beside the calls: they hold its pointers
-                    call = kernel_spellings._calls(k, shape, kernel_args, "cuda")
-                    call[0](), call[1]()     # the CUDA source is rendered at the first launch: under these bounds
-                    calls[(name, forward, gather)] = (*call, kernel_args)
-        finally:
-            targets.CUDA_MIN_BLOCKS_PER_SM, targets.CUDA_GATHER_MIN_BLOCKS_PER_SM = defaults
+        calls = calls_under_bounds(case, case_dtype, shape, shared, itertools.product(args.forward, args.gather))
         times = {key: ([], []) for key in calls}
         for _ in range(args.rounds):
             for key, (forward_call, adjoint_call, _) in calls.items():
