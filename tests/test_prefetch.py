@@ -57,6 +57,17 @@ def test_one_index_and_the_gradients_a_launch_lacks_stream_nothing():
     assert "G.a_damp" not in {name for name, *_ in prefetch.streams(pointwise, grads=~(1 << damp))}
 
 
+def test_what_only_an_absent_gradient_reads_is_not_streamed():
+    """`up` enters the FWI update as (1 - d) * up, whose partial derivative by up is (1 - d): only
+    damp's gradient reads up's values (and those of the quotient, which up is part of). A launch
+    whose damping profile has no gradient streams no row of up."""
+    pointwise = corpus(8, 2)["fwi"].compiled().gather.pointwise_interior.function
+    damp = [p.name for p in pointwise.params].index("damp")
+    assert "A.a_up" in {name for name, *_ in prefetch.streams(pointwise)}
+    names = {name for name, *_ in prefetch.streams(pointwise, grads=~(1 << damp))}
+    assert "A.a_up" not in names and {"A.a_u", "A.a_m", "A.a_damp", "G.a_up", "G.a_m", "G.a_u_next"} <= names
+
+
 def prefetching_copy(kernel, monkeypatch):
     """`kernel` in a module of its own, rendered to prefetch at any size, in blocks of one line."""
     monkeypatch.setattr(prefetch, "PREFETCH_FROM_BYTES", 0)

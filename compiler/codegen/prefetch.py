@@ -13,6 +13,7 @@ new rows, a row's time ahead of their use.
 from __future__ import annotations
 
 from .. import ir
+from ..passes.dce import without_absent_gradients
 from ..passes.interior import tid_offsets
 from .emit import arg_name
 
@@ -29,10 +30,13 @@ def streams(fn: ir.Function, grads: int | None = None) -> list[tuple[str, tuple[
     axes from the next row's indices, whether it is written, its element's bytes). Per array: the
     offsets that the step to the next row (along the last outer axis) leaves uncovered, of which
     the greatest (the row furthest ahead: the others came from memory as some earlier row's).
-    Gradients outside mask `grads` (None: all present) are absent, and not streamed."""
+    Gradients outside mask `grads` (None: all present) are absent: neither they nor what only
+    their accumulations read are streamed."""
     ndim = fn.tid_ndim
     if ndim < 2:
         return []
+    if grads is not None:
+        fn = without_absent_gradients(fn, grads)
     offsets = tid_offsets(fn.body, ndim)
     rows: dict[str, set] = {}
     written: set[str] = set()

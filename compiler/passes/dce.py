@@ -29,6 +29,17 @@ def eliminate_dead_code(fn: ir.Function) -> ir.Function:
     return dataclasses.replace(fn, body=tuple(_Prune(_live(body)).block(body)))
 
 
+def without_absent_gradients(fn: ir.Function, grads: int) -> ir.Function:
+    """Adjoint `fn` as a launch with gradient mask `grads` runs it (bit k set where array parameter
+    k carries a gradient; one past the mask's 64 bits counts as carried): its accumulations into the
+    absent gradients gone, and what only they computed. The C++ compiler drops the same code from
+    the body instantiated for that mask; what plans around the body (the rows a loop prefetches)
+    must see it gone too, or it streams arrays that nothing reads (a 2-D FWI adjoint whose damping
+    profile has no gradient prefetched the whole of `up`, which only that gradient reads)."""
+    body = tuple(_AbsentGradients(grads).block(fn.body))
+    return eliminate_dead_code(dataclasses.replace(fn, body=body))
+
+
 def _live(body) -> set[int]:
     """Ids of the Temps and Vars that an effect or a control decision depends on (mark and sweep:
     an accumulation ``adj = adj + x`` that nothing else reads is dead, although it reads itself)."""
@@ -89,6 +100,17 @@ class _UntakenBranches(ir.Rewriter):
         return [s]
 
 
+class _AbsentGradients(ir.Rewriter):
+    def __init__(self, grads: int):
+        self.grads = grads
+
+    def stmt(self, s) -> list:
+        k = s.array.param.index if isinstance(s, ir.AccumGrad) else None
+        if k is not None and k < 64 and not self.grads >> k & 1:
+            return []
+        return [self.value(s)]
+
+
 class _Prune(ir.Rewriter):
     def __init__(self, live: set[int]):
         self.live = live
@@ -99,4 +121,4 @@ class _Prune(ir.Rewriter):
         return [self.value(s)]
 
 
-__all__ = ["eliminate_dead_code"]
+__all__ = ["eliminate_dead_code", "without_absent_gradients"]
