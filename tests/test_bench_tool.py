@@ -39,7 +39,10 @@ def test_writes_every_configuration_and_the_store_all_row(run):
         assert row["forward_steps"] == row["schedule_forward_steps"]     # the schedule's own count
         assert row["wall_s"] > 0 and row["theory_s"] > 0 and row["theory_cpu_s"] > 0
         assert row["paths_exact"] is True        # the run took the paths its theory priced
-    assert data["costs"]["native"] is True and data["costs"]["wall"]["native_reversal_s"] > 0
+    # priced on the native paths; a least-squares fit of a loaded machine's timings may fold a path's
+    # cost into the others' (0, never negative), so no cost is required positive (it was 0 once in CI)
+    assert data["costs"]["native"] is True
+    assert all(v >= 0 for v in data["costs"]["wall"].values()) and "native_reversal_s" in data["costs"]["wall"]
     table = (out / "tradeoff.md").read_text()
     assert "| store-all | all |" in table
     assert (out / "tradeoff.csv").read_text().count("\n") == 1 + len(data["rows"])
