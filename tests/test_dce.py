@@ -35,7 +35,7 @@ def test_only_what_reaches_an_effect_or_a_decision_survives():
     assert kinds == ["ThreadIndex", "Load", "Op:mul", "Op:gt", "If"]
 
 
-def test_a_branch_a_constant_condition_never_takes_is_emptied_and_what_it_read_goes():
+def test_a_branch_on_a_constant_condition_becomes_the_branch_it_takes_and_what_the_other_read_goes():
     out_param = ir.Param("out", ArrayType(float32, 1), 0)
     out = ir.ArrayRef(out_param)
     i, x, y = ir.Temp(int32), ir.Temp(float32), ir.Temp(float32)
@@ -48,9 +48,42 @@ def test_a_branch_a_constant_condition_never_takes_is_emptied_and_what_it_read_g
     )
     fn = eliminate_dead_code(ir.Function("f", (out_param,), body, LOC, 1))
     verify(fn)
-    assert [type(s).__name__ for s in fn.body] == ["ThreadIndex", "Load", "If", "If"]
-    assert fn.body[1].out is y
-    assert (fn.body[2].then, fn.body[3].orelse) == ((), ()) and fn.body[2].orelse and fn.body[3].then
+    assert [type(s).__name__ for s in fn.body] == ["ThreadIndex", "Load", "Store", "Store"]
+    assert fn.body[1].out is y and fn.body[2].value is y and fn.body[3].value is y
+
+
+def test_a_scratch_store_overwritten_before_any_read_goes():
+    """The pointwise pass's zero root, stored first, then the root where the guard holds: with the
+    guard settled true the zero is dead. A store that a read of its array separates from the next,
+    or that only a branch stores over, stays."""
+    out_param = ir.Param("out", ArrayType(float32, 1), 0)
+    out = ir.ArrayRef(out_param)
+    i, x, r, c = ir.Temp(int32), ir.Temp(float32), ir.Temp(float32), ir.Temp(bool_)
+    zero = ir.Const(0.0, float32)
+    settled = (
+        ir.ThreadIndex(i, 0, LOC),
+        ir.ScratchStore(0, i, zero, LOC),
+        ir.Load(x, out, (i,), LOC),
+        ir.If(ir.Const(True, bool_), (ir.ScratchStore(0, i, x, LOC),), (), LOC),
+    )
+    fn = eliminate_dead_code(ir.Function("f", (out_param,), settled, LOC, 1))
+    verify(fn)
+    assert [(type(s).__name__, getattr(s, "value", None)) for s in fn.body if isinstance(s, ir.ScratchStore)] == [
+        ("ScratchStore", x)]
+    kept = (
+        ir.ThreadIndex(i, 0, LOC),
+        ir.ScratchStore(0, i, zero, LOC),
+        ir.ScratchLoad(r, 0, i, LOC),
+        ir.Op(x, "add", (r, r), LOC),
+        ir.ScratchStore(0, i, x, LOC),            # the first was read: both stay
+        ir.ScratchStore(8, i, zero, LOC),
+        ir.Op(c, "gt", (x, zero), LOC),
+        ir.If(c, (ir.ScratchStore(8, i, x, LOC),), (), LOC),     # stored over only where c holds
+        ir.Store(out, (i,), x, LOC),
+    )
+    fn = eliminate_dead_code(ir.Function("f", (out_param,), kept, LOC, 1))
+    verify(fn)
+    assert sum(isinstance(s, ir.ScratchStore) for s in ir.walk(fn.body)) == 4
 
 
 @sp.kernel

@@ -7,9 +7,13 @@ time. Live is what an effect (stores, atomics, gradient accumulations, prints, t
 functions) or a control decision (conditions, loop bounds) reads, and what those values are
 computed from, through locals; removed are pure statements (arithmetic, loads, reads of locals and
 parameters, thread indices, extents) whose result is not live, and assignments to locals that are
-not. Control flow stays, but a branch a constant condition never takes is emptied first (the
-settled variants of compiler/passes/interior.py decide conditions), so nothing it reads stays live.
-Expects verified IR; keeps it verified.
+not. Control flow stays, but a branch on a constant condition is replaced by the branch it takes
+first (the settled variants of compiler/passes/interior.py decide conditions), so nothing the other
+reads stays live. And a store into a scratch array that a later store of the same block overwrites
+before anything reads that array is dropped: the pointwise pass of a two-pass form stores a zero
+root first and the root where its guard holds, which in a variant whose guard is settled true
+leaves the zero dead (the C++ compiler cannot tell the scratch memory from the arrays read between
+the two stores, and kept both). Expects verified IR; keeps it verified.
 """
 from __future__ import annotations
 
@@ -25,7 +29,9 @@ def eliminate_dead_code(fn: ir.Function) -> ir.Function:
     """`fn` without the statements whose results nothing uses (see the module docstring)."""
     body = fn.body
     if any(isinstance(s, ir.If) and isinstance(s.cond, ir.Const) for s in ir.walk(body)):
-        body = tuple(_UntakenBranches().block(body))    # (a rebuild of the whole body: only where one is)
+        body = tuple(_TakenBranches().block(body))      # (a rebuild of the whole body: only where one is)
+    if sum(isinstance(s, ir.ScratchStore) for s in ir.walk(body)) > 1:
+        body = tuple(_OverwrittenScratch().block(body))
     return dataclasses.replace(fn, body=tuple(_Prune(_live(body)).block(body)))
 
 
@@ -92,12 +98,31 @@ def _collect(x, seen: list[int]) -> None:
                 _collect(v, seen)
 
 
-class _UntakenBranches(ir.Rewriter):
+class _TakenBranches(ir.Rewriter):
     def stmt(self, s) -> list:
         s = self.value(s)
         if isinstance(s, ir.If) and isinstance(s.cond, ir.Const):
-            s = dataclasses.replace(s, **({"orelse": ()} if s.cond.value else {"then": ()}))
+            return list(s.then if s.cond.value else s.orelse)
         return [s]
+
+
+class _OverwrittenScratch(ir.Rewriter):
+    def block(self, body) -> list:
+        body = list(body)
+        return [t for k, s in enumerate(body) if not _overwritten(s, body[k + 1:]) for t in self.stmt(s)]
+
+
+def _overwritten(s, after: list) -> bool:
+    """Whether statement `s` is a scratch store that one of the statements `after` it (in its block)
+    stores over before any of them reads that scratch array."""
+    if not isinstance(s, ir.ScratchStore):
+        return False
+    for t in after:
+        if isinstance(t, ir.ScratchStore) and (t.offset, t.index, t.count) == (s.offset, s.index, s.count):
+            return True
+        if any(isinstance(u, ir.ScratchLoad) and u.offset == s.offset for u in ir.walk((t,))):
+            return False
+    return False
 
 
 class _AbsentGradients(ir.Rewriter):
