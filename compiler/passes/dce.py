@@ -18,6 +18,7 @@ the two stores, and kept both). Expects verified IR; keeps it verified.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 from .. import ir
 from ..builtins import OPS
@@ -108,16 +109,17 @@ class _TakenBranches(ir.Rewriter):
 
 class _OverwrittenScratch(ir.Rewriter):
     def block(self, body) -> list:
-        body = list(body)
-        return [t for k, s in enumerate(body) if not _overwritten(s, body[k + 1:]) for t in self.stmt(s)]
+        body = tuple(body)
+        return [t for k, s in enumerate(body) if not _overwritten(body, k) for t in self.stmt(s)]
 
 
-def _overwritten(s, after: list) -> bool:
-    """Whether statement `s` is a scratch store that one of the statements `after` it (in its block)
+def _overwritten(body: tuple, k: int) -> bool:
+    """Whether statement k of block `body` is a scratch store that a statement after it in the block
     stores over before any of them reads that scratch array."""
+    s = body[k]
     if not isinstance(s, ir.ScratchStore):
         return False
-    for t in after:
+    for t in itertools.islice(body, k + 1, None):
         if isinstance(t, ir.ScratchStore) and (t.offset, t.index, t.count) == (s.offset, s.index, s.count):
             return True
         if any(isinstance(u, ir.ScratchLoad) and u.offset == s.offset for u in ir.walk((t,))):
