@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import math
 import os
 import struct
 import weakref
@@ -235,7 +236,7 @@ def adjoint(kernel, compiled, function, buffer: bytes, adj_buffer: bytes, n: int
         count = gather.scratch_elements(dims) if gather.halo else n
         tape = _scratch_memory(dev.ordinal, count * gather.scratch_bytes, kernel).ptr
         if gather.halo:         # zeros beyond the launch (GatherAdjoint.halo); the pass stores the rest
-            zero_async(tape, count * gather.scratch_bytes, None)
+            _zero_halo(kernel, loaded, gather, dims, count, tape, dev.ordinal)
         if first is None:
             first = loaded.function(gather.pointwise.name, adjoint=True)
         _run(kernel, first, grid, block, [args, adj, ctypes.c_void_p(tape), ctypes.c_int64(0), ctypes.c_int(0),
@@ -250,6 +251,25 @@ def adjoint(kernel, compiled, function, buffer: bytes, adj_buffer: bytes, n: int
     if needs_tape and loaded.read("sp_tape_overflow", ctypes.c_int).value:
         raise RuntimeError(f"internal error: the adjoint of kernel '{kernel.__name__}' overflowed its measured "
                            f"tape ({capacity} words per thread); please report this with the kernel's source")
+
+
+# Threads a block of sp_zero_halo (targets.py): a row's two ends at an 8th-order stencil's radius, or
+# a whole row outside the launch in strides of this many.
+_HALO_BLOCK = 64
+
+
+def _zero_halo(kernel, loaded, gather, dims: tuple, count: int, tape: int, ordinal: int) -> None:
+    """Zero a halo form's scratch arrays beyond the launch over `dims` (`count` elements each, at
+    `tape`): sp_zero_halo, a block per row of the grown launch's innermost axis, before the
+    pointwise pass stores the rest (the stream orders them)."""
+    pad, arrays = gather.halo, gather.scratch_arrays
+    assert len(dims) <= 4 and len(arrays) <= 8        # sp_halo_t's room: tid()'s axes, transpose.MAX_ROOTS
+    fields = [*dims, *(0,) * (4 - len(dims)), *pad, *(0,) * (4 - len(pad)),
+              *(offset for offset, _ in arrays), *(0,) * (8 - len(arrays)),
+              *(size for _, size in arrays), *(0,) * (8 - len(arrays)), len(dims), len(arrays), count]
+    rows = math.prod(e + 2 * p for e, p in zip(dims[:-1], pad[:-1]))
+    _run(kernel, loaded.function("sp_zero_halo", adjoint=True), rows, _HALO_BLOCK,
+         [_by_value(struct.pack(f"<{len(fields)}q", *fields)), ctypes.c_void_p(tape)], ordinal)
 
 
 def zero_async(ptr: int, nbytes: int, stream) -> None:

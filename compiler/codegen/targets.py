@@ -69,6 +69,29 @@ extern "C" __global__ void sp_apply_adds(const int64_t* counts, int64_t chunks, 
             else *(float*)e.p = (float)((double)*(float*)e.p + e.d);
         }
 }
+// Before a halo form's pointwise pass (which stores the launch's elements), zeros in its scratch
+// arrays beyond the launch (GatherAdjoint.halo; backends/cuda_launch.py): block r takes row r of the
+// innermost axis of the launch grown by the halo, zeroing it whole where its outer indices lie
+// outside the launch, else its two ends. A memset of the whole scratch was one more array pass.
+struct __align__(8) sp_halo_t { int64_t extent[4], pad[4], offset[8], size[8], ndim, arrays, n; };
+extern "C" __global__ void sp_zero_halo(const __grid_constant__ sp_halo_t h, char* scratch) {
+    const int last = (int)h.ndim - 1;
+    int64_t r = blockIdx.x;
+    bool outside = false;
+    for (int k = last - 1; k >= 0; --k) {
+        const int64_t grown = h.extent[k] + 2 * h.pad[k], at = r % grown;
+        r /= grown;
+        outside = outside || at < h.pad[k] || at >= h.pad[k] + h.extent[k];
+    }
+    const int64_t end = h.pad[last], width = h.extent[last] + 2 * end, row = (int64_t)blockIdx.x * width;
+    const int64_t count = outside ? width : 2 * end;
+    for (int a = 0; a < (int)h.arrays; ++a)
+        for (int64_t j = threadIdx.x; j < count; j += blockDim.x) {
+            char* p = scratch + h.n * h.offset[a] + (row + (outside || j < end ? j : width - 2 * end + j)) * h.size[a];
+            if (h.size[a] % 4 == 0) for (int b = 0; b < (int)h.size[a]; b += 4) *(uint32_t*)(p + b) = 0u;
+            else for (int b = 0; b < (int)h.size[a]; ++b) p[b] = 0;
+        }
+}
 """
 
 # Threads per CUDA block; the launcher must use the same number (`__launch_bounds__`).

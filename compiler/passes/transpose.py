@@ -48,7 +48,8 @@ thread then runs one branch-free pass, p - c read without clamping and without a
 variants near the faces, whose threads are a large share of a 3-D launch. What stays guarded runs
 at thread p itself (the zero-offset pass), as selects (bit blends on the CPU: GCC leaves a float
 select on a partly loop-invariant test scalar, which made the pass 4x slower). Each launch zeroes
-the halo (memsets along its rows: at 64^3 and radius 4, 42% as many elements as the launch). On an
+the halo (memsets along its rows: at 64^3 and radius 4, 42% as many elements as the launch; on a
+GPU a kernel of a block per row, sp_zero_halo). On an
 AVX2 machine the 3-D 64^3 float32 wave adjoints went from 1.8-3.4x their forward to 1.8-2.6x, the
 FWI stencil's (damping constant) from 2.7-3.5x to 2.3-2.7x.
 
