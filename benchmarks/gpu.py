@@ -14,7 +14,8 @@ Writes a Markdown table (default benchmarks/results/gpu.md) with:
 - our own alternatives side by side: native loops (recomputations as CUDA graphs, recordings
   reversed at once without a tape) against launch by launch through the tape, the reversals alone,
   and disk snapshots copied asynchronously against synchronously;
-- the nonlinear wave's adjoint kernel under the gather form's launch bounds against 2 blocks an SM;
+- the nonlinear wave's adjoint kernel under the gather form's launch bounds against 2 blocks an SM,
+  and the 8th-order FWI update's as the FWI gradient launches it against half the gather bound;
 - the adjoint / forward kernel time of each stencil spelling, 2nd/4th/8th order, 4096^2 and 256^3,
   float32 and float64 (benchmarks/kernel_spellings.py, a table of its own).
 Every number is the median of interleaved rounds (A B A B ...), with the spread (min-max). Peers
@@ -315,6 +316,30 @@ def gather_bound(rows: list, n: int, rounds: int) -> None:
                  summary([a / b for a, b in zip(t["ours"], t["peer"])])))
 
 
+def fwi_bound(rows: list, n2: int, n3: int, rounds: int) -> None:
+    """The float32 8th-order FWI update's adjoint kernel as the FWI gradient launches it, 2-D and 3-D,
+    with the gather form's passes at targets.CUDA_GATHER_MIN_BLOCKS_PER_SM blocks an SM (32
+    registers: ptxas 13.0 spills 64 bytes a thread in the 2-D transposed pass, 160 in the 3-D one)
+    against half as many (64 registers, no spills): which costs more, spills or occupancy."""
+    import stepper as sp
+    import kernel_spellings
+    from compiler.codegen import targets
+    from gpu_launch_bounds import calls_under_bounds
+    forward, gather = targets.CUDA_MIN_BLOCKS_PER_SM, targets.CUDA_GATHER_MIN_BLOCKS_PER_SM
+    for case, shape in (("2:8", (n2, n2)), ("3:8", (n3,) * 3)):
+        shared = kernel_spellings._shared_arguments(shape, sp.float32, np.random.default_rng(0), 8, "cuda")
+        built = calls_under_bounds(case, sp.float32, shape, shared, [(forward, gather), (forward, gather // 2)],
+                                   as_launched=True)
+        calls = {"ours": built[("fwi", forward, gather)][1], "peer": built[("fwi", forward, gather // 2)][1]}
+        t = {label: [] for label in calls}
+        for _ in range(rounds):
+            for label, adjoint in calls.items():
+                t[label].append(kernel_spellings._seconds(adjoint, device="cuda"))
+        rows.append((f"FWI {len(shape)}-D {shape[0]}^{len(shape)} 8th-order adjoint kernel as launched, gather passes "
+                     f"at {gather} blocks an SM", "us", summary(t["ours"], 1e6), f"{gather // 2} blocks an SM",
+                     summary(t["peer"], 1e6), summary([a / b for a, b in zip(t["ours"], t["peer"])])))
+
+
 def kernel_spellings(quick: bool, rounds: int, failed: list) -> list[str]:
     """The kernel spellings' table on the GPU (rows printed as they come), or [] where it failed."""
     from kernel_spellings import kernel_table
@@ -370,6 +395,7 @@ def main(argv=None) -> int:
     for n, steps, snapshots in ([(16, 20, 4)] if args.quick else [(256, 10_000, 100), (2048, 1_000, 30)]):
         section(wave, n, steps, snapshots, rounds)
     section(gather_bound, 24 if args.quick else 2048, rounds)
+    section(fwi_bound, 24 if args.quick else 4096, 10 if args.quick else 256, rounds)
     with tempfile.TemporaryDirectory() as scratch:
         section(own_alternatives, 16 if args.quick else 256, 60 if args.quick else 2_000, rounds, Path(scratch))
     spellings = [] if args.no_spellings else kernel_spellings(args.quick, rounds, failed)

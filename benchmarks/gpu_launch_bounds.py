@@ -58,18 +58,22 @@ def _arguments(name: str, shared: dict) -> list:
     return [shared["up"], shared["u"], C, B, up_next, shared["u_next"]]
 
 
-def calls_under_bounds(case: str, dtype, shape: tuple, shared: dict, bounds) -> dict:
+def calls_under_bounds(case: str, dtype, shape: tuple, shared: dict, bounds, as_launched: bool = False) -> dict:
     """{(kernel name, forward blocks, gather blocks): (forward call, adjoint call, its arguments)}
     for each (forward, gather) pair of `bounds`: the case's kernels built and first launched under
     those bounds (their CUDA source is rendered then), the defaults restored after. The arguments
-    stay beside the calls: they hold the launches' pointers."""
+    stay beside the calls: they hold the launches' pointers. `as_launched`: `fwi` alone, as the FWI
+    gradient launches it (kernel_spellings.CONSTANT_DAMPING: no gradient for the damping, `up`'s
+    overwritten)."""
     defaults = targets.CUDA_MIN_BLOCKS_PER_SM, targets.CUDA_GATHER_MIN_BLOCKS_PER_SM
     calls = {}
     try:
         for forward, gather in bounds:
             for name, k in _built(case, dtype, forward, gather).items():
-                kernel_args = _arguments(name, shared)
-                call = kernel_spellings._calls(k, shape, kernel_args, "cuda")
+                if as_launched and name != "fwi":
+                    continue
+                kernel_args = _arguments(name, {**shared, "damp": shared["damp_constant"]} if as_launched else shared)
+                call = kernel_spellings._calls(k, shape, kernel_args, "cuda", fresh=[shared["up"]] if as_launched else ())
                 call[0](), call[1]()
                 calls[(name, forward, gather)] = (*call, kernel_args)
     finally:

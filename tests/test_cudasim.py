@@ -373,6 +373,8 @@ def test_the_gpu_command_runs(tmp_path):
                 "| wave 16^2, 60 steps, Revolve-10 gradient, native loops |",
                 "| wave 16^2, 60 steps, Revolve-10 gradient, reversals without a tape |",
                 "| wave 16^2, 60 steps, MultiLevel(2 RAM, 8 HDF5) gradient, async snapshot copies |",
+                "| FWI 2-D 24^2 8th-order adjoint kernel as launched, gather passes at 8 blocks an SM |",
+                "| FWI 3-D 10^3 8th-order adjoint kernel as launched, gather passes at 8 blocks an SM |",
                 "| 2-D 24^2 | 2 | float32 | unrolled |", "| 3-D 8^3 | 2 | float32 | fwi, damping constant |"):
         assert row in table
 
