@@ -165,9 +165,9 @@ def interior_nest(ndim: int, edge: str, middle: str, interior, private, prelude:
     last_edge = f"for (int32_t i{k} = b; i{k} < {_stop(k)}; ++i{k}) "
     middle_loop = f"{hint}for (int32_t i{k} = a; i{k} < b; ++i{k}) {middle}"
     if prefetch is not None and k > 0:
-        test, prefetches, block = prefetch
+        test, setup, prefetches, block = prefetch
         box.append(f"    const bool pf = {test};")
-        middle_loop = f"if (pf) {{ {blocked(k, hint, middle, block, prefetches)} }} else {{ {middle_loop} }}"
+        middle_loop = f"if (pf) {{ {blocked(k, hint, middle, block, setup, prefetches)} }} else {{ {middle_loop} }}"
     runs = [f"{pad}{first_edge}{edge}", f"{pad}{middle_loop}", f"{pad}{last_edge}{edge}"]
     if row_end is None and any(edge_sides):
         for side, variant in zip("fl", edge_sides):

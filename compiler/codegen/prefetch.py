@@ -63,34 +63,39 @@ def streams(fn: ir.Function, grads: int | None = None) -> list[tuple[str, tuple[
     return out
 
 
-def plan(fn: ir.Function, grads: int | None = None) -> tuple[str, str, int] | None:
-    """(a C++ test, made once a launch, that prefetching pays; the prefetches of a block of
-    columns c0 <= c < c1 of the row at i0, i1, ...; the block's threads), or None where `fn` streams
-    nothing from rows ahead (`grads` as streams')."""
+def plan(fn: ir.Function, grads: int | None = None) -> tuple[str, str, str, int] | None:
+    """(a C++ test, made once a launch, that prefetching pays; the row's setup, made once a row of
+    i0, i1, ...: each stream's row ahead; the prefetches of a block of columns c0 <= c < c1; the
+    block's threads), or None where `fn` streams nothing from rows ahead (`grads` as streams')."""
     found = streams(fn, grads)
     if not found:
         return None
     k = fn.tid_ndim - 1
     widest = max(size for *_, size in found)
-    lines = []
-    for name, offsets, written, size in found:
+    setup, lines = [], []
+    for n, (name, offsets, written, size) in enumerate(found):
         at = [f"i{a}" if o == 0 else f"i{a} + {o}" if o > 0 else f"i{a} - {-o}" for a, o in enumerate(offsets)]
         # An interior thread reads its array at every offset but the last axis's, one row on from
-        # one it reads: a row past the array's last (or before its first) is not prefetched.
+        # one it reads: a row past the array's last (or before its first) is not prefetched; its
+        # blocks prefetch the array's first row instead (a real address, in cache after a few
+        # blocks), so that the blocks test nothing: tested at each prefetch, rows of 96 columns
+        # (a 3-D 96^3 FWI pass) spent a tenth of their time in the prefetch loops.
         inside = f"(uint64_t)({at[-1]}) < (uint64_t){name}.shape[{k - 1}]"
-        lines.append(f"if ({inside}) __builtin_prefetch(sp::address({name}, {', '.join(at)}, c), {int(written)});")
+        setup.append(f"const char* const pf{n}_ = {inside} ? (const char*)sp::address({name}, {', '.join(at)}, 0) "
+                     f": (const char*){name}.data;")
+        lines.append(f"__builtin_prefetch(pf{n}_ + (int64_t)c * {size}, {int(written)});")
     stride = max(1, LINE_BYTES // widest)
     body = f"for (int32_t c = c0; c < c1; c += {stride}) {{ {' '.join(lines)} }}"
     bytes_per_thread = sum(size for *_, size in found)
-    return (f"(int64_t)L.n * {bytes_per_thread} >= {PREFETCH_FROM_BYTES}", body,
+    return (f"(int64_t)L.n * {bytes_per_thread} >= {PREFETCH_FROM_BYTES}", " ".join(setup), body,
             max(stride, BLOCK_BYTES // widest))
 
 
-def blocked(k: int, hint: str, call: str, block: int, prefetches: str) -> str:
+def blocked(k: int, hint: str, call: str, block: int, setup: str, prefetches: str) -> str:
     """The middle loop over i{k} from a to b in blocks of `block` threads, each block's prefetches
-    first (cpu_loops.interior_nest runs it where the launch's test holds, the plain loop where not:
-    one loop of blocks whose block was the whole run ran 4-5% slower where the arrays stay in
-    cache, 2-D 304^2 and 560^2 8th-order forwards)."""
-    return (f"for (int32_t c0 = a; c0 < b; c0 += {block}) {{ "
+    first, after the row's `setup` (cpu_loops.interior_nest runs it where the launch's test holds,
+    the plain loop where not: one loop of blocks whose block was the whole run ran 4-5% slower
+    where the arrays stay in cache, 2-D 304^2 and 560^2 8th-order forwards)."""
+    return (f"{setup} for (int32_t c0 = a; c0 < b; c0 += {block}) {{ "
             f"const int32_t c1 = b - c0 > {block} ? c0 + {block} : b; {prefetches} "
             f"{hint}for (int32_t i{k} = c0; i{k} < c1; ++i{k}) {call} }}")
