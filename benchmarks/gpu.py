@@ -306,14 +306,20 @@ def gather_bound(rows: list, n: int, rounds: int) -> None:
     shared = kernel_spellings._shared_arguments((n, n), sp.float32, np.random.default_rng(0), 2, "cuda")
     forward, gather = targets.CUDA_MIN_BLOCKS_PER_SM, targets.CUDA_GATHER_MIN_BLOCKS_PER_SM
     built = calls_under_bounds("wave", sp.float32, (n, n), shared, [(forward, gather), (forward, forward)])
-    calls = {"ours": built[("wave", forward, gather)][1], "peer": built[("wave", forward, forward)][1]}
-    t = {label: [] for label in calls}
+    rows.append(_adjoints_row(f"wave {n}^2 adjoint kernel, gather passes at {gather} blocks an SM",
+                              built[("wave", forward, gather)][1], f"{forward} blocks an SM",
+                              built[("wave", forward, forward)][1], rounds))
+
+
+def _adjoints_row(label: str, ours, peer_label: str, peer, rounds: int) -> tuple:
+    """A table row timing two adjoint calls on the GPU, interleaved over `rounds`, in us."""
+    import kernel_spellings
+    t = {"ours": [], "peer": []}
     for _ in range(rounds):
-        for label, adjoint in calls.items():
-            t[label].append(kernel_spellings._seconds(adjoint, device="cuda"))
-    rows.append((f"wave {n}^2 adjoint kernel, gather passes at {gather} blocks an SM", "us",
-                 summary(t["ours"], 1e6), f"{forward} blocks an SM", summary(t["peer"], 1e6),
-                 summary([a / b for a, b in zip(t["ours"], t["peer"])])))
+        for key, adjoint in (("ours", ours), ("peer", peer)):
+            t[key].append(kernel_spellings._seconds(adjoint, device="cuda"))
+    return (label, "us", summary(t["ours"], 1e6), peer_label, summary(t["peer"], 1e6),
+            summary([a / b for a, b in zip(t["ours"], t["peer"])]))
 
 
 def fwi_bound(rows: list, n2: int, n3: int, rounds: int) -> None:
@@ -330,14 +336,9 @@ def fwi_bound(rows: list, n2: int, n3: int, rounds: int) -> None:
         shared = kernel_spellings._shared_arguments(shape, sp.float32, np.random.default_rng(0), 8, "cuda")
         built = calls_under_bounds(case, sp.float32, shape, shared, [(forward, gather), (forward, gather // 2)],
                                    as_launched=True)
-        calls = {"ours": built[("fwi", forward, gather)][1], "peer": built[("fwi", forward, gather // 2)][1]}
-        t = {label: [] for label in calls}
-        for _ in range(rounds):
-            for label, adjoint in calls.items():
-                t[label].append(kernel_spellings._seconds(adjoint, device="cuda"))
-        rows.append((f"FWI {len(shape)}-D {shape[0]}^{len(shape)} 8th-order adjoint kernel as launched, gather passes "
-                     f"at {gather} blocks an SM", "us", summary(t["ours"], 1e6), f"{gather // 2} blocks an SM",
-                     summary(t["peer"], 1e6), summary([a / b for a, b in zip(t["ours"], t["peer"])])))
+        rows.append(_adjoints_row(f"FWI {len(shape)}-D {shape[0]}^{len(shape)} 8th-order adjoint kernel as launched, "
+                                  f"gather passes at {gather} blocks an SM", built[("fwi", forward, gather)][1],
+                                  f"{gather // 2} blocks an SM", built[("fwi", forward, gather // 2)][1], rounds))
 
 
 def kernel_spellings(quick: bool, rounds: int, failed: list) -> list[str]:

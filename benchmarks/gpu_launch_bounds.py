@@ -63,8 +63,7 @@ def calls_under_bounds(case: str, dtype, shape: tuple, shared: dict, bounds, as_
     for each (forward, gather) pair of `bounds`: the case's kernels built and first launched under
     those bounds (their CUDA source is rendered then), the defaults restored after. The arguments
     stay beside the calls: they hold the launches' pointers. `as_launched`: `fwi` alone, as the FWI
-    gradient launches it (kernel_spellings.CONSTANT_DAMPING: no gradient for the damping, `up`'s
-    overwritten)."""
+    gradient launches it (kernel_spellings.launched_calls)."""
     defaults = targets.CUDA_MIN_BLOCKS_PER_SM, targets.CUDA_GATHER_MIN_BLOCKS_PER_SM
     calls = {}
     try:
@@ -72,8 +71,11 @@ def calls_under_bounds(case: str, dtype, shape: tuple, shared: dict, bounds, as_
             for name, k in _built(case, dtype, forward, gather).items():
                 if as_launched and name != "fwi":
                     continue
-                kernel_args = _arguments(name, {**shared, "damp": shared["damp_constant"]} if as_launched else shared)
-                call = kernel_spellings._calls(k, shape, kernel_args, "cuda", fresh=[shared["up"]] if as_launched else ())
+                if as_launched:
+                    *call, kernel_args = kernel_spellings.launched_calls(k, shape, shared, "cuda")
+                else:
+                    kernel_args = _arguments(name, shared)
+                    call = kernel_spellings._calls(k, shape, kernel_args, "cuda")
                 call[0](), call[1]()
                 calls[(name, forward, gather)] = (*call, kernel_args)
     finally:

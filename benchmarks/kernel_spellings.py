@@ -108,6 +108,14 @@ def _arguments(name: str, shared: dict) -> list:
     return [shared[role] for role in roles]
 
 
+def launched_calls(kernel, shape, shared: dict, device: str = "cpu") -> tuple:
+    """(forward call, adjoint call, the arguments they need alive) of `fwi` (`kernel`) as the FWI
+    gradient launches it (CONSTANT_DAMPING): the damping field without a gradient, `up`'s
+    gradient new memory that the adjoint overwrites."""
+    args = _arguments("fwi", {**shared, "damp": shared["damp_constant"]})
+    return (*_calls(kernel, shape, args, device, fresh=[shared["up"]]), args)
+
+
 def _seconds(call, budget: float = 0.02, device: str = "cpu") -> float:
     """Seconds per call: calls repeated until `budget` has passed. On a GPU the calls are queued in
     batches that double, timed from one synchronisation to the next, so that the queue stays full
@@ -169,9 +177,7 @@ def kernel_table(orders, ndims, dtypes, n2: int, n3: int, rounds: int, before: s
                         for name, k in kernels.items():
                             args = _arguments(name, shared)
                             calls[(variant, name)] = (*_calls(k, shape, args, device), args)
-                        args = _arguments("fwi", {**shared, "damp": shared["damp_constant"]})
-                        calls[(variant, CONSTANT_DAMPING)] = (*_calls(kernels["fwi"], shape, args, device,
-                                                                      fresh=[shared["up"]]), args)
+                        calls[(variant, CONSTANT_DAMPING)] = launched_calls(kernels["fwi"], shape, shared, device)
                 times = {key: ([], []) for key in calls}
                 for key, (forward, adjoint, _) in calls.items():      # warm up (and compile)
                     forward(), adjoint()

@@ -28,8 +28,7 @@ import stencil_spellings  # noqa: E402
 def calls_of(kernels: dict, name: str, shared: dict, shape: tuple) -> tuple:
     """(forward call, adjoint call, the arguments they need alive) of kernel `name`."""
     if name == "fwi_dc":
-        args = ks._arguments("fwi", {**shared, "damp": shared["damp_constant"]})
-        return (*ks._calls(kernels["fwi"], shape, args, "cpu", fresh=[shared["up"]]), args)
+        return ks.launched_calls(kernels["fwi"], shape, shared)
     args = ks._arguments(name, shared)
     return (*ks._calls(kernels[name], shape, args, "cpu"), args)
 

@@ -155,9 +155,7 @@ def test_the_gpu_zeroes_the_halo_and_nothing_else(extents, pad, arrays, device):
     from compiler.runtime.device import get_device
     count = int(np.prod([e + 2 * p for e, p in zip(extents, pad)]))
     per_element = (sum(size for _, size in arrays) + 7) // 8 * 8
-    junk = np.full(count * per_element // 8, np.nan).view(np.uint8)
-    junk[:] = 0xAB
-    scratch = sp.array(junk.view(np.float64), device=device)
+    scratch = sp.array(np.full(count * per_element, 0xAB, dtype=np.uint8).view(np.float64), device=device)
     kernel = corpus(8, 2)["fwi"]
     dev = get_device(device)
     loaded = cuda_launch.cuda_module(kernel.module, False, dev)
