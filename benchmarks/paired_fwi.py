@@ -12,7 +12,7 @@ gradient is zero-filled and the copy's adjoint adds into it. `--before adjoint-t
 passes read the coefficient table through its pointer at every thread (before compiler/codegen/
 memory.py `table_takers`; each side runs a model of its own, built and compiled under its switch).
 `--before passes-in-turn`: a two-pass adjoint's passes run one after the other over the whole grid,
-not interleaved by blocks of rows (before compiler/codegen/cpu_loops.py `interleaved`). Builds
+their scratch arrays whole, not by blocks of rows in a window (before compiler/codegen/scratch.py). Builds
 Devito's problem once (cached in /tmp). `--before no-prefetch`: the CPU loop nests do not prefetch the
 next row's streams (before compiler/codegen/prefetch.py).
 

@@ -16,7 +16,7 @@ import stepper
 from compiler import ir
 from compiler.errors import CompileError
 from compiler.passes.verify import verify
-from gather_forms import (assert_one_pass_bits, corpus, exact_copy, gradients, inputs, one_pass_copy,
+from gather_forms import (assert_one_pass_bits, corpus, exact_copy, gradients, inputs, no_halo_copy, one_pass_copy,
                           stencil_spellings, with_faces, without)
 
 F1 = sp.array(dtype=sp.float64)
@@ -465,26 +465,75 @@ def test_a_constant_coefficient_table_leaves_a_deterministic_adjoint_parallel():
     assert serial_flag(True) == 2       # the table's gradient: logged adds, in fixed chunks
 
 
-@pytest.mark.parametrize("kernel, shape, reach", [
-    (corpus(8, 2)["fwi"], (60, 70), 4), (corpus(4, 3)["fwi"], (20, 17, 16), 2),
-    (corpus(8, 3)["table"], (19, 11, 14), 4),
-    (corpus(2, 3)["neighbours"], (9, 7, 8), 1)])
-def test_passes_interleaved_by_rows_give_the_bits_of_the_passes_in_turn(kernel, shape, reach, monkeypatch):
+G2 = sp.array(dtype=sp.float32, ndim=2)
+
+
+@sp.kernel
+def two_roots(u: F2, v: G2, m: F2, damp: F2, out: F2):
+    """Two scratch arrays of different element sizes (the roots of u's float64 stencil and of v's
+    float32 one), without a halo."""
+    i, j = sp.tid()
+    n, k = u.shape[0], u.shape[1]
+    value = sp.float64(0.0)
+    if i >= 2 and j >= 1 and i < n - 2 and j < k - 1:
+        d = damp[i, j]
+        lap = u[i + 2, j] + u[i - 2, j] + u[i, j + 1] + u[i, j - 1] - 4.0 * u[i, j]
+        dv = v[i + 1, j] - v[i - 1, j]
+        value = (m[i, j] * lap + sp.float64(dv * dv * dv)) / (1.0 + d)
+    out[i, j] = value
+
+
+@sp.kernel
+def two_laplacians(u: F2, v: G2, m: F2, damp: F2, out: F2):
+    """Two scratch arrays in the halo form, its halo two rows deep along the first axis."""
+    i, j = sp.tid()
+    n, k = u.shape[0], u.shape[1]
+    value = sp.float64(0.0)
+    if i >= 2 and j >= 1 and i < n - 2 and j < k - 1:
+        d = damp[i, j]
+        lap = u[i + 2, j] + u[i - 2, j] + u[i, j + 1] + u[i, j - 1] - 4.0 * u[i, j]
+        lv = v[i + 1, j] + v[i - 1, j] - sp.float32(2.0) * v[i, j]
+        value = (m[i, j] * lap + sp.float64(lv) * d) / (1.0 + d)
+    out[i, j] = value
+
+
+def _typed_gradients(kernel, shape, values, w, deterministic):
+    """`gradients`, each input in its parameter's dtype (kernels that mix float32 and float64)."""
+    params = kernel.compiled().forward.params
+    arrays = [sp.array(v.astype(p.type.dtype.np_dtype), requires_grad=True) for v, p in zip(values, params)]
+    out_type = params[-1].type.dtype
+    out = sp.zeros(shape, dtype=out_type, requires_grad=True)
+    tape = sp.Tape(deterministic=deterministic)
+    with tape:
+        sp.launch(kernel, shape, inputs=arrays, outputs=[out])
+    tape.backward(grads={out: w.astype(out_type.np_dtype)})
+    return [a.grad.numpy() for a in arrays]
+
+
+@pytest.mark.parametrize("kernel, shape, reach, arrays", [
+    (corpus(8, 2)["fwi"], (60, 70), 4, 1), (corpus(4, 3)["fwi"], (20, 17, 16), 2, 1),
+    (corpus(8, 3)["table"], (19, 11, 14), 4, 1), (corpus(8, 3, sp.float32)["fwi"], (21, 12, 13), 4, 1),
+    (corpus(2, 3)["neighbours"], (9, 7, 8), 1, 1), (no_halo_copy(corpus(4, 2)["fwi"]), (23, 30), 2, 1),
+    (two_roots, (31, 17), 2, 2), (two_laplacians, (29, 19), 2, 2)])
+def test_passes_by_windows_of_rows_give_the_bits_of_the_passes_in_turn(kernel, shape, reach, arrays, monkeypatch):
     """A two-pass form's passes run by blocks of rows of the first axis, the transposed pass a
-    stencil radius behind the pointwise one (cpu_loops.interleaved; here a row a block): the bits
-    of the passes in turn, on one thread and on several."""
-    from compiler.codegen import cpu_loops
+    stencil radius behind the pointwise one, the scratch arrays a window of rows that moves along
+    (codegen/scratch.py; here a row a block, so the window moves at every block): the bits of
+    the passes in turn over whole arrays, on one thread and on several; halo and no-halo forms,
+    several scratch arrays of different element sizes."""
+    from compiler.codegen import scratch
     from compiler.codegen.targets import render_cpu
-    monkeypatch.setattr(cpu_loops, "PASS_BLOCK_BYTES", 1)
-    monkeypatch.setattr(cpu_loops, "INTERLEAVE_FROM_BYTES", 0)
-    interleaved, in_turn = without(kernel), without(kernel, reach=None)
-    assert interleaved.compiled().gather.pointwise is not None and interleaved.compiled().gather.reach == reach
-    assert "block_ =" in render_cpu([interleaved.compiled().functions()], False).source
-    assert "block_ =" not in render_cpu([in_turn.compiled().functions()], False).source
+    monkeypatch.setattr(scratch, "BLOCK_BYTES", 1)
+    monkeypatch.setattr(scratch, "WINDOW_FROM_BYTES", 0)
+    windowed, in_turn = without(kernel), without(kernel, reach=None)
+    gather = windowed.compiled().gather
+    assert gather.pointwise is not None and gather.reach == reach and len(gather.scratch_arrays) == arrays
+    assert "window_rows_" in render_cpu([windowed.compiled().functions()], False).source
+    assert "window_rows_" not in render_cpu([in_turn.compiled().functions()], False).source
     values, w = inputs(kernel, shape, seed=6)
-    _, expected = gradients(in_turn, shape, values, w)
+    expected = _typed_gradients(in_turn, shape, values, w, False)
     for deterministic in (False, True):
-        _, got = gradients(interleaved, shape, values, w, deterministic=deterministic)
+        got = _typed_gradients(windowed, shape, values, w, deterministic)
         for a, b in zip(got, expected):
             np.testing.assert_array_equal(a, b)
 

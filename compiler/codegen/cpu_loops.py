@@ -57,7 +57,8 @@ def _stop(axis: int) -> str:
 def gather_call(fn: ir.Function, fast: str, checked: str, tids: str, all_grads: str, tape: str) -> str:
     """One thread of gather-form pass `fn`, with adds logged (the tape is `tape`: a two-pass form's
     scratch memory, or none)."""
-    return (f"sp::tape_t tp = {{{tape}, 1, 0, 0, 0, 0, 0, fresh}};\n"
+    window = ", window_n_, window_at_" if tape == "scratch" else ""     # (codegen/scratch.py)
+    return (f"sp::tape_t tp = {{{tape}, 1, 0, 0, 0, 0, 0, fresh{window}}};\n"
             f"if ({all_grads}) {fn.name}_thread<{fast}>({tids}, L, A, G, tp);\n"
             f"else {fn.name}_thread<{checked}>({tids}, L, A, G, tp);")
 
@@ -298,35 +299,6 @@ def _sided_run(k: int, hint: str, call: str, sides, tag: str, bound: str, first:
     return (f"const int32_t l = (int32_t)({tag}llo > {bound} ? {tag}llo : {bound}); "
             f"{hint}for (int32_t i{k} = {bound}; i{k} < l; ++i{k}) {call} "
             f"{hint}for (int32_t i{k} = l; i{k} < {_stop(k)}; ++i{k}) {side[0]}")
-
-
-# A two-pass form's passes run interleaved (see interleaved) where the launch's roots take at
-# least INTERLEAVE_FROM_BYTES, in blocks of rows holding about PASS_BLOCK_BYTES of them. On the
-# AVX2 machine (32 MiB of L3 a core complex), 8th-order float32 FWI adjoints, interleaved / in
-# turn: 3-D 176^3 0.93-0.95 and 2-D 2056^2 0.90-0.91 (roots 44 and 34 MB); 2-D 1032^2 (9 MB)
-# 0.97-1.00 alone but 1.05 in the Revolve gradient, where the passes in turn find both in cache.
-INTERLEAVE_FROM_BYTES = 16 << 20
-PASS_BLOCK_BYTES = 2 << 20
-
-
-def interleaved(first: str, second: str, reach: int, scratch_bytes: int, apart: str) -> str:
-    """A two-pass gather form's passes (`first`, `second`: their loop nests over rows r0 to r1 of the
-    first axis) run by blocks of rows: the first pass over a block, then the second over the rows
-    whose roots the first has all stored, `reach` rows behind it. The roots the second gathers and
-    the inputs both read are then still in cache, where the passes in turn stream them from memory
-    twice. Each nest runs as it is, its r0 and r1 the block's. One block, the passes in turn, where
-    the roots are few or `apart` (a C++ test that the passes share no memory) fails."""
-    roots = f"(int64_t)L.n * {scratch_bytes}"
-    rows = f"{PASS_BLOCK_BYTES} / ((e0 > 0 ? (int64_t)L.n / e0 : 1) * {scratch_bytes})"
-    block = (f"{roots} < {INTERLEAVE_FROM_BYTES} || !({apart}) ? r1 - r0 : "
-             f"(int32_t)({rows} > 1 ? {rows} : 1)")
-    return (f"    {{\n    const int32_t R0_ = r0, R1_ = r1, block_ = {block};\n    int32_t done_ = R0_;\n"
-            "    for (int32_t p_ = R0_; done_ < R1_; p_ += block_) {\n"
-            "    const int32_t ahead_ = p_ + block_ < R1_ ? p_ + block_ : R1_;\n"
-            "    if (p_ < R1_) { const int32_t r0 = p_, r1 = ahead_;\n" + first + "    }\n"
-            f"    const int32_t upto_ = ahead_ == R1_ ? R1_ : ahead_ - {reach} > done_ ? ahead_ - {reach} : done_;\n"
-            "    if (done_ < upto_) { const int32_t r0 = done_, r1 = upto_;\n" + second + "    }\n"
-            "    done_ = upto_;\n    }\n    }\n")
 
 
 def row_runner(name: str, ndim: int, args: str, template: str | None = None,

@@ -22,7 +22,7 @@ def independent(grads: int | None, *functions: ir.Function) -> bool:
 
 def passes_apart(first: ir.Function, second: ir.Function) -> str | None:
     """A C++ test that no array one pass of a two-pass form writes shares memory with one the other
-    reads or writes, where their rows may then interleave (cpu_loops.interleaved); None where one
+    reads or writes, where their rows may then interleave (scratch.windowed); None where one
     array is both (a pass reads what the other writes, which only the passes in turn keep right)."""
     def arrays(fn):
         reads, writes = set(), set()

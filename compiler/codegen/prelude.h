@@ -528,17 +528,36 @@ struct tape_t {
     int overflow;
     int serial;        // deterministic launch: threads run one after another, so no atomics needed
     int64_t fresh;     // gather forms: bit k set = parameter k's gradient is new memory standing for zeros
+    // a two-pass form's scratch arrays on the CPU (sp::scratch): the elements each holds, and the
+    // first of the launch's elements it holds (codegen/scratch.py: a window of rows, or all of them)
+    int64_t window_n;
+    int64_t window_at;
 };
 // A two-pass gather form's scratch memory (compiler/passes/transpose.py): the launch's first pass
-// stores per-thread values that its second pass reads at neighbouring threads. An array of `n` T
-// (one per thread of the launch, or of a halo form's launch grown by its halo) starts at
-// n * offset bytes (offsets are multiples of T's alignment).
+// stores per-thread values that its second pass reads at neighbouring threads. Element i of an
+// array of `n` T (one per thread of the launch, or of a halo form's launch grown by its halo) lies
+// at n * offset bytes (offsets are multiples of T's alignment) plus i. On the CPU the arrays may
+// hold a window of those elements instead (codegen/scratch.py), as the tape says.
 template <typename T> SP_FUNC T& scratch(const tape_t& tp, int64_t n, int64_t offset, int64_t i) {
-    return ((T*)((char*)tp.base + n * offset))[i]; }
+#ifdef SP_CUDA
+    return ((T*)((char*)tp.base + n * offset))[i];
+#else
+    (void)n;
+    return ((T*)((char*)tp.base + tp.window_n * offset))[i - tp.window_at];
+#endif
+}
 #ifndef SP_CUDA
 // On the CPU a two-pass form's entry runs both passes; its scratch memory is kept per calling thread
 // between launches (no allocation per launch; nothing in it outlives the launch that filled it).
 // On a GPU the runtime passes device memory as the tape (backends/cuda_launch.py).
+// The threads an OpenMP loop of the entry's would share its work among.
+static inline int max_threads() {
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
 static inline uint64_t* scratch_memory(int64_t bytes) {
     static thread_local std::vector<uint64_t> memory;
     if ((int64_t)memory.size() * 8 < bytes) memory.resize((size_t)((bytes + 7) / 8));

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from .. import ir
 from ..builtins import OPS
 from ..passes.interior import writes_own_elements
-from . import cpu_loops as loops, memory, prefetch
+from . import cpu_loops as loops, memory, prefetch, scratch
 from .emit import FunctionEmitter, arg_name, arg_offsets, slot_size
 from .threads import parallel_threshold
 
@@ -173,7 +173,7 @@ CPU = Target(
     # without null checks, which vectorises.
     gather_entry=_CPU_ADJOINT_HEAD + """    const int in_order = serial || L.n < {threshold};
 {extents}
-{logged}{scratch}    if ({all_grads}) {{
+{logged}    if ({all_grads}) {{
 {nest}    }} else {{
 {plain_nest}    }}
     return 0;
@@ -374,7 +374,8 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
     tids = space["tids"]
     if adjoint:     # the gather entry's common case: every gradient present, no tape
         head, private = f"_thread<{fast}>({tids}, L, A, G, tp", ("A", "G")
-        prelude = "sp::tape_t tp = {%s, 1, 0, 0, 0, 0, in_order, fresh};" % ("scratch" if two_pass else "nullptr")
+        prelude = ("sp::tape_t tp = {scratch, 1, 0, 0, 0, 0, in_order, fresh, window_n_, window_at_};" if two_pass
+                   else "sp::tape_t tp = {nullptr, 1, 0, 0, 0, 0, in_order, fresh};")
     else:
         head, private, prelude = f"_thread({tids}, L, A", ("A",), ""
     call = head + ");"
@@ -453,7 +454,6 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
     # the gather entry without every gradient: the instantiation with null checks, everywhere
     plain_nest = loops.plain_nest(fn.tid_ndim, f"{fn.name}_thread<{checked}>({tids}, L, A, G, tp);", private, prelude,
                                   threshold)
-    scratch = ""
     if two_pass is not None:
         # the pointwise pass first, over every thread (an OpenMP loop ends with a barrier)
         first, first_interior = two_pass.pointwise, two_pass.pointwise_interior
@@ -492,20 +492,10 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
             first_plain = loops.either_logged(first_plain, first, *logged_args, tape="scratch")
         apart = memory.passes_apart(first, fn) if fn.tid_ndim > 1 and not logs_adds else None
         if two_pass.reach is not None and apart is not None:
-            nest = loops.interleaved(first_nest, nest, two_pass.reach, two_pass.scratch_bytes, apart)
-        else:
-            nest = "    {\n" + first_nest + "    }\n    {\n" + nest + "    }\n"     # scopes: each its own box
-        plain_nest = first_plain + plain_nest
-        scratch = f"    uint64_t* const scratch = sp::scratch_memory(L.n * {two_pass.scratch_bytes});\n"
-        if two_pass.halo:       # (GatherAdjoint.halo) arrays over the launch grown by the halo, zeros there
-            ndim = fn.tid_ndim
-            count = " * ".join(f"(int64_t)(e{k} + {2 * pad})" for k, pad in enumerate(two_pass.halo))
-            extents = ", ".join(f"(int64_t)e{k}" for k in range(ndim))
-            scratch = (f"    const int64_t scratch_n = {count};\n"
-                       f"    uint64_t* const scratch = sp::scratch_memory(scratch_n * {two_pass.scratch_bytes});\n"
-                       f"    {{ const int64_t e_[] = {{{extents}}}, pad_[] = {{{', '.join(map(str, two_pass.halo))}}};\n"
-                       + "".join(f"      sp::zero_halo((char*)scratch + scratch_n * {offset}, {size}, {ndim}, e_, pad_);\n"
-                                 for offset, size in two_pass.scratch_arrays) + "    }\n")
+            nest = scratch.windowed(first_nest, nest, two_pass, fn.tid_ndim, apart, "in_order")
+        else:       # (scopes: each pass its own box)
+            nest = scratch.whole(two_pass, fn.tid_ndim) + "    {\n" + first_nest + "    }\n    {\n" + nest + "    }\n"
+        plain_nest = scratch.whole(two_pass, fn.tid_ndim) + first_plain + plain_nest
     logged = ""
     if target is CPU and memory.adds_into_memory(fn):
         if not adjoint:
@@ -523,7 +513,7 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
     entry = entry_template.format(
         name=fn.name, size=buffer_size(fn.params), threshold=threshold, block=CUDA_BLOCK_SIZE,
         min_blocks=_min_blocks(fn, entry_template is target.gather_entry), logged=logged, fast=fast, checked=checked,
-        all_grads=runs_fast, nest=nest, plain_nest=plain_nest, box=box, pick=pick, scratch=scratch, **space)
+        all_grads=runs_fast, nest=nest, plain_nest=plain_nest, box=box, pick=pick, **space)
     return "\n".join(lines) + "\n" + entry
 
 

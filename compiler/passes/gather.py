@@ -117,6 +117,7 @@ def gather_adjoint(adjoint: ir.Function, two_pass: bool = True, halo: bool = Tru
         found = transpose.roots(body, [s for s in gathered if s.array.param.name not in local
                                        and site_offset[id(s)] != zero], loaded=ndim >= 3)
     offsets, scratch_bytes = transpose.scratch_layout(found) if found else (None, 0)
+    arrays = tuple((offsets[t.id], t.type.size) for t in found.values()) if found else ()
     # (a periodic or clamped index along the first axis may gather from its far end)
     reach = None if any(axis == 0 for axis, _ in extent_bounds) else max(abs(c[0][0]) for c in passes)
     skip = local if found else set()
@@ -130,7 +131,6 @@ def gather_adjoint(adjoint: ir.Function, two_pass: bool = True, halo: bool = Tru
         # (reassociate.py) then round alike everywhere: the same bits from every entry and device.
         fn, middle, pad, zero_roots = halo_form
         pointwise = _pointwise_passes(adjoint, body, eligible, local, found, offsets, source, same, zero_roots, pad)
-        arrays = tuple((offsets[t.id], t.type.size) for t in found.values())
         everywhere = _tables_or_zero(fn, adjoint.name.replace("_adjoint", "") + "_gather")
         fields = dict(pointwise_sides=pointwise[2], pointwise_row_sides=pointwise[3], halo=pad, scratch_arrays=arrays,
                       reach=reach)
@@ -210,7 +210,7 @@ def gather_adjoint(adjoint: ir.Function, two_pass: bool = True, halo: bool = Tru
                  if found else (None, None, None, ()))
     return GatherAdjoint(build(True), interior, tuple(eligible), scatters, source, widens, extent_bounds,
                          *pointwise[:2], scratch_bytes, row, row_end, settled, corner, row_end_sides,
-                         corner_sides, row_sides, bands, *pointwise[2:], reach=reach)
+                         corner_sides, row_sides, bands, *pointwise[2:], scratch_arrays=arrays, reach=reach)
 
 
 def _halo_form(adjoint: ir.Function, body, eligible, source: str, site_offset, site_clamps, gathered, passes,

@@ -80,8 +80,8 @@ class GatherAdjoint:
     # and `row` (the rows outside it, those tests as selects). () for the other forms, whose
     # arrays span the launch.
     halo: tuple = ()
-    # (byte offset per element of the arrays, bytes per element) of each scratch array: what a
-    # launch of a halo form zeroes beyond the launch
+    # (byte offset per element of the arrays, bytes per element) of each scratch array (two-pass
+    # forms): what a launch of a halo form zeroes beyond the launch, what a CPU window moves
     scratch_arrays: tuple = ()
     # two-pass forms: the most rows of the first axis between a thread of the transposed pass and a
     # thread whose roots it gathers (the stencil's radius along that axis); None where a periodic
