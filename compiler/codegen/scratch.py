@@ -63,7 +63,7 @@ def windowed(first: str, second: str, form, ndim: int, apart: str, in_order: str
     thread (its blocks are then one thread's)."""
     pad0 = form.halo[0] if form.halo else 0
     reach, sizes = form.reach, form.scratch_arrays
-    rows_ahead = 2 * reach + 2 * pad0       # beyond a window's blocks: rows the transposed pass still reads, halos
+    rows_ahead = 2 * reach + 2 * pad0       # beyond a window's block: rows the transposed pass still reads, halos
     moves = "".join(f"                memmove((char*)scratch + window_n_ * {offset}, (char*)scratch + window_n_ * "
                     f"{offset} + (keep_ - window_at_) * {size}, (size_t)(((int64_t)p_ + {pad0}) * plane_ - keep_) "
                     f"* {size});\n" for offset, size in sizes)
