@@ -24,7 +24,7 @@ import numpy as np
 
 import stencil_spellings
 import stepper as sp
-from compiler.codegen import prefetch
+from compiler.codegen import memory, prefetch
 from compiler.kernel import Kernel, KernelModule
 from compiler.passes.adjoint import adjoint_function
 from compiler.passes.gather import gather_adjoint
@@ -44,10 +44,13 @@ BEFORE = {"one-pass": dict(two_pass=False, halo=False), "no-halo": dict(halo=Fal
 
 def _rendered_as(before: str | None):
     """A context in which kernels build as `before` says where it changes how the CPU entries are
-    rendered rather than the form ("no-prefetch": the loops without compiler/codegen/prefetch.py);
+    rendered rather than the form ("no-prefetch": the loops without compiler/codegen/prefetch.py;
+    "whole-scratch": a two-pass form's passes in turn, without compiler/codegen/scratch.py's windows);
     for any other `before`, as they are."""
     if before == "no-prefetch":
         return mock.patch.object(prefetch, "plan", lambda *_, **__: None)
+    if before == "whole-scratch":       # the passes in turn, their scratch arrays over the whole launch
+        return mock.patch.object(memory, "passes_apart", lambda *_: None)
     return contextlib.nullcontext()
 
 
@@ -155,7 +158,9 @@ def kernel_table(orders, ndims, dtypes, n2: int, n3: int, rounds: int, before: s
     (one adjoint copy per offset), "no-halo" (two passes, scratch the launch's size: the forms
     before GatherAdjoint.halo), "not-reassociated" (the halo form, each root times its weight:
     compiler/passes/reassociate.py), "no-prefetch" (the loop nests without prefetching the next
-    row's streams: compiler/codegen/prefetch.py), or None for no such column."""
+    row's streams: compiler/codegen/prefetch.py), "whole-scratch" (a two-pass form's passes in
+    turn over scratch arrays the launch's size, not by windows of rows: compiler/codegen/scratch.py),
+    or None for no such column."""
     rng = np.random.default_rng(0)
     lines = ["| dims | order | dtype | spelling | forward us | adjoint us | adjoint/forward (min-max) | "
              "forward / fastest | adjoint / fastest |" + (f" {before}: adjoint/forward |" if before else ""),

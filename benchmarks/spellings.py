@@ -2,7 +2,8 @@
 
     python benchmarks/spellings.py [--n 256] [--steps 1000] [--snapshots 20] [--rounds 3] [--forward-only]
     python benchmarks/spellings.py --kernels [--orders 2 4 8] [--ndims 2 3] [--dtypes float32 float64]
-                                             [--before one-pass|no-halo|not-reassociated|no-prefetch] [--no-before]
+                                             [--before one-pass|no-halo|not-reassociated|no-prefetch|whole-scratch]
+                                             [--no-before]
 
 `--kernels` times kernels instead of models: the adjoint / forward kernel time of 2nd-, 4th- and
 8th-order stencils in 2-D and 3-D, each spelled unrolled, with a `@sp.func` helper, with a loop over
@@ -187,10 +188,11 @@ def main():
     parser.add_argument("--n3", type=int, default=64, help="--kernels: 3-D grid side")
     parser.add_argument("--no-before", action="store_true", help="--kernels: skip the kernels compiled as before")
     parser.add_argument("--before", default="one-pass",
-                        choices=["one-pass", "no-halo", "not-reassociated", "no-prefetch"],
+                        choices=["one-pass", "no-halo", "not-reassociated", "no-prefetch", "whole-scratch"],
                         help="--kernels: what 'before' is: the one-pass gather form, the two-pass form without "
                              "its halo (scratch the launch's size, variants near the faces), the halo form "
-                             "without summing the roots of one weight first, or the loops without prefetching")
+                             "without summing the roots of one weight first, the loops without prefetching, "
+                             "or the two passes in turn over whole scratch arrays (not windows of rows)")
     parser.add_argument("--device", default="cpu", help="--kernels: where the kernels run (cpu or cuda)")
     args = parser.parse_args()
     if args.kernels:

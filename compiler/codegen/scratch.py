@@ -15,14 +15,17 @@ elements an array, from element window_at of the launch's own numbering on; `who
 """
 from __future__ import annotations
 
-# The passes run by windows where the launch's roots take at least WINDOW_FROM_BYTES, in blocks of
-# rows holding about BLOCK_BYTES of roots per OpenMP thread (a core's L2 holds a block and the
-# rows both passes read beside it); the window holds a block and the rows the transposed pass still
-# reads, which move to its front before each block. Float64 FWI update as launched, windowed / in
-# turn, one core of the Zen 4 VM (benchmarks/README.md): 0.78-0.94 at 2-D 512^2 and 1024^2, 3-D
-# 64^3 and 96^3, 2nd and 8th order; blocks of 128 KiB to 512 KiB, a window of one or two blocks,
-# all within 3% of each other.
-WINDOW_FROM_BYTES = 1 << 20
+# The passes run by windows where the launch's roots take at least WINDOW_FROM_BYTES per OpenMP
+# thread, in blocks of rows holding about BLOCK_BYTES of roots a thread (a core's L2 holds a block
+# and the rows both passes read beside it); the window holds a block and the rows the transposed
+# pass still reads, which move to its front before each block. Float64 FWI update as launched,
+# windowed / in turn, one core of the Zen 4 VM (benchmarks/README.md): 0.78-0.94 at 2-D 512^2 and
+# 1024^2, 3-D 64^3 and 96^3, 2nd and 8th order; blocks of 128 KiB to 512 KiB, a window of one or
+# two blocks, all within 3% of each other. Each block runs each pass as an OpenMP loop of its own,
+# whose fork and join a short launch on several threads does not amortise: 2-D 512^2 (2 MiB of
+# roots) on two threads ran 1.04x slower windowed, 1.56x with both cores busy elsewhere; 1024^2
+# and 96^3 on two threads 0.80 and 0.89 (1.01 and 0.98 with the cores busy).
+WINDOW_FROM_BYTES = 2 << 20
 BLOCK_BYTES = 256 << 10
 
 
@@ -58,8 +61,8 @@ def windowed(first: str, second: str, form, ndim: int, apart: str, in_order: str
     """The passes (`first`, `second`: their loop nests over rows r0 to r1 of the first axis) by
     blocks of rows: the first pass over a block, then the second over the rows whose roots the first
     has all stored, `form.reach` rows behind it, the scratch arrays a window of rows (see the
-    module's docstring). One block, the arrays whole, where the roots are few or `apart` (a C++ test
-    that the passes share no memory) fails. `in_order`: a C++ test that the launch runs on one
+    module's docstring). One block, the arrays whole, where the roots are few for the threads or
+    `apart` (a C++ test that the passes share no memory) fails. `in_order`: a C++ test that the launch runs on one
     thread (its blocks are then one thread's)."""
     pad0 = form.halo[0] if form.halo else 0
     reach, sizes = form.reach, form.scratch_arrays
@@ -78,7 +81,7 @@ def windowed(first: str, second: str, form, ndim: int, apart: str, in_order: str
     const int32_t R0_ = r0, R1_ = r1;
     const int64_t threads_ = {in_order} ? 1 : sp::max_threads();
     const int64_t block_rows_ = {BLOCK_BYTES} * threads_ / (plane_ * {form.scratch_bytes});
-    const int32_t block_ = {roots} < {WINDOW_FROM_BYTES} || !({apart}) || block_rows_ >= R1_ - R0_ ? R1_ - R0_
+    const int32_t block_ = {roots} < {WINDOW_FROM_BYTES} * threads_ || !({apart}) || block_rows_ >= R1_ - R0_ ? R1_ - R0_
         : (int32_t)(block_rows_ > 1 ? block_rows_ : 1);
     int64_t window_rows_ = (int64_t)block_ + {rows_ahead};
     if (window_rows_ > (int64_t)e0 + {2 * pad0}) window_rows_ = (int64_t)e0 + {2 * pad0};
