@@ -37,10 +37,10 @@ def assert_one_pass_bits(kernel, shape, values, w, device, dtype=sp.float64):
     """`kernel`'s gradients: its exact copy's are the one-pass form's bit for bit, its own are
     within rounding of them (a few units in the last place) and the same bits on one thread, in
     order. Returns the one-pass form's."""
-    _, one = gradients(one_pass_copy(kernel), shape, values, w, device, dtype=dtype)
-    _, exact = gradients(exact_copy(kernel), shape, values, w, device, dtype=dtype)
-    _, own = gradients(kernel, shape, values, w, device, dtype=dtype)
-    _, serial = gradients(kernel, shape, values, w, device, deterministic=True, dtype=dtype)
+    _, one = gradients(one_pass_copy(kernel), shape, values, w, device)
+    _, exact = gradients(exact_copy(kernel), shape, values, w, device)
+    _, own = gradients(kernel, shape, values, w, device)
+    _, serial = gradients(kernel, shape, values, w, device, deterministic=True)
     eps = np.finfo(dtype.np_dtype).eps
     for a, b, c, d in zip(exact, one, own, serial):
         np.testing.assert_array_equal(a, b)
@@ -80,15 +80,19 @@ def inputs(kernel, shape, seed):
     return [rng.standard_normal(shape) * s for s in scales], rng.standard_normal(shape)
 
 
-def gradients(kernel, shape, values, w, device="cpu", deterministic=False, dtype=sp.float64, extra=()):
+def gradients(kernel, shape, values, w, device="cpu", deterministic=False, extra=()):
     """(the output, the gradients of the inputs `values`) of `kernel`'s launch, the incoming gradient
-    `w`; `extra`: inputs after those, without gradients (a coefficient table)."""
-    arrays = [sp.array(v.astype(dtype.np_dtype), requires_grad=True, device=device) for v in values]
-    out = sp.zeros(shape, dtype=dtype, requires_grad=True, device=device)
+    `w`, each array in its parameter's dtype; `extra`: inputs after those, without gradients (a
+    coefficient table)."""
+    params = kernel.compiled().forward.params
+    arrays = [sp.array(v.astype(p.type.dtype.np_dtype), requires_grad=True, device=device)
+              for v, p in zip(values, params)]
+    out_dtype = params[-1].type.dtype
+    out = sp.zeros(shape, dtype=out_dtype, requires_grad=True, device=device)
     tape = sp.Tape(deterministic=deterministic)
     with tape:
         sp.launch(kernel, shape, inputs=[*arrays, *extra], outputs=[out])
-    tape.backward(grads={out: w.astype(dtype.np_dtype)})
+    tape.backward(grads={out: w.astype(out_dtype.np_dtype)})
     return out.numpy(), [a.grad.numpy() for a in arrays]
 
 

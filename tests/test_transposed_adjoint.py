@@ -497,19 +497,6 @@ def two_laplacians(u: F2, v: G2, m: F2, damp: F2, out: F2):
     out[i, j] = value
 
 
-def _typed_gradients(kernel, shape, values, w, deterministic):
-    """`gradients`, each input in its parameter's dtype (kernels that mix float32 and float64)."""
-    params = kernel.compiled().forward.params
-    arrays = [sp.array(v.astype(p.type.dtype.np_dtype), requires_grad=True) for v, p in zip(values, params)]
-    out_type = params[-1].type.dtype
-    out = sp.zeros(shape, dtype=out_type, requires_grad=True)
-    tape = sp.Tape(deterministic=deterministic)
-    with tape:
-        sp.launch(kernel, shape, inputs=arrays, outputs=[out])
-    tape.backward(grads={out: w.astype(out_type.np_dtype)})
-    return [a.grad.numpy() for a in arrays]
-
-
 @pytest.mark.parametrize("kernel, shape, reach, arrays", [
     (corpus(8, 2)["fwi"], (60, 70), 4, 1), (corpus(4, 3)["fwi"], (20, 17, 16), 2, 1),
     (corpus(8, 3)["table"], (19, 11, 14), 4, 1), (corpus(8, 3, sp.float32)["fwi"], (21, 12, 13), 4, 1),
@@ -531,9 +518,9 @@ def test_passes_by_windows_of_rows_give_the_bits_of_the_passes_in_turn(kernel, s
     assert "window_rows_" in render_cpu([windowed.compiled().functions()], False).source
     assert "window_rows_" not in render_cpu([in_turn.compiled().functions()], False).source
     values, w = inputs(kernel, shape, seed=6)
-    expected = _typed_gradients(in_turn, shape, values, w, False)
+    _, expected = gradients(in_turn, shape, values, w)
     for deterministic in (False, True):
-        got = _typed_gradients(windowed, shape, values, w, deterministic)
+        _, got = gradients(windowed, shape, values, w, deterministic=deterministic)
         for a, b in zip(got, expected):
             np.testing.assert_array_equal(a, b)
 

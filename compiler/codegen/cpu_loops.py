@@ -55,10 +55,9 @@ def _stop(axis: int) -> str:
 
 
 def gather_call(fn: ir.Function, fast: str, checked: str, tids: str, all_grads: str, tape: str) -> str:
-    """One thread of gather-form pass `fn`, with adds logged (the tape is `tape`: a two-pass form's
-    scratch memory, or none)."""
-    window = ", window_n_, window_at_" if tape == "scratch" else ""     # (codegen/scratch.py)
-    return (f"sp::tape_t tp = {{{tape}, 1, 0, 0, 0, 0, 0, fresh{window}}};\n"
+    """One thread of gather-form pass `fn`, with adds logged (`tape`: the C++ declaring its tape
+    `tp`, over a two-pass form's scratch memory (scratch.tape) or none)."""
+    return (f"{tape}\n"
             f"if ({all_grads}) {fn.name}_thread<{fast}>({tids}, L, A, G, tp);\n"
             f"else {fn.name}_thread<{checked}>({tids}, L, A, G, tp);")
 

@@ -547,9 +547,6 @@ template <typename T> SP_FUNC T& scratch(const tape_t& tp, int64_t n, int64_t of
 #endif
 }
 #ifndef SP_CUDA
-// On the CPU a two-pass form's entry runs both passes; its scratch memory is kept per calling thread
-// between launches (no allocation per launch; nothing in it outlives the launch that filled it).
-// On a GPU the runtime passes device memory as the tape (backends/cuda_launch.py).
 // The threads an OpenMP loop of the entry's would share its work among.
 static inline int max_threads() {
 #ifdef _OPENMP
@@ -558,6 +555,9 @@ static inline int max_threads() {
     return 1;
 #endif
 }
+// On the CPU a two-pass form's entry runs both passes; its scratch memory is kept per calling thread
+// between launches (no allocation per launch; nothing in it outlives the launch that filled it).
+// On a GPU the runtime passes device memory as the tape (backends/cuda_launch.py).
 static inline uint64_t* scratch_memory(int64_t bytes) {
     static thread_local std::vector<uint64_t> memory;
     if ((int64_t)memory.size() * 8 < bytes) memory.resize((size_t)((bytes + 7) / 8));

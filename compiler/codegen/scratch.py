@@ -29,6 +29,12 @@ WINDOW_FROM_BYTES = 2 << 20
 BLOCK_BYTES = 256 << 10
 
 
+def tape(serial: str) -> str:
+    """C++ declaring a thread's tape `tp` over the entry's scratch arrays (as `whole` or `windowed`
+    declare them), `serial` its deterministic flag."""
+    return f"sp::tape_t tp = {{scratch, 1, 0, 0, 0, 0, {serial}, fresh, window_n_, window_at_}};"
+
+
 def _plane(ndim: int, halo: tuple) -> str:
     """The elements of one row of the first axis in a scratch array (C++): the product of the other
     axes' extents, each grown by the halo."""
@@ -109,4 +115,4 @@ def windowed(first: str, second: str, form, ndim: int, apart: str, in_order: str
 """
 
 
-__all__ = ["BLOCK_BYTES", "WINDOW_FROM_BYTES", "whole", "windowed"]
+__all__ = ["BLOCK_BYTES", "WINDOW_FROM_BYTES", "tape", "whole", "windowed"]

@@ -374,8 +374,7 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
     tids = space["tids"]
     if adjoint:     # the gather entry's common case: every gradient present, no tape
         head, private = f"_thread<{fast}>({tids}, L, A, G, tp", ("A", "G")
-        prelude = ("sp::tape_t tp = {scratch, 1, 0, 0, 0, 0, in_order, fresh, window_n_, window_at_};" if two_pass
-                   else "sp::tape_t tp = {nullptr, 1, 0, 0, 0, 0, in_order, fresh};")
+        prelude = scratch.tape("in_order") if two_pass else "sp::tape_t tp = {nullptr, 1, 0, 0, 0, 0, in_order, fresh};"
     else:
         head, private, prelude = f"_thread({tids}, L, A", ("A",), ""
     call = head + ");"
@@ -488,8 +487,8 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
             # what still scatters (a coefficient table's gradient) runs in the pointwise pass: a
             # deterministic launch logs its adds there, in the chunks the one-pass form and the GPU use
             logged_args = (fn.tid_ndim, threshold, fast, checked, tids, all_grads)
-            first_nest = loops.either_logged(first_nest, first, *logged_args, tape="scratch")
-            first_plain = loops.either_logged(first_plain, first, *logged_args, tape="scratch")
+            first_nest = loops.either_logged(first_nest, first, *logged_args, tape=scratch.tape("0"))
+            first_plain = loops.either_logged(first_plain, first, *logged_args, tape=scratch.tape("0"))
         apart = memory.passes_apart(first, fn) if fn.tid_ndim > 1 and not logs_adds else None
         if two_pass.reach is not None and apart is not None:
             nest = scratch.windowed(first_nest, nest, two_pass, fn.tid_ndim, apart, "in_order")
@@ -501,7 +500,8 @@ def _kernel(fn: ir.Function, debug, sites, target: Target, entry_template: str, 
         if not adjoint:
             logged = loops.logged_loop(fn.tid_ndim, threshold, f"{fn.name}_thread({tids}, L, A);", ("A",), "")
         elif entry_template is target.gather_entry:
-            call_logged = loops.gather_call(fn, fast, checked, tids, all_grads, "nullptr")
+            call_logged = loops.gather_call(fn, fast, checked, tids, all_grads,
+                                            "sp::tape_t tp = {nullptr, 1, 0, 0, 0, 0, 0, fresh};")
             logged = loops.logged_loop(fn.tid_ndim, threshold, call_logged, ("A", "G"), "0")
         else:
             logged = loops.logged_loop(fn.tid_ndim, threshold,
