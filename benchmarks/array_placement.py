@@ -1,17 +1,20 @@
 """How much a stencil kernel's time depends on where its arrays lie in memory.
 
 The same compiled kernel, on the same values, with its arrays placed at chosen offsets within their
-4 KiB pages: as NumPy places them (large arrays are mapped pages plus a 16-byte header, so every one
-starts 16 bytes into a page), all at a page start, or staggered by a fixed step per array. Each
+4 KiB pages: as our allocator places them (compiler/runtime/memory.py: on a cache line, 17 lines
+further into its page than the array before), as NumPy places them (large arrays are mapped pages
+plus a 16-byte header, so every one starts 16 bytes into a page), all at a page start, or
+staggered by a fixed step per array. Each
 placement runs in the same process, interleaved over rounds; medians in microseconds, forward and
 adjoint kernel (the compiled entries, as benchmarks/kernel_spellings.py calls them).
 
 Why it matters here: the spelling tables compare kernels run on different arrays, and placement alone
 moved one forward kernel by up to 40%, as much as the spread between spellings that the tables were
-meant to show (benchmarks/results/kernel-spellings.md now runs every spelling on the same arrays).
+meant to show (benchmarks/results/kernel-spellings.md now runs every spelling on the same arrays);
+the allocator staggers its arrays since the twenty-seventh session (benchmarks/README.md).
 
 Run: OMP_NUM_THREADS=1 taskset -c 1 python benchmarks/array_placement.py [--order 8] [--ndim 2]
-[--n 512] [--dtype float32] [--spellings unrolled table fwi] [--rounds 3]
+[--n 512] [--dtype float32] [--spellings unrolled table fwi] [--rounds 3] [--placements allocator numpy]
 """
 import argparse
 import os
@@ -31,7 +34,8 @@ import stencil_spellings  # noqa: E402
 
 PAGE = 4096
 PLACEMENTS = {                     # array k (inputs, then gradients) -> offset within its page, bytes
-    "numpy": None,
+    "allocator": None,
+    "numpy": lambda k: 16,
     "page start": lambda k: 0,
     "step 64": lambda k: 64 * k % PAGE,
     "step 576": lambda k: 576 * k % PAGE,
@@ -76,13 +80,14 @@ def main():
     ap.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     ap.add_argument("--spellings", nargs="+", default=["unrolled", "table", "fwi"])
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--placements", nargs="+", default=list(PLACEMENTS), choices=list(PLACEMENTS))
     args = ap.parse_args()
     dtype = getattr(sp, args.dtype)
     shape = (args.n,) * args.ndim
     kernels = stencil_spellings.kernels(args.order, args.ndim, dtype)
     calls = {}
     for name in args.spellings:
-        for placement in PLACEMENTS:
+        for placement in args.placements:
             arrays = _arguments(name, shape, dtype, args.order, placement)
             forward, adjoint = kernel_spellings._calls(kernels[name], shape, arrays)
             forward(), adjoint()

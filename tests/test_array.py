@@ -327,3 +327,25 @@ def test_compile_error_points_at_the_user_line():
     ranged = CompileError("bad", "m.py", 1, 4, "x = foo(1)", end_col=10)
     assert str(ranged).splitlines()[2] == "        ^~~~~~"
     assert str(CompileError("just a message")) == "just a message"
+
+
+def test_large_cpu_arrays_start_on_a_cache_line_at_staggered_offsets_in_their_pages():
+    """compiler/runtime/memory.py: NumPy put every large array 16 bytes into a page; ours start on a
+    64-byte line, each a step further into its page than the one before, whichever way they are
+    made (new memory, a copy of NumPy data with a dtype conversion, a gradient, a vector dtype): no
+    two of them in the same sets of the cache at the same index."""
+    from compiler.runtime import memory
+    values = np.arange(300 * 300, dtype=np.float64).reshape(300, 300)
+    made = [zeros((300, 300), dtype=float32), array(values, dtype=float32),
+            empty((100, 300), dtype=vec3), array(values, requires_grad=True)]
+    made.append(made[-1].grad)
+    addresses = [a.numpy().ctypes.data for a in made]
+    assert all(address % memory.LINE_BYTES == 0 for address in addresses)
+    offsets = [address % memory.PAGE_BYTES for address in addresses]
+    assert len(set(offsets)) == len(offsets)
+    np.testing.assert_array_equal(made[1].numpy(), values.astype(np.float32))
+    np.testing.assert_array_equal(made[3].numpy(), values)
+    assert not made[0].numpy().any() and not made[4].numpy().any()
+    assert all(a.numpy().flags.c_contiguous and a.numpy().flags.writeable for a in made)
+    small = zeros(16)            # in cache whatever its placement: NumPy's own memory
+    assert small.nbytes < memory.STAGGER_FROM_BYTES and small._data.base is None

@@ -21,7 +21,7 @@ from ..types import ArrayAnnotation, ArrayType, ValueType, float32
 from .arguments import check_device as _check_device, check_grad_dtype as _check_grad_dtype, dtype_arg as _dtype_arg
 from .arguments import MAX_DIMS, infer_dtype as _infer_dtype, shape_arg as _shape_arg
 from .dlpack import adopt, to_dlpack
-from .memory import adopt_cuda, allocate, gpu_device_of, on_device, on_gpu
+from .memory import adopt_cuda, allocate, copied, gpu_device_of, on_gpu
 from .tape import RecordedOp, _describe_array, active_tape, caller_location, settle, settle_for_host
 
 __all__ = ["array", "zeros", "ones", "full", "empty", "zeros_like", "ones_like", "full_like",
@@ -99,7 +99,7 @@ def _from_data(data, dtype, shape, copy: bool, device: str):
             raise ValueError(f"array(data, dtype={dt}): expected data of shape {expected} for {dt} "
                              f"elements, got shape {src.shape}")
     if copy:
-        return on_device(device, np.array(src, dtype=dt.np_dtype, order="C", copy=True)), dt, None
+        return copied(device, src, dt.np_dtype), dt, None
     if device != "cpu":
         raise ValueError(f"{fn}: copy=False adopts host memory as a CPU array; for {device} pass an array "
                          "with __cuda_array_interface__ (CuPy, PyTorch) or use copy=True")

@@ -3,6 +3,7 @@ memory adopted from another library through ``__cuda_array_interface__``. `array
 return: a NumPy ndarray on the CPU, a `DeviceMemory` on a GPU."""
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -17,13 +18,50 @@ def on_device(device: str, values: np.ndarray):
     return values if device == "cpu" else DeviceMemory.from_host(values, get_device(device).ordinal)
 
 
+def copied(device: str, values: np.ndarray, np_dtype):
+    """New memory on `device` holding `values` as `np_dtype`, C-contiguous (on the CPU placed as
+    `allocate` places it)."""
+    if device != "cpu":
+        return on_device(device, np.array(values, dtype=np_dtype, order="C", copy=True))
+    out = host_memory(values.shape, np_dtype, False)
+    np.copyto(out, values, casting="unsafe")
+    return out
+
+
 def allocate(device: str, shape: tuple, np_dtype, zero: bool):
     if device == "cpu":
-        return (np.zeros if zero else np.empty)(shape, np_dtype)
+        return host_memory(shape, np_dtype, zero)
     memory = DeviceMemory.empty(shape, np_dtype, get_device(device).ordinal)
     if zero:
         memory.zero()
     return memory
+
+
+# A CPU array of at least STAGGER_FROM_BYTES starts on a cache line, STAGGER_BYTES further into its
+# page than the array allocated before it. NumPy starts every large array 16 bytes into a page (a
+# mapping plus malloc's header): each 64-byte vector load straddled two cache lines, and a kernel's
+# streams at one index (an FWI adjoint reads and writes a dozen arrays) fell into the same L1 sets.
+# Staggered, float64 FWI updates ran their forward in 0.71-0.86 of the time and their adjoint in
+# 0.71-0.91 (2-D 512^2 and 1024^2, 3-D 64^3 and 96^3; one wave adjoint at 96^3 took 1.06x:
+# benchmarks/README.md). Seventeen lines apart, so that 64 arrays in a row take every line of a
+# page once; a smaller array stays in cache and keeps NumPy's placement.
+PAGE_BYTES = 4096
+LINE_BYTES = 64
+STAGGER_BYTES = 17 * LINE_BYTES
+STAGGER_FROM_BYTES = 64 << 10
+_staggered = itertools.count()
+
+
+def host_memory(shape: tuple, np_dtype, zero: bool) -> np.ndarray:
+    """A new C-contiguous host array (zeros where `zero`), placed as the comment above says: a view
+    into a buffer two pages longer."""
+    nbytes = math.prod(shape) * np.dtype(np_dtype).itemsize
+    if nbytes < STAGGER_FROM_BYTES:
+        return (np.zeros if zero else np.empty)(shape, np_dtype)
+    offset = next(_staggered) * STAGGER_BYTES % PAGE_BYTES
+    raw = (np.zeros if zero else np.empty)(nbytes + 2 * PAGE_BYTES, np.uint8)
+    start = -raw.ctypes.data % PAGE_BYTES + offset          # (malloc's heap aligns to 16 bytes alone)
+    return raw[start:start + nbytes].view(np_dtype).reshape(shape)
 
 
 def on_gpu(data) -> bool:
