@@ -41,6 +41,7 @@ PLACEMENTS = {                     # array k (inputs, then gradients) -> offset 
     "step 576": lambda k: 576 * k % PAGE,
     "step 1024": lambda k: 1024 * k % PAGE,
     "step 1088": lambda k: 1088 * k % PAGE,
+    "step 1088 + 16": lambda k: (16 + 1088 * k) % PAGE,      # (the allocator's, from its first array)
 }
 
 

@@ -330,8 +330,8 @@ def test_compile_error_points_at_the_user_line():
 
 
 def test_large_cpu_arrays_start_on_a_cache_line_at_staggered_offsets_in_their_pages():
-    """compiler/runtime/memory.py: NumPy put every large array 16 bytes into a page; ours start on a
-    64-byte line, each a step further into its page than the one before, whichever way they are
+    """compiler/runtime/memory.py: NumPy put every large array 16 bytes into a page; ours start 16
+    bytes past a 64-byte line, each a step further into its page than the one before, whichever way they are
     made (new memory, a copy of NumPy data with a dtype conversion, a gradient, a vector dtype): no
     two of them in the same sets of the cache at the same index."""
     from compiler.runtime import memory
@@ -340,7 +340,7 @@ def test_large_cpu_arrays_start_on_a_cache_line_at_staggered_offsets_in_their_pa
             empty((100, 300), dtype=vec3), array(values, requires_grad=True)]
     made.append(made[-1].grad)
     addresses = [a.numpy().ctypes.data for a in made]
-    assert all(address % memory.LINE_BYTES == 0 for address in addresses)
+    assert all(address % memory.LINE_BYTES == memory.PAST_LINE_BYTES for address in addresses)
     offsets = [address % memory.PAGE_BYTES for address in addresses]
     assert len(set(offsets)) == len(offsets)
     np.testing.assert_array_equal(made[1].numpy(), values.astype(np.float32))

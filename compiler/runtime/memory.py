@@ -37,17 +37,20 @@ def allocate(device: str, shape: tuple, np_dtype, zero: bool):
     return memory
 
 
-# A CPU array of at least STAGGER_FROM_BYTES starts on a cache line, STAGGER_BYTES further into its
-# page than the array allocated before it. NumPy starts every large array 16 bytes into a page (a
-# mapping plus malloc's header): each 64-byte vector load straddled two cache lines, and a kernel's
-# streams at one index (an FWI adjoint reads and writes a dozen arrays) fell into the same L1 sets.
-# Staggered, float64 FWI updates ran their forward in 0.71-0.86 of the time and their adjoint in
-# 0.71-0.91 (2-D 512^2 and 1024^2, 3-D 64^3 and 96^3; one wave adjoint at 96^3 took 1.06x:
-# benchmarks/README.md). Seventeen lines apart, so that 64 arrays in a row take every line of a
-# page once; a smaller array stays in cache and keeps NumPy's placement.
+# A CPU array of at least STAGGER_FROM_BYTES starts STAGGER_BYTES further into its page than the
+# array allocated before it. NumPy starts every large array 16 bytes into a page (a mapping plus
+# malloc's header), so a kernel's streams at one index (an FWI adjoint reads and writes a dozen
+# arrays) all fell into the same sets of the L1 cache. Staggered by seventeen lines (64 arrays in a
+# row take every line of a page once), float64 FWI updates ran their forward in 0.64-1.02 of NumPy's
+# time and their adjoint in 0.62-0.81 (2-D 512^2 and 1024^2, 3-D 64^3 and 96^3), float32 ones
+# 0.52-0.81, the plain waves 0.72-1.03 (benchmarks/README.md). Each keeps NumPy's 16 bytes past a
+# line: on lines, the 2-D 512^2 waves ran 1.14x (float32 forward) and 1.17x (float64 adjoint)
+# NumPy's time, 0.98 and 0.91 with the 16 bytes (3-D 8th-order float64 kernels ran 8-11% faster on
+# lines, float32 ones 4-10% slower). A smaller array stays in cache and keeps NumPy's placement.
 PAGE_BYTES = 4096
 LINE_BYTES = 64
 STAGGER_BYTES = 17 * LINE_BYTES
+PAST_LINE_BYTES = 16
 STAGGER_FROM_BYTES = 64 << 10
 _staggered = itertools.count()
 
@@ -58,7 +61,7 @@ def host_memory(shape: tuple, np_dtype, zero: bool) -> np.ndarray:
     nbytes = math.prod(shape) * np.dtype(np_dtype).itemsize
     if nbytes < STAGGER_FROM_BYTES:
         return (np.zeros if zero else np.empty)(shape, np_dtype)
-    offset = next(_staggered) * STAGGER_BYTES % PAGE_BYTES
+    offset = (PAST_LINE_BYTES + next(_staggered) * STAGGER_BYTES) % PAGE_BYTES
     raw = (np.zeros if zero else np.empty)(nbytes + 2 * PAGE_BYTES, np.uint8)
     start = -raw.ctypes.data % PAGE_BYTES + offset          # (malloc's heap aligns to 16 bytes alone)
     return raw[start:start + nbytes].view(np_dtype).reshape(shape)
