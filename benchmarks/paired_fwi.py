@@ -14,7 +14,9 @@ memory.py `table_takers`; each side runs a model of its own, built and compiled 
 `--before passes-in-turn`: a two-pass adjoint's passes run one after the other over the whole grid,
 their scratch arrays whole, not by blocks of rows in a window (before compiler/codegen/scratch.py). Builds
 Devito's problem once (cached in /tmp). `--before no-prefetch`: the CPU loop nests do not prefetch the
-next row's streams (before compiler/codegen/prefetch.py).
+next row's streams (before compiler/codegen/prefetch.py). `--before numpy-placement`: CPU arrays where
+NumPy puts them, every large one 16 bytes into a page (before compiler/runtime/memory.py
+`host_memory` staggered them); each side's model and arrays are made under its switch.
 
 Each side's kernels live in a kernel module of their own (peer_impls/fwi_ours.py loaded once a
 side), built the first time it runs, under its switch: the forward's module as well as the
@@ -36,6 +38,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 from peer_impls.devito_peer import build_problem    # noqa: E402
 from compiler.codegen import memory, prefetch        # noqa: E402
+from compiler.runtime import memory as runtime_memory  # noqa: E402
 from stepper.execute.fast import native_loop          # noqa: E402
 from stepper.step import step_context, trace          # noqa: E402
 
@@ -51,7 +54,9 @@ BEFORE = {"3-buffers": _switch(native_loop, name="in_place_renames", off=lambda 
           "loss-first": _switch(trace, step_context, name="loss_reversed_last", off=lambda *_: False),
           "adjoint-tables": _switch(memory, name="table_takers", off=lambda *_: ()),
           "passes-in-turn": _switch(memory, name="passes_apart", off=lambda *_: None),
-          "no-prefetch": _switch(prefetch, name="plan", off=lambda *_: None)}
+          "no-prefetch": _switch(prefetch, name="plan", off=lambda *_: None),
+          "numpy-placement": _switch(runtime_memory, name="host_memory",
+                                     off=lambda shape, np_dtype, zero: (np.zeros if zero else np.empty)(shape, np_dtype))}
 
 
 def runner(side: str, problem: dict, mode: str, snapshots: int):
@@ -79,7 +84,10 @@ def main(argv=None) -> int:
     problem = dict(np.load(path))
     before, after = BEFORE[args.before]
     for mode in args.modes:
-        runs = {side: runner(side, problem, mode, args.snapshots)[0] for side in ("after", "before")}
+        runs = {}
+        for side, switch in (("after", after), ("before", before)):
+            switch()
+            runs[side] = runner(side, problem, mode, args.snapshots)[0]
         times: dict = {"after": [], "before": []}
         for k in range(args.rounds + 1):                     # round 0 compiles and warms up
             pair = [("after", after), ("before", before)]
