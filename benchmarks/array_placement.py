@@ -1,8 +1,8 @@
 """How much a stencil kernel's time depends on where its arrays lie in memory.
 
 The same compiled kernel, on the same values, with its arrays placed at chosen offsets within their
-4 KiB pages: as our allocator places them (compiler/runtime/memory.py: on a cache line, 17 lines
-further into its page than the array before), as NumPy places them (large arrays are mapped pages
+4 KiB pages: as our allocator places them (compiler/runtime/memory.py: 17 lines further into its
+page than the array before, 16 bytes past a line), as NumPy places them (large arrays are mapped pages
 plus a 16-byte header, so every one starts 16 bytes into a page), all at a page start, or
 staggered by a fixed step per array. Each
 placement runs in the same process, interleaved over rounds; medians in microseconds, forward and

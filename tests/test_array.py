@@ -329,10 +329,10 @@ def test_compile_error_points_at_the_user_line():
     assert str(CompileError("just a message")) == "just a message"
 
 
-def test_large_cpu_arrays_start_on_a_cache_line_at_staggered_offsets_in_their_pages():
+def test_large_cpu_arrays_start_16_bytes_past_a_line_at_staggered_offsets_in_their_pages():
     """compiler/runtime/memory.py: NumPy put every large array 16 bytes into a page; ours start 16
-    bytes past a 64-byte line, each a step further into its page than the one before, whichever way they are
-    made (new memory, a copy of NumPy data with a dtype conversion, a gradient, a vector dtype): no
+    bytes past a 64-byte line, each a step further into its page than the one before, whichever way
+    they are made (new memory, a copy of NumPy data with a dtype conversion, a gradient, a vector dtype): no
     two of them in the same sets of the cache at the same index."""
     from compiler.runtime import memory
     values = np.arange(300 * 300, dtype=np.float64).reshape(300, 300)
