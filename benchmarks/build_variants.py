@@ -1,7 +1,8 @@
 """Paired A/B of a change to how CPU kernels are built, on the spelling corpus, against today's build.
 
 A variant is one of:
-- `--flags "-fira-loop-pressure ..."`: extra GCC options (after compiler/backends/cpu_build.py's GCC_FLAGS);
+- `--flags="-fira-loop-pressure ..."`: extra GCC options (after compiler/backends/cpu_build.py's GCC_FLAGS;
+  with `=`: argparse takes a lone value that starts with a dash for an option of its own);
 - `--block-kib 128`: a two-pass adjoint's scratch blocks of that many KiB of roots a thread
   (compiler/codegen/scratch.py's BLOCK_BYTES, today 256).
 
@@ -14,7 +15,7 @@ round moves these A/Bs by 1-3%). Printed: today's median microseconds and the me
 Run on one core and compile or run nothing else on the machine meanwhile, not even on the other
 core (on a 2-core VM that moved single runs by 0.6-1.6x):
 
-    OMP_NUM_THREADS=1 taskset -c 1 python benchmarks/build_variants.py --flags "-fira-loop-pressure" \
+    OMP_NUM_THREADS=1 taskset -c 1 python benchmarks/build_variants.py --flags=-fira-loop-pressure \
         [--ndim 2] [--n 512] [--dtype float64] [--orders 2 4 8] [--rounds 9] [--spellings table helper]
 """
 import argparse
