@@ -249,23 +249,26 @@ class ScratchStore:
     (the thread's flat index in the launch) of a scratch array of one value per thread of the
     launch, which starts `offset` bytes per thread into the launch's scratch memory. `count`: the
     array's elements where that is not the launch's thread count (a halo form's launch grown by a
-    halo: its int64 Temp)."""
+    halo: its int64 Temp). `row`: the element's index along the first axis, where the launch has
+    more axes than one (the CPU may keep a ring of those rows: codegen/scratch.py)."""
     offset: int
     index: Operand
     value: Operand
     loc: Loc
     count: Operand | None = None
+    row: Operand | None = None
 
 
 @dataclass(frozen=True)
 class ScratchLoad:
     """Two-pass gather forms only: `out` = element `index` of the scratch array at `offset`, which
-    the launch's first pass stored (`count` as for ScratchStore)."""
+    the launch's first pass stored (`count` and `row` as for ScratchStore)."""
     out: Temp
     offset: int
     index: Operand
     loc: Loc
     count: Operand | None = None
+    row: Operand | None = None
 
 
 @dataclass(frozen=True)

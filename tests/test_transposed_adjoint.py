@@ -504,8 +504,8 @@ def two_laplacians(u: F2, v: G2, m: F2, damp: F2, out: F2):
     (two_roots, (31, 17), 2, 2), (two_laplacians, (29, 19), 2, 2)])
 def test_passes_by_windows_of_rows_give_the_bits_of_the_passes_in_turn(kernel, shape, reach, arrays, monkeypatch):
     """A two-pass form's passes run by blocks of rows of the first axis, the transposed pass a
-    stencil radius behind the pointwise one, the scratch arrays a window of rows that moves along
-    (codegen/scratch.py; here a row a block, so the window moves at every block): the bits of
+    stencil radius behind the pointwise one, the scratch arrays a ring of rows (codegen/scratch.py;
+    here a row a block, so the ring turns every few blocks): the bits of
     the passes in turn over whole arrays, on one thread and on several; halo and no-halo forms,
     several scratch arrays of different element sizes."""
     from compiler.codegen import scratch
@@ -515,8 +515,8 @@ def test_passes_by_windows_of_rows_give_the_bits_of_the_passes_in_turn(kernel, s
     windowed, in_turn = without(kernel), without(kernel, reach=None)
     gather = windowed.compiled().gather
     assert gather.pointwise is not None and gather.reach == reach and len(gather.scratch_arrays) == arrays
-    assert "window_rows_" in render_cpu([windowed.compiled().functions()], False).source
-    assert "window_rows_" not in render_cpu([in_turn.compiled().functions()], False).source
+    assert "done_" in render_cpu([windowed.compiled().functions()], False).source
+    assert "done_" not in render_cpu([in_turn.compiled().functions()], False).source
     values, w = inputs(kernel, shape, seed=6)
     _, expected = gradients(in_turn, shape, values, w)
     for deterministic in (False, True):

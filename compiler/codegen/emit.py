@@ -211,16 +211,17 @@ class FunctionEmitter:
         self.line(f"{s.out.name} = sp::read_grad<{known}, {min(k, 63)}>({grad_name(s.array.param.name)}, {idx});")
 
     def s_ScratchStore(self, s):
-        t = s.value.type.ctype
-        self.line(f"sp::scratch<{t}>(tp, {self._count(s)}, {s.offset}, {self.x(s.index)}) = {self.x(s.value)};")
+        self.line(f"{self._scratch(s, s.value.type.ctype)} = {self.x(s.value)};")
 
     def s_ScratchLoad(self, s):
-        self.line(f"{s.out.name} = sp::scratch<{s.out.type.ctype}>(tp, {self._count(s)}, {s.offset}, "
-                  f"{self.x(s.index)});")
+        self.line(f"{s.out.name} = {self._scratch(s, s.out.type.ctype)};")
 
-    def _count(self, s) -> str:
-        """A scratch array's elements: the launch's threads, or a halo form's own count."""
-        return "L.n" if s.count is None else self.x(s.count)
+    def _scratch(self, s, ctype: str) -> str:
+        """The scratch element a ScratchStore or ScratchLoad names (prelude.h's sp::scratch); its
+        array's elements are the launch's threads, or a halo form's own count."""
+        count = "L.n" if s.count is None else self.x(s.count)
+        row = "" if s.row is None else f", {self.x(s.row)}"
+        return f"sp::scratch<{ctype}>(tp, {count}, {s.offset}, {self.x(s.index)}{row})"
 
     def s_Print(self, s):
         values = [v for a in s.args for v in _printf(self.x(a), a.type)[1]]

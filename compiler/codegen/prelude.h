@@ -528,22 +528,43 @@ struct tape_t {
     int overflow;
     int serial;        // deterministic launch: threads run one after another, so no atomics needed
     int64_t fresh;     // gather forms: bit k set = parameter k's gradient is new memory standing for zeros
-    // a two-pass form's scratch arrays on the CPU (sp::scratch): the elements each holds, and the
-    // first of the launch's elements it holds (codegen/scratch.py: a window of rows, or all of them)
+    // a two-pass form's scratch arrays on the CPU (sp::scratch, codegen/scratch.py): the elements
+    // each holds; and where they hold a ring of the launch's rows of its first axis, the rows in the
+    // ring, the first row of the ring's current turn, and the elements of a row
     int64_t window_n;
-    int64_t window_at;
+    int64_t ring_rows;
+    int64_t ring_at;
+    int64_t plane;
 };
 // A two-pass gather form's scratch memory (compiler/passes/transpose.py): the launch's first pass
 // stores per-thread values that its second pass reads at neighbouring threads. Element i of an
 // array of `n` T (one per thread of the launch, or of a halo form's launch grown by its halo) lies
-// at n * offset bytes (offsets are multiples of T's alignment) plus i. On the CPU the arrays may
-// hold a window of those elements instead (codegen/scratch.py), as the tape says.
+// at n * offset bytes (offsets are multiples of T's alignment) plus i. On the CPU the arrays of a
+// launch of more than one axis may hold a ring of rows of its first axis instead (codegen/scratch.py):
+// `row` is element i's row, which lies in the ring's current turn or the next
+// (ring_at <= row < ring_at + 2 ring_rows), at place row - turn there. The row is the same for a
+// row of threads, so its place is worked out once a row and the threads along it read
+// consecutive elements.
+template <typename T> SP_FUNC T& scratch(const tape_t& tp, int64_t n, int64_t offset, int64_t i, int64_t row) {
+#ifdef SP_CUDA
+    (void)row;
+    return ((T*)((char*)tp.base + n * offset))[i];
+#else
+    (void)n;
+    // the row's turn of the ring, without a branch: a value computed under a branch in the loop
+    // over the row's threads is not one the vectoriser sees as fixed along it (it gathered instead)
+    const int64_t past = row - tp.ring_at - tp.ring_rows;          // >= 0: the next turn
+    const int64_t turn = tp.ring_at + (tp.ring_rows & ~(past >> 63));
+    return ((T*)((char*)tp.base + tp.window_n * offset))[i - turn * tp.plane];
+#endif
+}
+// One axis: arrays over the whole launch.
 template <typename T> SP_FUNC T& scratch(const tape_t& tp, int64_t n, int64_t offset, int64_t i) {
 #ifdef SP_CUDA
     return ((T*)((char*)tp.base + n * offset))[i];
 #else
     (void)n;
-    return ((T*)((char*)tp.base + tp.window_n * offset))[i - tp.window_at];
+    return ((T*)((char*)tp.base + tp.window_n * offset))[i];
 #endif
 }
 #ifndef SP_CUDA

@@ -384,7 +384,7 @@ def _build(adjoint: ir.Function, body, eligible: dict[str, ir.Param], source: st
         own.append((pk, ok))
     flat = count = None
     if scratch:
-        ops, flat = transpose.flat_index(p, extent, loc, halo)
+        ops, *flat = transpose.flat_index(p, extent, loc, halo)
         out += ops
         if halo:
             ops, count = transpose.halo_count(extent, halo, loc)
@@ -423,8 +423,8 @@ def _pass(body, c, p, extent, own, totals, site_offset, site_clamps, keep_scatte
     axis), its accumulations at offset c summed into fresh locals, added to `totals` only when
     p - c is a thread of the launch. Along an axis without `clamp`, p - c is known to be inside.
     `scratch` (root Temp id -> byte offset, two-pass forms): the roots are read, at p - c's flat
-    index (`flat` is p's), from what the pointwise pass stored (`halo`, `count`: a halo form's
-    layout and its arrays' elements). `shifted` (a set, or None) gets the ids of p - c's indices."""
+    index (`flat`: p's index and row, as transpose.flat_index gives them), from what the pointwise
+    pass stored (`halo`, `count`: a halo form's layout and its arrays' elements). `shifted` (a set, or None) gets the ids of p - c's indices."""
     out: list = []
     t, inside, shifted_ids = [], None, shifted
     for k, (pk, (ck, periodic)) in enumerate(zip(p, c)):
@@ -461,8 +461,8 @@ def _pass(body, c, p, extent, own, totals, site_offset, site_clamps, keep_scatte
     at = None
     if scratch:
         # inside the launch p - c is p shifted by a constant: unit-stride loads of the roots
-        ops, at = (transpose.shifted_index(flat, [ck for ck, _ in c], extent, loc, halo) if not any(clamp)
-                   else transpose.flat_index(t, extent, loc, halo))
+        ops, *at = (transpose.shifted_index(*flat, [ck for ck, _ in c], extent, loc, halo) if not any(clamp)
+                    else transpose.flat_index(t, extent, loc, halo))
         out += ops
     copier = _Copier(t, c, partial, site_offset, keep_scatter, site_clamps, p, extent, scratch, at, skip, count)
     out += copier.block(body)
@@ -530,7 +530,8 @@ class _Copier(ir.Rewriter):
             return []
         out = getattr(s, "out", None)
         if isinstance(out, ir.Temp) and out.id in self.scratch:
-            return [ir.ScratchLoad(self.operand(out), self.scratch[out.id], self.at, s.loc, self.count)]
+            index, row = self.at
+            return [ir.ScratchLoad(self.operand(out), self.scratch[out.id], index, s.loc, self.count, row)]
         if isinstance(s, ir.AccumGrad):
             name = s.array.param.name
             if name in self.skip:

@@ -291,10 +291,11 @@ def _combined(op: str, kinds: list):
     return None
 
 
-def flat_index(thread, extent, loc, pad=None) -> tuple[list, ir.Temp]:
+def flat_index(thread, extent, loc, pad=None) -> tuple[list, ir.Temp, ir.Temp | None]:
     """Statements computing thread `thread`'s flat index in the launch (int64, row-major over
-    `extent`), and the Temp holding it; with `pad` (per axis) in the launch grown by pad[k] at
-    each end of axis k (a halo form's scratch)."""
+    `extent`), the Temp holding it, and (where there are more axes than one) the Temp holding its
+    row: its index along the first axis (ScratchStore.row); with `pad` (per axis) in the launch
+    grown by pad[k] at each end of axis k (a halo form's scratch)."""
     out: list = []
     flat = None
     pad = pad or (0,) * len(thread)
@@ -306,13 +307,13 @@ def flat_index(thread, extent, loc, pad=None) -> tuple[list, ir.Temp]:
             out.append(ir.Op(grown, "add", (t64, ir.Const(pk, int64)), loc))
             t64 = grown
         if flat is None:
-            flat = t64
+            flat = row = t64
             continue
         scaled, total = ir.Temp(int64), ir.Temp(int64)
         e64, ops = _grown(ek, pk, loc)
         out += ops + [ir.Op(scaled, "mul", (flat, e64), loc), ir.Op(total, "add", (scaled, t64), loc)]
         flat = total
-    return out, flat
+    return out, flat, (row if len(thread) > 1 else None)
 
 
 def _grown(extent, pad: int, loc) -> tuple[ir.Temp, list]:
@@ -341,11 +342,15 @@ def halo_count(extent, pad, loc) -> tuple[list, ir.Temp]:
     return out, count
 
 
-def shifted_index(flat, offset, extent, loc, pad=None) -> tuple[list, ir.Temp]:
+def shifted_index(flat, row, offset, extent, loc, pad=None) -> tuple[list, ir.Temp, ir.Temp | None]:
     """Statements computing `flat` minus the flat shift of per-axis `offset` (thread p - c's index
     from thread p's, where p - c is known to lie inside the launch, or with `pad` inside the
-    launch grown by its halo: see flat_index)."""
+    launch grown by its halo: see flat_index), and `row` (p's row, or None) shifted alike."""
     out: list = []
+    if row is not None and offset[0]:
+        shifted_row = ir.Temp(int64)
+        out.append(ir.Op(shifted_row, "sub", (row, ir.Const(offset[0], int64)), loc))
+        row = shifted_row
     shift = None
     pad = pad or (0,) * len(offset)
     for ck, ek, pk in zip(offset, extent, pad):
@@ -363,10 +368,10 @@ def shifted_index(flat, offset, extent, loc, pad=None) -> tuple[list, ir.Temp]:
                 out.append(ir.Op(total, "add", (shift, term), loc))
                 shift = total
     if shift is None:
-        return out, flat
+        return out, flat, row
     result = ir.Temp(int64)
     out.append(ir.Op(result, "sub", (flat, shift), loc))
-    return out, result
+    return out, result, row
 
 
 def scratch_layout(found: dict[int, ir.Temp]) -> tuple[dict[int, int], int]:
@@ -399,14 +404,14 @@ def pointwise_function(adjoint: ir.Function, body, gathered: set[str], local: di
     extent = [ir.Temp(int32) for _ in range(ndim)]
     head = [ir.ThreadIndex(q[k], k, loc) for k in range(ndim)]
     head += [ir.ArrayDim(extent[k], ir.ArrayRef(source), k, loc) for k in range(ndim)]
-    ops, flat = flat_index(q, extent, loc, pad)
+    ops, flat, row = flat_index(q, extent, loc, pad)
     count = None
     if pad:
         more, count = halo_count(extent, pad, loc)
         ops += more
     if zero_roots:
-        ops += [ir.ScratchStore(offsets[t.id], flat, ir.Const(0, t.type), loc, count) for t in found.values()]
-    store = _Store(gathered, local, found, offsets, flat, loc, count)
+        ops += [ir.ScratchStore(offsets[t.id], flat, ir.Const(0, t.type), loc, count, row) for t in found.values()]
+    store = _Store(gathered, local, found, offsets, flat, row, loc, count)
     body = store.block(body)
     # the sum of each local array's accumulations, written once (in the order the one-pass form sums)
     tail = []
@@ -419,9 +424,9 @@ def pointwise_function(adjoint: ir.Function, body, gathered: set[str], local: di
 
 
 class _Store(ir.Rewriter):
-    def __init__(self, gathered, local, found, offsets, flat, loc, count=None):
+    def __init__(self, gathered, local, found, offsets, flat, row, loc, count=None):
         self.gathered, self.local, self.found, self.offsets, self.flat = gathered, local, found, offsets, flat
-        self.count = count
+        self.row, self.count = row, count
         self.totals: dict[str, tuple] = {}      # local array -> (its adjoint ArrayRef, the Var summing into it)
         self.loc = loc
 
@@ -439,7 +444,7 @@ class _Store(ir.Rewriter):
         out = [self.value(s)]
         t = getattr(s, "out", None)
         if isinstance(t, ir.Temp) and t.id in self.found:
-            out.append(ir.ScratchStore(self.offsets[t.id], self.flat, t, s.loc, self.count))
+            out.append(ir.ScratchStore(self.offsets[t.id], self.flat, t, s.loc, self.count, self.row))
         return out
 
 
