@@ -6,7 +6,7 @@
 The compiler is ``$CXX`` if set (it may carry arguments, e.g. ``CXX="ccache g++"``), else the first
 of ``c++``, ``g++``, ``clang++`` on ``PATH``. Flags are ``-O3 -shared -fPIC -std=c++17
 -ffp-contract=off`` (and, for GCC, a higher limit on the overlap checks it may add to vectorise a
-loop), plus ``-march=native`` and ``-fopenmp`` where the compiler supports them (Apple clang has no
+loop, and no memset calls for loops that store zeros), plus ``-march=native`` and ``-fopenmp`` where the compiler supports them (Apple clang has no
 OpenMP: the library is then built single-threaded and a debug log says so).
 
 ``-march=native`` only widens the vectors (a 256x256 stencil step 1.6x faster with AVX2 than with
@@ -58,8 +58,13 @@ OPENMP_FLAG = "-fopenmp"
 NATIVE_FLAG = "-march=native"
 # GCC gives up vectorising a loop that would need more than 10 run-time overlap checks between the
 # arrays it reads and writes; a stencil's adjoint reads a dozen neighbour streams. Clang has no
-# such limit (and does not know the option).
-GCC_FLAGS = ("--param", "vect-max-version-for-alias-checks=64")
+# such limit (and does not know the option). And GCC turns a loop that stores zeros into calls of
+# memset: an adjoint's loops over the few threads at a row's ends (which store zero roots and
+# gradients there) became up to three calls each, per row and end (21 call sites in the 3-D
+# 8th-order FWI update's adjoint); with the 64-thread rows of a 3-D 64^3 grid, 0.90-0.99 of the
+# adjoints' time without them, forwards 0.93-1.03, 2-D 512^2 0.95-1.04 (Intel Xeon,
+# benchmarks/README.md).
+GCC_FLAGS = ("--param", "vect-max-version-for-alias-checks=64", "-fno-tree-loop-distribute-patterns")
 CANDIDATES = ("c++", "g++", "clang++")
 LIB_SUFFIX = ".dylib" if sys.platform == "darwin" else ".so"
 # Bump when the way we build changes in a way that the hashed inputs do not show.
