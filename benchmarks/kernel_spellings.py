@@ -165,6 +165,7 @@ def kernel_table(orders, ndims, dtypes, n2: int, n3: int, rounds: int, before: s
     lines = ["| dims | order | dtype | spelling | forward us | adjoint us | adjoint/forward (min-max) | "
              "forward / fastest | adjoint / fastest |" + (f" {before}: adjoint/forward |" if before else ""),
              "|---|---:|---|---|---:|---:|---:|---:|---:|" + ("---:|" if before else "")]
+    print("\n".join(lines), flush=True)                 # (the rows follow as each group is timed)
     for ndim in ndims:
         shape = (n2,) * 2 if ndim == 2 else (n3,) * 3
         for order in orders:
