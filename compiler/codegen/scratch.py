@@ -24,8 +24,9 @@ from __future__ import annotations
 # thread, in blocks of rows holding about BLOCK_BYTES of roots a thread (a core's L2 holds a block
 # and the rows both passes read beside it); the ring holds a block and the rows the transposed
 # pass still reads. (Until the thirty-second session the arrays were a window whose last rows moved
-# to its front before each block: those copies were 7-10% of the 3-D 8th-order FWI update's adjoint
-# on an Intel Xeon, benchmarks/README.md.) Float64 FWI update as launched,
+# to its front before each block: paired on an Intel Xeon, the window took 1.05-1.08x the ring's
+# time in the 3-D 64^3 float32 8th-order wave adjoints, 1.08x in the float64 FWI update's,
+# benchmarks/README.md.) Float64 FWI update as launched,
 # windowed / in turn, one core of the Zen 4 VM (benchmarks/README.md): 0.78-0.94 at 2-D 512^2 and
 # 1024^2, 3-D 64^3 and 96^3, 2nd and 8th order; blocks of 128 KiB to 512 KiB, a window of one or
 # two blocks, all within 3% of each other. Each block runs each pass as an OpenMP loop of its own,
