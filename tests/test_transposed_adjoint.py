@@ -505,9 +505,9 @@ def two_laplacians(u: F2, v: G2, m: F2, damp: F2, out: F2):
 def test_passes_by_windows_of_rows_give_the_bits_of_the_passes_in_turn(kernel, shape, reach, arrays, monkeypatch):
     """A two-pass form's passes run by blocks of rows of the first axis, the transposed pass a
     stencil radius behind the pointwise one, the scratch arrays a ring of rows (codegen/scratch.py;
-    here a row a block, so the ring turns every few blocks): the bits of
-    the passes in turn over whole arrays, on one thread and on several; halo and no-halo forms,
-    several scratch arrays of different element sizes."""
+    here a row a block, so the ring turns every few blocks): the bits of the passes in turn over
+    whole arrays, on one thread and on several; halo and no-halo forms, several scratch arrays of
+    different element sizes."""
     from compiler.codegen import scratch
     from compiler.codegen.targets import render_cpu
     monkeypatch.setattr(scratch, "BLOCK_BYTES", 1)

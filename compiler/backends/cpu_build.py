@@ -6,8 +6,9 @@
 The compiler is ``$CXX`` if set (it may carry arguments, e.g. ``CXX="ccache g++"``), else the first
 of ``c++``, ``g++``, ``clang++`` on ``PATH``. Flags are ``-O3 -shared -fPIC -std=c++17
 -ffp-contract=off`` (and, for GCC, a higher limit on the overlap checks it may add to vectorise a
-loop, and no memset calls for loops that store zeros), plus ``-march=native`` and ``-fopenmp`` where the compiler supports them (Apple clang has no
-OpenMP: the library is then built single-threaded and a debug log says so).
+loop, and no memset calls for loops that store zeros), plus ``-march=native`` and ``-fopenmp``
+where the compiler supports them (Apple clang has no OpenMP: the library is then built
+single-threaded and a debug log says so).
 
 ``-march=native`` only widens the vectors (a 256x256 stencil step 1.6x faster with AVX2 than with
 the SSE2 baseline): float results stay the same bits on every machine, because each IEEE operation

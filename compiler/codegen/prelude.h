@@ -545,17 +545,20 @@ struct tape_t {
 // (ring_at <= row < ring_at + 2 ring_rows), at place row - turn there. The row is the same for a
 // row of threads, so its place is worked out once a row and the threads along it read
 // consecutive elements.
+// The first row of the ring's turn that holds `row` (its place there is row - ring_turn), without a
+// branch: a value computed under a branch in the loop over a row's threads is not one the
+// vectoriser sees as fixed along it (it gathered instead).
+SP_FUNC int64_t ring_turn(int64_t row, int64_t ring_at, int64_t ring_rows) {
+    const int64_t past = row - ring_at - ring_rows;                 // >= 0: the next turn
+    return ring_at + (ring_rows & ~(past >> 63));
+}
 template <typename T> SP_FUNC T& scratch(const tape_t& tp, int64_t n, int64_t offset, int64_t i, int64_t row) {
 #ifdef SP_CUDA
     (void)row;
     return ((T*)((char*)tp.base + n * offset))[i];
 #else
     (void)n;
-    // the row's turn of the ring, without a branch: a value computed under a branch in the loop
-    // over the row's threads is not one the vectoriser sees as fixed along it (it gathered instead)
-    const int64_t past = row - tp.ring_at - tp.ring_rows;          // >= 0: the next turn
-    const int64_t turn = tp.ring_at + (tp.ring_rows & ~(past >> 63));
-    return ((T*)((char*)tp.base + tp.window_n * offset))[i - turn * tp.plane];
+    return ((T*)((char*)tp.base + tp.window_n * offset))[i - ring_turn(row, tp.ring_at, tp.ring_rows) * tp.plane];
 #endif
 }
 // One axis: arrays over the whole launch.

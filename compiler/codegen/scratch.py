@@ -88,9 +88,8 @@ def windowed(first: str, second: str, form, ndim: int, apart: str, in_order: str
                         f"(size_t)(plane_ * {size}));\n" for offset, size in sizes)
     last_halo = (f"        if (ahead_ == e0 && ring_rows_ < (int64_t)e0 + {2 * pad0}) {{\n"
                  f"            for (int64_t q_ = (int64_t)e0 + {pad0}; q_ < (int64_t)e0 + {2 * pad0}; ++q_) {{\n"
-                 f"                int64_t place_ = q_ - ring_at_;\n"
-                 f"                if (place_ >= ring_rows_) place_ -= ring_rows_;\n"
-                 f"                place_ *= plane_;\n{last_halo}            }}\n        }}\n"
+                 f"                const int64_t place_ = (q_ - sp::ring_turn(q_, ring_at_, ring_rows_)) * plane_;\n"
+                 f"{last_halo}            }}\n        }}\n"
                  if pad0 else "")
     roots = f"(int64_t)L.n * {form.scratch_bytes}"
     return f"""    {{
@@ -109,7 +108,8 @@ def windowed(first: str, second: str, form, ndim: int, apart: str, in_order: str
     for (int32_t p_ = R0_; done_ < R1_; p_ += block_) {{
     const int32_t ahead_ = p_ + block_ < R1_ ? p_ + block_ : R1_;
     // the ring's turn of the first row this block reads: every row it touches is in that turn or the next
-    {{ const int64_t first_ = (int64_t)done_ - {reach} + {pad0}; ring_at_ = first_ > 0 ? first_ / ring_rows_ * ring_rows_ : 0; }}
+    {{ const int64_t first_ = (int64_t)done_ - {reach} + {pad0};
+      ring_at_ = first_ > 0 ? first_ / ring_rows_ * ring_rows_ : 0; }}
     if (p_ < R1_) {{
 {last_halo}        const int32_t r0 = p_, r1 = ahead_;
 {first}    }}

@@ -424,7 +424,8 @@ def _pass(body, c, p, extent, own, totals, site_offset, site_clamps, keep_scatte
     p - c is a thread of the launch. Along an axis without `clamp`, p - c is known to be inside.
     `scratch` (root Temp id -> byte offset, two-pass forms): the roots are read, at p - c's flat
     index (`flat`: p's index and row, as transpose.flat_index gives them), from what the pointwise
-    pass stored (`halo`, `count`: a halo form's layout and its arrays' elements). `shifted` (a set, or None) gets the ids of p - c's indices."""
+    pass stored (`halo`, `count`: a halo form's layout and its arrays' elements). `shifted` (a set,
+    or None) gets the ids of p - c's indices."""
     out: list = []
     t, inside, shifted_ids = [], None, shifted
     for k, (pk, (ck, periodic)) in enumerate(zip(p, c)):
